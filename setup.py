@@ -1,0 +1,22 @@
+from setuptools import find_packages, setup
+
+setup(
+    name="solo",
+    version="0.1.0",
+    description="Self-supervised visual and image-text pretraining with world-size invariant distributed losses",
+    packages=find_packages(include=["solo", "solo.*"]),
+    python_requires=">=3.10",
+    install_requires=[
+        "torch>=2.2",
+        "torchvision>=0.17",
+        "hydra-core>=1.3",
+        "omegaconf>=2.3",
+        "timm>=0.9",
+        "wandb>=0.16",
+        "scikit-learn>=1.2",
+        "numpy>=1.24",
+        "pillow>=9.0",
+        "tqdm>=4.60",
+    ],
+    extras_require={"dev": ["pytest>=7.0"]},
+)

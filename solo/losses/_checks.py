@@ -1,0 +1,41 @@
+"""Input validation shared by the losses: fail with the name and value of what is wrong."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+def check_pair(a: torch.Tensor, b: torch.Tensor, name_a: str, name_b: str) -> None:
+    for name, x in ((name_a, a), (name_b, b)):
+        if x.dim() != 2:
+            raise ValueError(f"{name} must be a 2-D (batch, features) tensor, got shape {tuple(x.shape)}")
+        if not x.is_floating_point():
+            raise TypeError(f"{name} must be a floating-point tensor, got {x.dtype}")
+    if a.shape[0] != b.shape[0]:
+        raise ValueError(
+            f"{name_a} and {name_b} must hold the same samples: batch sizes {a.shape[0]} and {b.shape[0]} differ"
+        )
+    if a.shape[1] != b.shape[1]:
+        raise ValueError(f"{name_a} and {name_b} have different feature sizes: {a.shape[1]} and {b.shape[1]}")
+    for name, x in ((name_a, a), (name_b, b)):
+        if not bool(torch.isfinite(x).all()):
+            bad = int((~torch.isfinite(x)).any(dim=1).sum())
+            raise ValueError(f"{name} has non-finite values (NaN or inf) in {bad} of {x.shape[0]} rows")
+
+
+def check_positive(value: float | torch.Tensor, name: str) -> None:
+    v = float(value.detach()) if isinstance(value, torch.Tensor) else float(value)
+    if not math.isfinite(v) or v <= 0:
+        raise ValueError(f"{name} must be a finite number > 0, got {v}")
+
+
+def check_non_negative(value: float, name: str) -> None:
+    if not math.isfinite(float(value)) or float(value) < 0:
+        raise ValueError(f"{name} must be a finite number >= 0, got {value}")
+
+
+def full_precision(x: torch.Tensor) -> torch.Tensor:
+    """float16/bfloat16 -> float32; float32/float64 unchanged (tests run in float64)."""
+    return x.float() if x.dtype in (torch.float16, torch.bfloat16) else x

@@ -1,0 +1,39 @@
+"""Barlow Twins' redundancy-reduction loss with global-batch statistics."""
+
+from __future__ import annotations
+
+import torch
+
+from solo.distributed import all_reduce, batch_sizes
+from solo.losses._checks import check_non_negative, check_pair, full_precision
+
+BN_EPS = 1e-5
+
+
+def _standardise(z: torch.Tensor, n: int) -> torch.Tensor:
+    """As BatchNorm1d(affine=False) in training mode on the whole global batch (biased variance)."""
+    mean = all_reduce(z.sum(dim=0)) / n
+    centred = z - mean
+    var = all_reduce((centred * centred).sum(dim=0)) / n
+    return centred / torch.sqrt(var + BN_EPS)
+
+
+def barlow_twins_loss(z1: torch.Tensor, z2: torch.Tensor, lambd: float) -> torch.Tensor:
+    """sum_i (1 - c_ii)^2 + lambd * sum_{i != j} c_ij^2, with c the cross-correlation of the
+    standardised embeddings over the global batch.
+
+    Every rank returns the full global loss; the differentiable all-reduces make the sum over ranks
+    of the gradients W times the true one, which DDP's mean cancels.
+    """
+    check_pair(z1, z2, "z1", "z2")
+    check_non_negative(lambd, "lambd")
+    with torch.autocast(z1.device.type, enabled=False):
+        z1, z2 = full_precision(z1), full_precision(z2)
+        n = sum(batch_sizes(z1.shape[0], z1.device))
+        if n < 2:
+            raise ValueError(f"barlow_twins_loss needs a global batch of at least 2 samples, got {n}")
+        c = all_reduce(_standardise(z1, n).T @ _standardise(z2, n)) / n
+        diagonal = torch.diagonal(c)
+        on_diagonal = (1 - diagonal).pow(2).sum()
+        off_diagonal = (c - torch.diag(diagonal)).pow(2).sum()  # no cancellation against the ~1 diagonal
+        return on_diagonal + lambd * off_diagonal

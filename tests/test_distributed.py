@@ -1,0 +1,151 @@
+"""Real gloo process groups: the distributed losses against the single-process global-batch reference."""
+
+import os
+import subprocess
+import sys
+import tempfile
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from solo.distributed import gather
+from solo.distributed.check import REGISTERED, TOLERANCE, run_check
+from solo.distributed.env import detect, first_host, slurm_port
+from tests.wrong_losses import WRONG
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(scope="module", params=[1, 2, 3, 4], ids=lambda w: f"W{w}")
+def registered_results(request):
+    return run_check(list(REGISTERED), request.param)
+
+
+def test_registered_losses_are_exact(registered_results):
+    world = registered_results[0].world_size
+    checked = {(r.spec, r.layout) for r in registered_results}
+    assert len(checked) == len(REGISTERED) * (1 if world == 1 else 2)  # even and uneven layouts
+    for r in registered_results:
+        assert r.loss_error <= TOLERANCE, r
+        assert r.grad_error <= TOLERANCE, r
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_checker_rejects_the_popular_wrong_variants(world):
+    results = run_check(WRONG, world, uneven=False)
+    assert len(results) == len(WRONG)
+    for r in results:
+        assert not r.ok and r.grad_error > 1e-2, r
+    by_name = {r.spec.split(":")[1]: r for r in results}
+    # Full loss on every rank with a rank-only gather: forward right, gradient exactly 1/W of the truth.
+    assert by_name["nt_xent_full_loss_rank_only_gather"].loss_error <= TOLERANCE
+    assert by_name["nt_xent_full_loss_rank_only_gather"].grad_error == pytest.approx(1 - 1 / world, rel=1e-6)
+    assert by_name["barlow_twins_plain_all_reduce"].grad_error == pytest.approx(1 - 1 / world, rel=1e-6)
+
+
+def _gather_worker(rank, world, store, sizes, queue):
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+    x = torch.arange(sizes[rank] * 2, dtype=torch.float64).reshape(-1, 2).add(100 * rank).requires_grad_()
+    y = gather(x)
+    # Rank r weighs the gathered rows by (r + 1) * row index: x's gradient must sum that over ranks.
+    weights = torch.arange(y.shape[0], dtype=torch.float64)[:, None] * (rank + 1)
+    (y * weights).sum().backward()
+    queue.put((rank, y.detach().numpy(), x.grad.numpy()))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def test_gather_uneven_forward_and_reduce_scatter_backward():
+    sizes = [3, 1, 2]
+    world = len(sizes)
+    ctx = mp.get_context("spawn")
+    queue = ctx.SimpleQueue()
+    with tempfile.TemporaryDirectory() as tmp:
+        mp.start_processes(_gather_worker, args=(world, f"{tmp}/store", sizes, queue), nprocs=world, start_method="spawn")
+    out = {}
+    while not queue.empty():
+        rank, y, grad = queue.get()
+        out[rank] = (y, grad)
+    expected_y = torch.cat([torch.arange(s * 2, dtype=torch.float64).reshape(-1, 2) + 100 * r for r, s in enumerate(sizes)])
+    weight_sum = sum(r + 1 for r in range(world))  # sum over ranks of the (r + 1) factors
+    offset = 0
+    for rank, s in enumerate(sizes):
+        y, grad = out[rank]
+        assert torch.equal(torch.from_numpy(y), expected_y)
+        rows = torch.arange(offset, offset + s, dtype=torch.float64)[:, None].expand(s, 2)
+        assert torch.equal(torch.from_numpy(grad), rows * weight_sum)
+        offset += s
+
+
+def _run_cli(*args):
+    return subprocess.run(
+        [sys.executable, "-m", "solo.distributed.check", *args], cwd=REPO, capture_output=True, text=True, timeout=300
+    )
+
+
+def test_cli_passes_registered_and_fails_a_wrong_loss():
+    good = _run_cli("--world-sizes", "2")
+    assert good.returncode == 0, good.stdout + good.stderr
+    assert "all exact" in good.stdout and good.stdout.count(" ok") == 2 * len(REGISTERED)
+    bad = _run_cli("--world-sizes", "2", "--only", "--even-only", "tests.wrong_losses:barlow_twins_plain_all_reduce")
+    assert bad.returncode == 1
+    assert "MISMATCH" in bad.stdout and "1 mismatches" in bad.stdout
+
+
+# --- environment detection -------------------------------------------------------------------------
+
+TORCHRUN = {"RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "8", "MASTER_ADDR": "node7", "MASTER_PORT": "29500"}
+SLURM = {
+    "SLURM_PROCID": "5",
+    "SLURM_LOCALID": "1",
+    "SLURM_NTASKS": "8",
+    "SLURM_JOB_NODELIST": "gpu[012-015,020]",
+    "SLURM_JOB_ID": "4242",
+    "SLURM_STEP_ID": "0",
+}
+
+
+def test_detect_torchrun():
+    e = detect(TORCHRUN)
+    assert (e.rank, e.local_rank, e.world_size, e.master_addr, e.master_port, e.launcher) == (3, 1, 8, "node7", 29500, "torchrun")
+
+
+def test_detect_srun_without_torchrun():
+    e = detect(SLURM)
+    assert (e.rank, e.local_rank, e.world_size, e.master_addr, e.launcher) == (5, 1, 8, "gpu012", "slurm")
+    assert e.master_port == slurm_port("4242") == detect(SLURM).master_port  # every task derives the same port
+
+
+def test_torchrun_wins_over_slurm():
+    assert detect({**SLURM, **TORCHRUN}).launcher == "torchrun"
+
+
+def test_plain_process_and_slurm_batch_script_are_single():
+    assert detect({}).world_size == 1
+    batch_step = {k: v for k, v in SLURM.items() if k != "SLURM_STEP_ID"}
+    assert detect(batch_step).launcher == "single"
+
+
+def test_half_set_torchrun_environment_is_an_error():
+    with pytest.raises(RuntimeError, match="WORLD_SIZE, MASTER_ADDR missing"):
+        detect({"RANK": "0", "LOCAL_RANK": "0", "MASTER_PORT": "1"})
+
+
+def test_half_set_slurm_environment_is_an_error():
+    with pytest.raises(RuntimeError, match="SLURM_JOB_NODELIST"):
+        detect({k: v for k, v in SLURM.items() if k != "SLURM_JOB_NODELIST"})
+
+
+@pytest.mark.parametrize(
+    "nodelist, host",
+    [("node1", "node1"), ("gpu[003-005,9]", "gpu003"), ("a[7],b[1-2]", "a7"), ("cn-01,cn-02", "cn-01"), ("x[10-11]-ib", "x10")],
+)
+def test_first_host(nodelist, host):
+    assert first_host(nodelist) == host
+
+
+def test_slurm_port_is_in_range_and_differs_between_jobs():
+    ports = {slurm_port(str(j)) for j in range(1000, 1100)}
+    assert len(ports) == 100 and all(15000 <= p < 35000 for p in ports)
