@@ -1,0 +1,70 @@
+"""Backbone factory: timm models by name, torchvision ResNets with a ``torchvision.`` prefix."""
+
+import difflib
+
+import timm
+import torch
+import torchvision
+from torch import nn
+
+TORCHVISION_PREFIX = "torchvision."
+# Only the ResNet family: they all expose `fc` as the head and `conv1`/`maxpool` as the stem.
+TORCHVISION_RESNETS = tuple(
+    TORCHVISION_PREFIX + n
+    for n in torchvision.models.list_models(module=torchvision.models)
+    if n.startswith(("resnet", "resnext", "wide_resnet"))
+)
+
+
+def create_backbone(
+    name: str, *, small_stem: bool = False, pretrained: bool = False, **model_kwargs
+) -> tuple[torch.nn.Module, int]:
+    """Headless backbone and its feature width.
+
+    The module maps (B, 3, H, W) images to (B, width) pooled features. ``small_stem``
+    adapts a ResNet stem to 32px images (3x3 stride-1 first conv, no max-pool).
+    """
+    if name.startswith(TORCHVISION_PREFIX):
+        if name not in TORCHVISION_RESNETS:
+            raise ValueError(
+                f"unsupported torchvision backbone '{name}'; only the ResNet family is: "
+                + ", ".join(TORCHVISION_RESNETS)
+            )
+        weights = "DEFAULT" if pretrained else None
+        model = torchvision.models.get_model(
+            name.removeprefix(TORCHVISION_PREFIX), weights=weights, **model_kwargs
+        )
+        width = model.fc.in_features
+        model.fc = nn.Identity()
+    elif timm.is_model(name):
+        model = timm.create_model(name, pretrained=pretrained, num_classes=0, **model_kwargs)
+        width = model.num_features
+    else:
+        matches = difflib.get_close_matches(name, timm.list_models() + list(TORCHVISION_RESNETS))
+        hint = f"did you mean: {', '.join(matches)}? " if matches else ""
+        raise ValueError(
+            f"unknown backbone '{name}'; {hint}timm models are named as-is, torchvision "
+            f"models take the '{TORCHVISION_PREFIX}' prefix (e.g. '{TORCHVISION_PREFIX}resnet50')"
+        )
+
+    if small_stem:
+        _use_small_stem(model, name)
+    return model, width
+
+
+def _use_small_stem(model: nn.Module, name: str) -> None:
+    """Keep full resolution through the stem so 32px inputs are not down-sampled 4x at once."""
+    conv1 = getattr(model, "conv1", None)
+    # timm's deep stems (e.g. resnet18d) are a Sequential; only its first conv has the stride.
+    first = conv1[0] if isinstance(conv1, nn.Sequential) else conv1
+    if not isinstance(first, nn.Conv2d) or not hasattr(model, "maxpool"):
+        raise ValueError(
+            f"small_stem applies to ResNet-style stems (conv1 + maxpool), which '{name}' lacks; "
+            "for ViTs pass e.g. img_size=32, patch_size=4 via model_kwargs instead"
+        )
+    small = nn.Conv2d(first.in_channels, first.out_channels, 3, stride=1, padding=1, bias=False)
+    if isinstance(conv1, nn.Sequential):
+        conv1[0] = small
+    else:
+        model.conv1 = small
+    model.maxpool = nn.Identity()
