@@ -1,0 +1,273 @@
+"""Tests for solo.train.optim, checked against hand-computed numbers and torch's own optimizers."""
+
+import copy
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from solo.train.optim import LARS, build_optimizer, param_groups, warmup_cosine
+
+
+def _param(values):
+    return nn.Parameter(torch.tensor(values, dtype=torch.float64))
+
+
+def _step(opt, p, grad):
+    p.grad = torch.tensor(grad, dtype=torch.float64)
+    opt.step()
+
+
+# ---------------------------------------------------------------- LARS vs. hand-computed updates
+
+
+def test_lars_two_steps_with_weight_decay_by_hand():
+    # lr=0.5, momentum=0.9, wd=0.1, eta=0.02, w=[3,4], g=[0.3,0.4] both steps.
+    p = _param([3.0, 4.0])
+    opt = LARS([p], lr=0.5, momentum=0.9, weight_decay=0.1, eta=0.02)
+
+    # step 1: g+wd*w = [0.6,0.8] (norm 1), ||w|| = 5 -> trust = 0.02*5/1 = 0.1
+    #         buf = [0.06,0.08];  w = [3,4] - 0.5*buf = [2.97, 3.96]
+    _step(opt, p, [0.3, 0.4])
+    torch.testing.assert_close(p.data, torch.tensor([2.97, 3.96], dtype=torch.float64))
+
+    # step 2: g+wd*w = [0.597,0.796] (norm 0.995), ||w|| = 4.95 -> trust = 0.099/0.995
+    #         scaled g = [0.0594,0.0792];  buf = 0.9*[0.06,0.08] + that = [0.1134,0.1512]
+    #         w = [2.97,3.96] - 0.5*buf = [2.9133, 3.8844]
+    _step(opt, p, [0.3, 0.4])
+    torch.testing.assert_close(p.data, torch.tensor([2.9133, 3.8844], dtype=torch.float64))
+    torch.testing.assert_close(opt.state[p]["momentum_buffer"], torch.tensor([0.1134, 0.1512], dtype=torch.float64))
+
+
+def test_lars_without_weight_decay_by_hand():
+    # ||w|| = 5, ||g|| = 0.5 -> trust = 0.02*5/0.5 = 0.2;  w = [3,4] - 1.0*0.2*[0.3,0.4]
+    p = _param([3.0, 4.0])
+    opt = LARS([p], lr=1.0, momentum=0.9, eta=0.02)
+    _step(opt, p, [0.3, 0.4])
+    torch.testing.assert_close(p.data, torch.tensor([2.94, 3.92], dtype=torch.float64))
+
+
+def test_lars_trust_is_one_when_a_norm_is_zero():
+    # zero weights: trust falls back to 1, so the update is plain lr * g
+    p = _param([0.0, 0.0])
+    opt = LARS([p], lr=0.5, momentum=0.9, eta=0.02)
+    _step(opt, p, [1.0, -2.0])
+    torch.testing.assert_close(p.data, torch.tensor([-0.5, 1.0], dtype=torch.float64))
+    assert torch.isfinite(p.data).all()
+
+    # zero gradient: nothing moves, nothing becomes NaN
+    q = _param([3.0, 4.0])
+    opt = LARS([q], lr=0.5, momentum=0.9, eta=0.02)
+    _step(opt, q, [0.0, 0.0])
+    torch.testing.assert_close(q.data, torch.tensor([3.0, 4.0], dtype=torch.float64))
+
+
+def test_lars_excluded_group_matches_torch_sgd_exactly():
+    torch.manual_seed(0)
+    w0 = torch.randn(5, 3)
+    grads = [torch.randn(5, 3) for _ in range(4)]
+    for wd in (0.0, 0.05):
+        a, b = nn.Parameter(w0.clone()), nn.Parameter(w0.clone())
+        lars = LARS([{"params": [a], "lars_exclude": True, "weight_decay": wd}], lr=0.1, momentum=0.9, eta=0.02)
+        sgd = torch.optim.SGD([b], lr=0.1, momentum=0.9, weight_decay=wd)
+        for g in grads:
+            a.grad, b.grad = g.clone(), g.clone()
+            lars.step()
+            sgd.step()
+            assert torch.equal(a.data, b.data)
+
+
+def test_lars_skips_params_without_grad_and_supports_closure():
+    p, frozen = _param([3.0, 4.0]), _param([1.0, 1.0])
+    opt = LARS([p, frozen], lr=0.5, momentum=0.9, weight_decay=0.1, eta=0.02)
+
+    def closure():
+        opt.zero_grad()
+        loss = (p * torch.tensor([0.3, 0.4], dtype=torch.float64)).sum()
+        loss.backward()
+        return loss
+
+    loss = opt.step(closure)
+    assert loss.item() == pytest.approx(0.9 + 1.6)
+    torch.testing.assert_close(p.data, torch.tensor([2.97, 3.96], dtype=torch.float64))  # same as by-hand step 1
+    assert torch.equal(frozen.data, torch.tensor([1.0, 1.0], dtype=torch.float64))
+    assert frozen not in opt.state
+
+
+@pytest.mark.parametrize("kwargs", [dict(lr=-1.0), dict(lr=0.1, momentum=-0.1),
+                                    dict(lr=0.1, weight_decay=-1.0), dict(lr=0.1, eta=0.0)])
+def test_lars_rejects_bad_hyperparameters(kwargs):
+    with pytest.raises(ValueError):
+        LARS([_param([1.0])], **kwargs)
+
+
+# ---------------------------------------------------------------- param_groups
+
+
+def _small_model():
+    return nn.Sequential(
+        nn.Conv2d(3, 4, 3, bias=True), nn.BatchNorm2d(4), nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(4, 2),
+    )
+
+
+def test_param_groups_split_weights_from_bias_and_norm():
+    model = _small_model()
+    conv, bn, lin = model[0], model[1], model[5]
+    groups = param_groups(model, 1e-4)
+    assert len(groups) == 2
+    decay, no_decay = groups
+
+    assert {id(p) for p in decay["params"]} == {id(conv.weight), id(lin.weight)}
+    assert decay["weight_decay"] == 1e-4
+    assert not decay.get("lars_exclude", False)
+
+    assert {id(p) for p in no_decay["params"]} == {id(conv.bias), id(bn.weight), id(bn.bias), id(lin.bias)}
+    assert no_decay["weight_decay"] == 0.0
+    assert no_decay["lars_exclude"] is True
+
+    assert len(decay["params"]) + len(no_decay["params"]) == len(list(model.parameters()))
+
+
+def test_param_groups_single_group_skip_frozen_and_omit_empty():
+    model = _small_model()
+    (group,) = param_groups(model, 1e-4, exclude_bias_and_norm=False)
+    assert group["weight_decay"] == 1e-4
+    assert len(group["params"]) == len(list(model.parameters()))
+
+    model[0].weight.requires_grad_(False)
+    n = sum(len(g["params"]) for g in param_groups(model, 1e-4))
+    assert n == len(list(model.parameters())) - 1
+
+    # only weights, no biases -> the no-decay group is omitted
+    (only,) = param_groups(nn.Linear(3, 2, bias=False), 1e-4)
+    assert only["weight_decay"] == 1e-4
+
+
+# ---------------------------------------------------------------- warmup_cosine
+
+SCHED = dict(total_steps=110, warmup_steps=10, base_lr=1.0, warmup_start_lr=0.1, final_lr=0.01)
+
+
+def test_warmup_cosine_known_values():
+    assert warmup_cosine(0, **SCHED) == pytest.approx(0.1)
+    assert warmup_cosine(5, **SCHED) == pytest.approx(0.55)  # halfway through the linear warmup
+    assert warmup_cosine(10, **SCHED) == pytest.approx(1.0)  # end of warmup
+    assert warmup_cosine(60, **SCHED) == pytest.approx((1.0 + 0.01) / 2)  # halfway through the cosine
+    assert warmup_cosine(110, **SCHED) == pytest.approx(0.01)  # total_steps
+    assert warmup_cosine(500, **SCHED) == pytest.approx(0.01)  # past the end it stays at final_lr
+    # a point a quarter into the cosine: final + (base-final) * (1 + cos(pi/4)) / 2
+    assert warmup_cosine(35, **SCHED) == pytest.approx(0.01 + 0.99 * (1 + math.sqrt(0.5)) / 2)
+
+
+def test_warmup_cosine_monotone():
+    lrs = [warmup_cosine(s, **SCHED) for s in range(111)]
+    assert all(a < b for a, b in zip(lrs[:10], lrs[1:11]))  # rising during warmup
+    assert all(a > b for a, b in zip(lrs[10:], lrs[11:]))  # strictly decreasing after
+
+
+def test_warmup_cosine_matches_torch_schedulers():
+    # Independent reference: torch's LinearLR followed by CosineAnnealingLR, stepped once per step.
+    p = nn.Parameter(torch.zeros(1))
+    opt = torch.optim.SGD([p], lr=1.0)
+    sched = torch.optim.lr_scheduler.LinearLR(opt, start_factor=0.1, end_factor=1.0, total_iters=10)
+    for step in range(111):
+        if step == 10:  # created only now: its constructor takes the current lr (1.0) as its start
+            sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=100, eta_min=0.01)
+        assert warmup_cosine(step, **SCHED) == pytest.approx(opt.param_groups[0]["lr"], rel=1e-9, abs=1e-12)
+        opt.step()
+        sched.step()
+
+
+def test_warmup_cosine_no_warmup_and_bad_args():
+    assert warmup_cosine(0, total_steps=10, warmup_steps=0, base_lr=0.3) == pytest.approx(0.3)
+    assert warmup_cosine(10, total_steps=10, warmup_steps=0, base_lr=0.3) == pytest.approx(0.0)
+    with pytest.raises(ValueError):
+        warmup_cosine(-1, **SCHED)
+    with pytest.raises(ValueError):
+        warmup_cosine(0, total_steps=5, warmup_steps=10, base_lr=1.0)
+
+
+# ---------------------------------------------------------------- build_optimizer
+
+
+@pytest.mark.parametrize("name, cls", [("sgd", torch.optim.SGD), ("lars", LARS), ("adamw", torch.optim.AdamW)])
+def test_build_optimizer(name, cls):
+    model = _small_model()
+    groups = param_groups(model, 1e-4)
+    opt = build_optimizer(name, groups, lr=0.3, weight_decay=0.5, momentum=0.8, betas=(0.8, 0.99), eta=0.01)
+    assert type(opt) is cls
+    decay, no_decay = opt.param_groups
+    assert decay["lr"] == no_decay["lr"] == 0.3
+    # the group's own weight_decay wins over the default
+    assert decay["weight_decay"] == 1e-4
+    assert no_decay["weight_decay"] == 0.0
+    assert no_decay["lars_exclude"] is True
+    if name == "adamw":
+        assert decay["betas"] == (0.8, 0.99)
+    else:
+        assert decay["momentum"] == 0.8
+    if name == "lars":
+        assert decay["eta"] == 0.01
+
+    # the caller's group dicts are not filled in with this optimizer's defaults
+    assert set(groups[0]) == {"params", "weight_decay", "lars_exclude"}
+
+    # runs a step with the extra keys present
+    model(torch.randn(2, 3, 8, 8)).sum().backward()
+    before = [p.detach().clone() for p in model.parameters()]
+    opt.step()
+    assert all(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
+
+
+def test_build_optimizer_defaults_apply_to_groups_without_keys():
+    p = nn.Parameter(torch.randn(3, 3))
+    opt = build_optimizer("lars", [{"params": [p]}], lr=0.1, weight_decay=0.2)
+    (g,) = opt.param_groups
+    assert g["weight_decay"] == 0.2 and g["lars_exclude"] is False and g["eta"] == 0.02
+
+
+def test_build_optimizer_unknown_name():
+    with pytest.raises(ValueError) as err:
+        build_optimizer("adam", [{"params": [nn.Parameter(torch.zeros(1))]}], lr=0.1, weight_decay=0.0)
+    for name in ("sgd", "lars", "adamw"):
+        assert name in str(err.value)
+
+
+# ---------------------------------------------------------------- state_dict round trip
+
+
+def test_lars_state_dict_round_trip_weights_only(tmp_path):
+    torch.manual_seed(0)
+    model = _small_model()
+    x = torch.randn(4, 3, 8, 8)
+
+    def make_opt(m):
+        groups = param_groups(m, 1e-4)
+        groups[1]["lr_scale"] = 0.5  # extra loop-level key must survive the checkpoint too
+        return build_optimizer("lars", groups, lr=0.2, weight_decay=1e-4, momentum=0.9, eta=0.02)
+
+    def train_step(m, opt):
+        opt.zero_grad()
+        m(x).pow(2).mean().backward()
+        opt.step()
+
+    opt = make_opt(model)
+    for _ in range(3):
+        train_step(model, opt)
+
+    torch.save({"model": model.state_dict(), "optim": opt.state_dict()}, tmp_path / "ckpt.pt")
+    ckpt = torch.load(tmp_path / "ckpt.pt", weights_only=True)
+
+    resumed = _small_model()
+    resumed.load_state_dict(ckpt["model"])
+    resumed_opt = make_opt(resumed)
+    resumed_opt.load_state_dict(ckpt["optim"])
+    assert resumed_opt.param_groups[1]["lr_scale"] == 0.5
+    assert resumed_opt.param_groups[1]["lars_exclude"] is True
+
+    train_step(model, opt)
+    train_step(resumed, resumed_opt)
+    for a, b in zip(model.parameters(), resumed.parameters()):
+        assert torch.equal(a, b)
