@@ -1,0 +1,41 @@
+"""Data pipeline: base datasets, augmentations and per-sample seeded multi-view wrappers."""
+
+from solo.data.datasets import (
+    DATASET_STATS,
+    DATASETS,
+    CIFAR10Dataset,
+    CIFAR100Dataset,
+    DigitsDataset,
+    ImageFolderDataset,
+    ImageReadError,
+    SyntheticDataset,
+    build_dataset,
+)
+from solo.data.multiview import EvalDataset, MultiViewDataset
+from solo.data.seeding import sample_seed, seeded_rng
+from solo.data.transforms import (
+    ViewAugmentation,
+    as_view_augmentation,
+    build_eval_transform,
+    build_view_transform,
+)
+
+__all__ = [
+    "DATASET_STATS",
+    "DATASETS",
+    "CIFAR10Dataset",
+    "CIFAR100Dataset",
+    "DigitsDataset",
+    "ImageFolderDataset",
+    "ImageReadError",
+    "SyntheticDataset",
+    "build_dataset",
+    "EvalDataset",
+    "MultiViewDataset",
+    "sample_seed",
+    "seeded_rng",
+    "ViewAugmentation",
+    "as_view_augmentation",
+    "build_eval_transform",
+    "build_view_transform",
+]

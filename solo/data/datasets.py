@@ -1,0 +1,375 @@
+"""Base datasets: each returns ``(PIL.Image in RGB, label: int)``.
+
+``label == -1`` marks unlabeled data; ``.classes`` is then ``None``. Base
+datasets are deterministic and never touch a global RNG; all augmentation
+randomness lives in :mod:`solo.data.multiview`.
+"""
+
+import colorsys
+import os
+import pickle
+from typing import Dict, List, Optional, Tuple
+
+import numpy as np
+from PIL import Image
+
+# (mean, std) per RGB channel, in [0, 1] units, used by the Normalize transform.
+DATASET_STATS: Dict[str, Tuple[Tuple[float, float, float], Tuple[float, float, float]]] = {
+    # Computed once from the digits train split at image_size=16 (the size the
+    # digits configs use; the mean is size-independent, the std is 0.32-0.33 for
+    # sizes >= 16). Grey images, so all three channels are equal.
+    "digits": ((0.3054, 0.3054, 0.3054), (0.3187, 0.3187, 0.3187)),
+    "synthetic": ((0.5, 0.5, 0.5), (0.5, 0.5, 0.5)),
+    "cifar10": ((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)),
+    "cifar100": ((0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762)),
+    "imagenet": ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225)),
+    "imagefolder": ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225)),
+}
+
+SPLITS = ("train", "val")
+IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".pgm", ".bmp", ".tif", ".tiff", ".webp")
+
+
+def _check_split(split: str, dataset: str) -> None:
+    if split not in SPLITS:
+        raise ValueError(f"{dataset}: unknown split {split!r}; expected one of {list(SPLITS)}")
+
+
+def _check_index(index: int, length: int, dataset: str) -> int:
+    if not 0 <= index < length:
+        raise IndexError(f"{dataset}: index {index} out of range for {length} samples")
+    return index
+
+
+class ImageReadError(RuntimeError):
+    """An image file exists but cannot be decoded."""
+
+
+# --------------------------------------------------------------------------- digits
+
+
+class DigitsDataset:
+    """scikit-learn's bundled 8x8 digits (1797 images), upscaled to ``image_size``.
+
+    The split is fixed (stratified 80/20 with ``random_state=0``): 1437 train,
+    360 val. Images are resized once here, so transforms see ready-sized images.
+    """
+
+    classes = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"]
+
+    def __init__(self, split: str, image_size: int):
+        from sklearn.datasets import load_digits
+        from sklearn.model_selection import train_test_split
+
+        _check_split(split, "digits")
+        digits = load_digits()
+        all_idx = np.arange(len(digits.target))
+        train_idx, val_idx = train_test_split(
+            all_idx, test_size=0.2, stratify=digits.target, random_state=0
+        )
+        idx = np.sort(train_idx if split == "train" else val_idx)
+        # Values are 0..16; scale to the full uint8 range.
+        pixels = np.round(digits.images[idx] * (255.0 / 16.0)).astype(np.uint8)
+        self.images = np.stack([_resize_grey(p, image_size) for p in pixels])  # (N, S, S, 3)
+        self.targets = [int(t) for t in digits.target[idx]]
+        self.source_indices = idx  # position in load_digits(), e.g. to check splits are disjoint
+
+    def __len__(self) -> int:
+        return len(self.targets)
+
+    def __getitem__(self, index: int) -> Tuple[Image.Image, int]:
+        index = _check_index(index, len(self), "digits")
+        return Image.fromarray(self.images[index], mode="RGB"), self.targets[index]
+
+
+def _resize_grey(pixels: np.ndarray, image_size: int) -> np.ndarray:
+    img = Image.fromarray(pixels, mode="L").resize((image_size, image_size), Image.BILINEAR)
+    return np.asarray(img.convert("RGB"))
+
+
+# ------------------------------------------------------------------------ synthetic
+
+
+class SyntheticDataset:
+    """Deterministic noise images for smoke tests and benchmarks, generated on the fly.
+
+    Image ``i`` depends only on ``(seed, split, i)``. Each class has its own
+    mean colour and stripe orientation, so a linear probe can learn something
+    (and stripes survive colour jitter / grayscale augmentations).
+    """
+
+    def __init__(
+        self,
+        num_samples: int,
+        image_size: int,
+        num_classes: int = 10,
+        seed: int = 0,
+        split: str = "train",
+    ):
+        if num_samples < 1 or image_size < 1 or num_classes < 1:
+            raise ValueError(
+                "SyntheticDataset needs positive sizes, got "
+                f"num_samples={num_samples}, image_size={image_size}, num_classes={num_classes}"
+            )
+        _check_split(split, "synthetic")
+        self.num_samples = num_samples
+        self.image_size = image_size
+        self.seed = seed
+        self._split_id = SPLITS.index(split)  # train and val images differ for the same seed
+        self.classes = [f"class_{c}" for c in range(num_classes)]
+
+    def __len__(self) -> int:
+        return self.num_samples
+
+    def __getitem__(self, index: int) -> Tuple[Image.Image, int]:
+        index = _check_index(index, len(self), "synthetic")
+        num_classes = len(self.classes)
+        label = index % num_classes
+        # A private generator: the global numpy/torch RNGs are never touched.
+        rng = np.random.default_rng([self.seed, self._split_id, index])
+        size = self.image_size
+        colour = np.array(colorsys.hsv_to_rgb(label / num_classes, 0.7, 0.8)) * 255.0
+        angle = np.pi * label / num_classes
+        yy, xx = np.mgrid[0:size, 0:size] * (2 * np.pi * 3 / size)  # 3 stripes per image
+        stripes = 40.0 * np.sin(np.cos(angle) * xx + np.sin(angle) * yy + rng.uniform(0, 2 * np.pi))
+        noise = rng.normal(0.0, 30.0, size=(size, size, 3))
+        pixels = colour + stripes[..., None] + noise
+        return Image.fromarray(np.clip(pixels, 0, 255).astype(np.uint8), mode="RGB"), label
+
+
+# ---------------------------------------------------------------------------- CIFAR
+
+
+class _CIFARBase:
+    """Reads the standard python-pickle CIFAR layout under ``root``.
+
+    We read the pickles ourselves rather than through torchvision because
+    torchvision checks md5 sums, which a small local stand-in cannot pass;
+    torchvision is used only to download (when ``download=True``).
+    """
+
+    name = ""
+    folder = ""
+    train_files: List[str] = []
+    val_files: List[str] = []
+    meta_file = ""
+    label_key = ""
+    names_key = ""
+
+    def __init__(self, root: str, split: str, download: bool = False):
+        _check_split(split, self.name)
+        self.root = root
+        base = os.path.join(root, self.folder)
+        files = self.train_files + self.val_files + [self.meta_file]
+        missing = [os.path.join(base, f) for f in files if not os.path.isfile(os.path.join(base, f))]
+        if missing and download:
+            self._download(root)
+            missing = [p for p in missing if not os.path.isfile(p)]
+        if missing:
+            raise FileNotFoundError(
+                f"{self.name}: expected the python-pickle layout at {base}, missing {missing}. "
+                "Set data.download=true to download it, or point data.root at the folder "
+                f"that contains {self.folder}/."
+            )
+
+        images, labels = [], []
+        for fname in self.train_files if split == "train" else self.val_files:
+            path = os.path.join(base, fname)
+            entry = _load_pickle(path)
+            data = np.asarray(_get(entry, "data", path), dtype=np.uint8)
+            if data.ndim != 2 or data.shape[1] != 3 * 32 * 32:
+                raise ValueError(f"{path}: 'data' should have shape (N, 3072), got {data.shape}")
+            images.append(data.reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1))  # to (N, H, W, C)
+            labels.extend(int(t) for t in _get(entry, self.label_key, path))
+        self.images = np.ascontiguousarray(np.concatenate(images))
+        self.targets = labels
+        meta_path = os.path.join(base, self.meta_file)
+        self.classes = [_to_str(n) for n in _get(_load_pickle(meta_path), self.names_key, meta_path)]
+
+    def _download(self, root: str) -> None:
+        import torchvision
+
+        tv_cls = getattr(torchvision.datasets, type(self).__name__.replace("Dataset", ""))
+        try:
+            tv_cls(root, train=True, download=True)
+        except Exception as e:  # most often: no network on this machine
+            raise RuntimeError(
+                f"{self.name}: download into {root} failed ({e}). Download and extract the "
+                f"python version manually so that {os.path.join(root, self.folder)} exists."
+            ) from e
+
+    def __len__(self) -> int:
+        return len(self.targets)
+
+    def __getitem__(self, index: int) -> Tuple[Image.Image, int]:
+        index = _check_index(index, len(self), self.name)
+        return Image.fromarray(self.images[index], mode="RGB"), self.targets[index]
+
+
+class CIFAR10Dataset(_CIFARBase):
+    """CIFAR-10 from ``root/cifar-10-batches-py``; split "val" is the official test batch."""
+
+    name = "cifar10"
+    folder = "cifar-10-batches-py"
+    train_files = [f"data_batch_{i}" for i in range(1, 6)]
+    val_files = ["test_batch"]
+    meta_file = "batches.meta"
+    label_key = "labels"
+    names_key = "label_names"
+
+
+class CIFAR100Dataset(_CIFARBase):
+    """CIFAR-100 (fine labels) from ``root/cifar-100-python``; split "val" is the test set."""
+
+    name = "cifar100"
+    folder = "cifar-100-python"
+    train_files = ["train"]
+    val_files = ["test"]
+    meta_file = "meta"
+    label_key = "fine_labels"
+    names_key = "fine_label_names"
+
+
+def _load_pickle(path: str) -> dict:
+    with open(path, "rb") as f:
+        return pickle.load(f, encoding="bytes")  # the originals were pickled by Python 2
+
+
+def _get(entry: dict, key: str, path: str):
+    # Python-2 pickles have bytes keys; files re-pickled by Python 3 may have str keys.
+    for k in (key.encode(), key):
+        if k in entry:
+            return entry[k]
+    raise KeyError(f"{path}: no {key!r} entry (found keys {sorted(map(_to_str, entry))})")
+
+
+def _to_str(value) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+# ---------------------------------------------------------------------- image folder
+
+
+class ImageFolderDataset:
+    """Images under ``root/<split>/``, ImageNet style.
+
+    Labeled: ``root/<split>/<class>/**/*.jpg``; classes are the sorted folder
+    names (or ``classes`` if given, e.g. the train classes for the val split,
+    so labels agree even when val lacks some classes). Unlabeled: images
+    directly in ``root/<split>/`` with no class folders; label -1, classes None.
+    Files are listed once, sorted, and decoded lazily in ``__getitem__``.
+    """
+
+    def __init__(self, root: str, split: str, classes: Optional[List[str]] = None):
+        _check_split(split, "imagefolder")
+        self.split_dir = os.path.join(root, split)
+        if not os.path.isdir(self.split_dir):
+            raise FileNotFoundError(
+                f"imagefolder: no folder {self.split_dir}; expected {root}/{split}/<class>/<image> "
+                f"or unlabeled images directly in {root}/{split}/. Check data.root."
+            )
+        class_dirs = _list_class_dirs(self.split_dir)
+        loose = sorted(f for f in os.listdir(self.split_dir) if _is_image(f))
+        if class_dirs and loose:
+            raise ValueError(
+                f"imagefolder: {self.split_dir} has both class folders and loose images "
+                f"(e.g. {loose[0]}); use one layout: all images in class folders, or none"
+            )
+
+        self.samples: List[Tuple[str, int]] = []
+        if class_dirs:
+            self.classes = list(classes) if classes is not None else class_dirs
+            class_to_idx = {c: i for i, c in enumerate(self.classes)}
+            unknown = [c for c in class_dirs if c not in class_to_idx]
+            if unknown:
+                raise ValueError(
+                    f"imagefolder: class folders {unknown} in {self.split_dir} are not among "
+                    f"the {len(self.classes)} known classes (e.g. those of the train split)"
+                )
+            for c in class_dirs:
+                for path in _walk_images(os.path.join(self.split_dir, c)):
+                    self.samples.append((path, class_to_idx[c]))
+        else:
+            self.classes = None
+            self.samples = [(os.path.join(self.split_dir, f), -1) for f in loose]
+        if not self.samples:
+            raise FileNotFoundError(
+                f"imagefolder: no images ({', '.join(IMG_EXTENSIONS)}) found under {self.split_dir}"
+            )
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, index: int) -> Tuple[Image.Image, int]:
+        path, label = self.samples[_check_index(index, len(self), "imagefolder")]
+        try:
+            with Image.open(path) as img:
+                # convert() forces the full decode here, so truncated files fail now.
+                return img.convert("RGB"), label
+        except Exception as e:
+            raise ImageReadError(f"cannot read image {path}: {type(e).__name__}: {e}") from e
+
+
+def _is_image(filename: str) -> bool:
+    return filename.lower().endswith(IMG_EXTENSIONS)
+
+
+def _list_class_dirs(folder: str) -> List[str]:
+    return sorted(e.name for e in os.scandir(folder) if e.is_dir() and not e.name.startswith("."))
+
+
+def _walk_images(folder: str) -> List[str]:
+    paths = []
+    for dirpath, dirnames, filenames in os.walk(folder, followlinks=True):
+        dirnames.sort()  # os.walk order is filesystem-dependent; sort for determinism
+        paths.extend(os.path.join(dirpath, f) for f in sorted(filenames) if _is_image(f))
+    return paths
+
+
+# ---------------------------------------------------------------------------- build
+
+DATASETS = ("digits", "synthetic", "cifar10", "cifar100", "imagefolder")
+
+
+def build_dataset(
+    name: str,
+    split: str,
+    *,
+    root: Optional[str],
+    image_size: int,
+    download: bool = False,
+    num_samples: int = 1000,
+    num_classes: int = 10,
+    seed: int = 0,
+):
+    """Build the base dataset ``name`` for ``split`` ("train" or "val").
+
+    - digits: bundled with scikit-learn; ``root`` is ignored.
+    - synthetic: ``num_samples`` images of ``num_classes`` classes for *each*
+      split (train and val images differ); ``root`` is ignored.
+    - cifar10 / cifar100: read from ``root``; ``download`` fetches them if missing.
+    - imagefolder: ``root/train`` and ``root/val``. Returns ``None`` for
+      split="val" when ``root/val`` does not exist: the caller should then
+      skip validation and the online/linear probe on val.
+    """
+    if name not in DATASETS:
+        raise ValueError(f"unknown dataset {name!r}; valid names: {', '.join(DATASETS)}")
+    _check_split(split, name)
+    if name == "digits":
+        return DigitsDataset(split, image_size)
+    if name == "synthetic":
+        return SyntheticDataset(num_samples, image_size, num_classes=num_classes, seed=seed, split=split)
+    if root is None:
+        raise ValueError(f"dataset {name!r} reads files: set data.root")
+    if name in ("cifar10", "cifar100"):
+        cls = CIFAR10Dataset if name == "cifar10" else CIFAR100Dataset
+        return cls(root, split, download=download)
+    # imagefolder
+    if split == "val":
+        if not os.path.isdir(os.path.join(root, "val")):
+            return None
+        train_dir = os.path.join(root, "train")
+        # Reuse the train class list so label i means the same class in both splits.
+        train_classes = _list_class_dirs(train_dir) if os.path.isdir(train_dir) else []
+        return ImageFolderDataset(root, split, classes=train_classes or None)
+    return ImageFolderDataset(root, split)

@@ -1,0 +1,119 @@
+"""Image transforms: random views for pretraining, a fixed one for evaluation.
+
+All randomness comes from the torch global CPU RNG (torchvision v2 draws its
+parameters there), so :func:`solo.data.seeding.seeded_rng` fully controls it.
+"""
+
+from dataclasses import dataclass, field, fields
+from typing import List, Mapping, Sequence, Union
+
+import torch
+from torchvision.transforms import v2
+
+
+@dataclass
+class ViewAugmentation:
+    """Augmentation recipe for one view (also a Hydra structured-config schema)."""
+
+    crop_scale: List[float] = field(default_factory=lambda: [0.08, 1.0])  # RandomResizedCrop area range
+    hflip_prob: float = 0.5
+    jitter_prob: float = 0.8
+    brightness: float = 0.4
+    contrast: float = 0.4
+    saturation: float = 0.2
+    hue: float = 0.1
+    grayscale_prob: float = 0.2
+    blur_prob: float = 0.0  # GaussianBlur, kernel ~10% of image size (odd), sigma U(0.1, 2.0)
+    solarize_prob: float = 0.0  # threshold 128 on uint8
+
+    def validate(self) -> None:
+        scale = list(self.crop_scale)
+        if len(scale) != 2 or not 0.0 < scale[0] <= scale[1] <= 1.0:
+            raise ValueError(f"crop_scale must be [min, max] with 0 < min <= max <= 1, got {scale}")
+        for name in ("hflip_prob", "jitter_prob", "grayscale_prob", "blur_prob", "solarize_prob"):
+            p = getattr(self, name)
+            if not 0.0 <= p <= 1.0:
+                raise ValueError(f"{name} is a probability and must be in [0, 1], got {p}")
+        for name in ("brightness", "contrast", "saturation"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if not 0.0 <= self.hue <= 0.5:
+            raise ValueError(f"hue must be in [0, 0.5], got {self.hue}")
+
+
+AugmentationLike = Union[ViewAugmentation, Mapping]
+
+
+def as_view_augmentation(aug: AugmentationLike) -> ViewAugmentation:
+    """Accept a ViewAugmentation or a mapping (e.g. a yaml/DictConfig entry) and validate it."""
+    if not isinstance(aug, ViewAugmentation):
+        known = {f.name for f in fields(ViewAugmentation)}
+        unknown = sorted(set(aug) - known)
+        if unknown:
+            raise ValueError(f"unknown augmentation keys {unknown}; valid keys: {sorted(known)}")
+        values = dict(aug)
+        if "crop_scale" in values:
+            values["crop_scale"] = [float(v) for v in values["crop_scale"]]
+        aug = ViewAugmentation(**values)
+    aug.validate()
+    return aug
+
+
+def blur_kernel_size(image_size: int) -> int:
+    """~10% of the image side, odd (SimCLR: 23 for 224), at least 3 so blur does something."""
+    return max(3, int(0.1 * image_size) // 2 * 2 + 1)
+
+
+def build_view_transform(
+    aug: AugmentationLike, image_size: int, mean: Sequence[float], std: Sequence[float]
+) -> v2.Compose:
+    """PIL RGB image -> normalised float32 tensor (3, image_size, image_size), randomly augmented."""
+    aug = as_view_augmentation(aug)
+    # Work on uint8 tensors: faster than PIL and solarize's 128 threshold is in uint8 units.
+    ops = [
+        v2.ToImage(),
+        v2.RandomResizedCrop(image_size, scale=tuple(aug.crop_scale), antialias=True),
+    ]
+    # Steps with probability 0 are left out: they would only draw unused random numbers.
+    if aug.hflip_prob > 0:
+        ops.append(v2.RandomHorizontalFlip(p=aug.hflip_prob))
+    if aug.jitter_prob > 0:
+        jitter = v2.ColorJitter(aug.brightness, aug.contrast, aug.saturation, aug.hue)
+        ops.append(v2.RandomApply([jitter], p=aug.jitter_prob))
+    if aug.grayscale_prob > 0:
+        ops.append(v2.RandomGrayscale(p=aug.grayscale_prob))  # keeps 3 channels
+    if aug.blur_prob > 0:
+        blur = v2.GaussianBlur(blur_kernel_size(image_size), sigma=(0.1, 2.0))
+        ops.append(v2.RandomApply([blur], p=aug.blur_prob))
+    if aug.solarize_prob > 0:
+        ops.append(v2.RandomSolarize(threshold=128, p=aug.solarize_prob))
+    ops += [v2.ToDtype(torch.float32, scale=True), v2.Normalize(list(mean), list(std))]
+    return v2.Compose(ops)
+
+
+def build_eval_transform(
+    image_size: int, mean: Sequence[float], std: Sequence[float], *, resize: bool
+) -> v2.Compose:
+    """Deterministic transform for validation / probing; uses no randomness.
+
+    resize=True (large images such as ImageNet): shorter side to
+    image_size * 256 / 224, then a center crop of image_size. resize=False:
+    images are already image_size (digits, CIFAR, synthetic), just to tensor + normalise.
+    """
+    ops = [v2.ToImage()]
+    if resize:
+        ops += [
+            v2.Resize(int(round(image_size * 256 / 224)), antialias=True),
+            v2.CenterCrop(image_size),
+        ]
+    ops += [v2.ToDtype(torch.float32, scale=True), v2.Normalize(list(mean), list(std))]
+    return v2.Compose(ops)
+
+
+__all__ = [
+    "ViewAugmentation",
+    "as_view_augmentation",
+    "blur_kernel_size",
+    "build_view_transform",
+    "build_eval_transform",
+]
