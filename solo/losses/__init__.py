@@ -1,6 +1,7 @@
 """Pure, distributed-aware loss functions: in a process group each computes the loss of the global batch."""
 
+from solo.losses._checks import NonFiniteError
 from solo.losses.barlow_twins import barlow_twins_loss
 from solo.losses.contrastive import clip_loss, nt_xent_loss
 
-__all__ = ["barlow_twins_loss", "clip_loss", "nt_xent_loss"]
+__all__ = ["NonFiniteError", "barlow_twins_loss", "clip_loss", "nt_xent_loss"]

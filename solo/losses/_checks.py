@@ -7,6 +7,10 @@ import math
 import torch
 
 
+class NonFiniteError(ValueError):
+    """Features with NaN or inf: training has diverged (or an input is broken)."""
+
+
 def check_pair(a: torch.Tensor, b: torch.Tensor, name_a: str, name_b: str) -> None:
     for name, x in ((name_a, a), (name_b, b)):
         if x.dim() != 2:
@@ -22,7 +26,7 @@ def check_pair(a: torch.Tensor, b: torch.Tensor, name_a: str, name_b: str) -> No
     for name, x in ((name_a, a), (name_b, b)):
         if not bool(torch.isfinite(x).all()):
             bad = int((~torch.isfinite(x)).any(dim=1).sum())
-            raise ValueError(f"{name} has non-finite values (NaN or inf) in {bad} of {x.shape[0]} rows")
+            raise NonFiniteError(f"{name} has non-finite values (NaN or inf) in {bad} of {x.shape[0]} rows")
 
 
 def check_positive(value: float | torch.Tensor, name: str) -> None:

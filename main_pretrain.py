@@ -1,0 +1,19 @@
+"""Pretrain a backbone: `torchrun --nproc_per_node=N main_pretrain.py method=simclr [key=value ...]`."""
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig
+
+from solo.config import register_configs
+from solo.train.loop import pretrain
+
+register_configs()
+
+
+@hydra.main(config_path="configs", config_name="pretrain", version_base="1.3")
+def main(cfg: DictConfig) -> None:
+    pretrain(cfg, HydraConfig.get().runtime.output_dir)
+
+
+if __name__ == "__main__":
+    main()

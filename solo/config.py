@@ -1,0 +1,133 @@
+"""Structured-config schemas: every option is typed here; the YAML files under configs/ only set values.
+
+Each group file names its schema in its defaults list (`- /schema/method/simclr@_here_`), so Hydra
+rejects a misspelt key or a wrong type with the key's full name, and lists the options of a group
+when one is unknown.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING
+
+from solo.data.transforms import ViewAugmentation
+
+
+@dataclass
+class BackboneConfig:
+    name: str = "resnet18"  # a timm model name, or torchvision.resnet18 / torchvision.resnet50 / ...
+    small_stem: bool = False  # 3x3 stride-1 first conv and no max-pool, for 32px-sized images
+    pretrained: bool = False
+    kwargs: Dict[str, Any] = field(default_factory=dict)  # passed to timm.create_model
+
+
+@dataclass
+class MethodConfig:
+    name: str = MISSING
+
+
+@dataclass
+class SimCLRConfig(MethodConfig):
+    name: str = "simclr"
+    proj_hidden_dim: int = 2048
+    proj_output_dim: int = 128
+    temperature: float = 0.2
+
+
+@dataclass
+class BarlowTwinsConfig(MethodConfig):
+    name: str = "barlow_twins"
+    proj_hidden_dim: int = 2048
+    proj_output_dim: int = 2048
+    lambd: float = 0.0051
+    scale_loss: float = 1.0
+
+
+@dataclass
+class DataConfig:
+    name: str = "digits"  # digits | synthetic | cifar10 | cifar100 | imagefolder
+    root: Optional[str] = None
+    download: bool = False
+    image_size: int = 16
+    batch_size: int = 128  # per process; the global batch is batch_size x world size
+    num_workers: int = 2
+    num_samples: int = 1000  # synthetic only
+    num_classes: int = 10  # synthetic only
+
+
+@dataclass
+class AugmentationConfig:
+    views: List[ViewAugmentation] = field(default_factory=lambda: [ViewAugmentation(), ViewAugmentation()])
+
+
+@dataclass
+class OptimConfig:
+    name: str = "lars"  # lars | sgd | adamw
+    lr: float = 0.3  # for a global batch of 256 under lr_scaling=linear
+    lr_scaling: str = "linear"  # linear (lr x global_batch / 256) | sqrt (lr x sqrt(global_batch / 256)) | none
+    weight_decay: float = 1e-6
+    momentum: float = 0.9
+    eta: float = 0.02  # LARS trust coefficient
+    betas: List[float] = field(default_factory=lambda: [0.9, 0.999])  # AdamW
+    exclude_bias_and_norm: bool = True
+    warmup_epochs: float = 1.0
+    warmup_start_lr: float = 0.0
+    final_lr: float = 0.0
+    grad_clip: Optional[float] = None  # max global gradient norm
+    probe_lr: float = 0.1  # online linear probe (no weight decay, not LARS-adapted)
+
+
+@dataclass
+class TrainerConfig:
+    max_epochs: int = 10
+    max_steps: int = -1  # > 0 stops there (and sets the schedule's length)
+    seed: int = 0
+    precision: str = "32"  # 32 | bf16 | 16 (CUDA only, with a gradient scaler) | 64 (for exactness checks)
+    sync_batchnorm: bool = True  # global-batch BatchNorm statistics when W > 1
+    channels_last: bool = True  # CUDA only
+    resume: bool = True  # continue from <run dir>/checkpoints/last.pt when it exists
+    checkpoint_every_steps: int = 0  # 0: only at epoch ends
+    keep_checkpoints: int = 2
+    log_every_steps: int = 10
+    probe: bool = True  # online linear probe on detached backbone features (needs labels)
+    progress_bar: bool = True
+
+
+@dataclass
+class LoggerConfig:
+    name: str = "jsonl"  # jsonl | wandb (metrics.jsonl is always written)
+    project: str = "solo"
+    entity: Optional[str] = None
+    mode: str = "auto"  # auto (online with credentials, else offline) | online | offline
+
+
+@dataclass
+class PretrainConfig:
+    backbone: BackboneConfig = MISSING
+    method: MethodConfig = MISSING
+    data: DataConfig = MISSING
+    augmentation: AugmentationConfig = MISSING
+    optim: OptimConfig = MISSING
+    logger: LoggerConfig = MISSING
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+
+
+SCHEMAS = {
+    "backbone": {"default": BackboneConfig},
+    "method": {"simclr": SimCLRConfig, "barlow_twins": BarlowTwinsConfig},
+    "data": {"default": DataConfig},
+    "augmentation": {"default": AugmentationConfig},
+    "optim": {"default": OptimConfig},
+    "logger": {"default": LoggerConfig},
+}
+
+
+def register_configs() -> None:
+    cs = ConfigStore.instance()
+    cs.store(name="pretrain_schema", node=PretrainConfig)
+    for group, schemas in SCHEMAS.items():
+        for name, node in schemas.items():
+            cs.store(group=f"schema/{group}", name=name, node=node)
