@@ -195,3 +195,16 @@ def test_config_errors_name_the_key(override, message):
     with pytest.raises(Exception) as err:
         compose_cfg([override])
     assert message in str(err.value) + str(err.value.__cause__)
+
+
+def test_wandb_offline_keeps_the_run_id_across_resume(tmp_path, monkeypatch):
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.netrc credentials: offline mode
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    base = TINY + ["logger=wandb", "data.batch_size=16"]
+    run_dir = tmp_path / "run"
+    pretrain(compose_cfg(base + ["trainer.max_steps=2"]), run_dir)
+    run_id = (run_dir / "wandb_run_id").read_text().strip()
+    pretrain(compose_cfg(base + ["trainer.max_steps=4"]), run_dir)
+    sessions = sorted((run_dir / "wandb").glob(f"offline-run-*-{run_id}"))
+    assert len(sessions) == 2, list((run_dir / "wandb").iterdir())

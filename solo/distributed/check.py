@@ -26,6 +26,7 @@ import torch.multiprocessing as mp
 import torch.nn as nn
 import torch.nn.functional as F
 
+from solo.distributed.env import destroy_process_group
 from solo.losses import barlow_twins_loss, clip_loss, nt_xent_loss
 
 TOLERANCE = 1e-10  # relative, float64
@@ -119,13 +120,11 @@ def _worker(rank: int, world: int, store_path: str, specs: list[str], seed: int,
     try:
         for spec in specs:
             for layout in _layouts(world, uneven):
-                # The DDP objects die with the helper's frame: one still alive at destroy_process_group
-                # can abort the process (gloo).
                 loss, grads = _rank_loss_and_grads(resolve(spec), layout, rank, seed)
                 results.put((spec, tuple(layout), rank, loss, grads))
         dist.barrier()  # no rank tears the group down while another still talks to it
     finally:
-        dist.destroy_process_group()
+        destroy_process_group()
 
 
 @dataclass(frozen=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import re
 from dataclasses import dataclass
@@ -121,3 +122,11 @@ def world_size() -> int:
 
 def rank() -> int:
     return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+
+def destroy_process_group() -> None:
+    """Leave the process group. DDP reducers still alive then (kept by reference cycles until the next
+    garbage collection) can abort the process with gloo, so collect them first."""
+    gc.collect()
+    if dist.is_initialized():
+        dist.destroy_process_group()

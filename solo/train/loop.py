@@ -21,6 +21,7 @@ from solo.backbones import create_backbone
 from solo.data import DATASET_STATS, EvalDataset, MultiViewDataset, build_dataset, build_eval_transform, build_view_transform
 from solo.data.sampler import GlobalBatchSampler
 from solo.distributed import DistEnv, init_distributed
+from solo.distributed.env import destroy_process_group
 from solo.distributed.batchnorm import convert_sync_batchnorm
 from solo.eval.probe import evaluate
 from solo.losses import NonFiniteError
@@ -40,7 +41,12 @@ class PretrainModel(nn.Module):
     def __init__(self, method: nn.Module, num_classes: int | None):
         super().__init__()
         self.method = method
-        self.probe = nn.Linear(method.feature_dim, num_classes) if num_classes else None
+        self.probe = None
+        if num_classes:
+            # Standardised features, as for MAE's linear probing: the probe's lr need not track the feature scale.
+            self.probe = nn.Sequential(
+                nn.BatchNorm1d(method.feature_dim, affine=False), nn.Linear(method.feature_dim, num_classes)
+            )
 
     def forward(self, batch: dict) -> dict:
         out = self.method(batch)
@@ -56,8 +62,7 @@ def pretrain(cfg: DictConfig, run_dir: str | Path) -> dict:
     try:
         return _pretrain(cfg, Path(run_dir), env, device)
     finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
+        destroy_process_group()
 
 
 def _pretrain(cfg: DictConfig, run_dir: Path, env: DistEnv, device: torch.device) -> dict:
@@ -134,7 +139,7 @@ def _pretrain(cfg: DictConfig, run_dir: Path, env: DistEnv, device: torch.device
         for batch in train_loader:
             for group in optimizer.param_groups:
                 group["lr"] = schedule(step) * group.get("lr_scale", 1.0)
-            out = _train_step(ddp, model, _to_device(batch, device, dtype, channels_last), optimizer, scaler, autocast, t, cfg.optim)
+            out = _train_step(ddp, model, _to_device(batch, device, dtype, channels_last), optimizer, scaler, autocast, cfg.optim)
             window_losses += torch.stack([out["loss"].detach(), out.get("probe_loss", out["loss"]).detach()]).double()
             step, batch_in_epoch, window_steps = step + 1, batch_in_epoch + 1, window_steps + 1
             bar.update(1)
@@ -160,7 +165,6 @@ def _pretrain(cfg: DictConfig, run_dir: Path, env: DistEnv, device: torch.device
             if step == total_steps:
                 break
         if batch_in_epoch == steps_per_epoch or step == total_steps:
-            val = {}
             if val_loader is not None and model.probe is not None:
                 val = evaluate(model.method.backbone, model.probe, val_loader, device, autocast)
                 last_metrics = {"step": step, "epoch": epoch, **val}
@@ -178,7 +182,7 @@ def _pretrain(cfg: DictConfig, run_dir: Path, env: DistEnv, device: torch.device
     return last_metrics
 
 
-def _train_step(ddp, model, batch, optimizer, scaler, autocast, t, optim_cfg) -> dict:
+def _train_step(ddp, model, batch, optimizer, scaler, autocast, optim_cfg) -> dict:
     try:
         with autocast():
             out = ddp(batch)
