@@ -208,3 +208,18 @@ def test_wandb_offline_keeps_the_run_id_across_resume(tmp_path, monkeypatch):
     pretrain(compose_cfg(base + ["trainer.max_steps=4"]), run_dir)
     sessions = sorted((run_dir / "wandb").glob(f"offline-run-*-{run_id}"))
     assert len(sessions) == 2, list((run_dir / "wandb").iterdir())
+
+
+def test_unlabeled_imagefolder_trains_without_probe(tmp_path):
+    (tmp_path / "data" / "train").mkdir(parents=True)
+    for i in range(16):
+        Image.new("RGB", (20, 20), (i * 15, 255 - i * 15, 0)).save(tmp_path / "data" / "train" / f"{i}.png")
+    overrides = TINY + ["data=imagefolder", f"data.root={tmp_path / 'data'}", "data.image_size=16", "data.batch_size=8"]
+    final = pretrain(compose_cfg(overrides + ["trainer.max_steps=2"]), tmp_path / "run")
+    rows = metrics(tmp_path / "run")
+    assert "train/loss" in final and not any("val/acc1" in r or "train/probe_loss" in r for r in rows)
+
+
+def test_bf16_autocast_with_gradient_clipping_on_cpu(tmp_path):
+    final = pretrain(compose_cfg(TINY + ["trainer.precision=bf16", "optim.grad_clip=1.0", "trainer.max_steps=2", "data.batch_size=16"]), tmp_path)
+    assert torch.isfinite(torch.tensor(final["val/acc1"])) and all(torch.isfinite(v).all() for v in weights(tmp_path).values())
