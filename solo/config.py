@@ -47,9 +47,30 @@ class BarlowTwinsConfig(MethodConfig):
 
 
 @dataclass
+class TextConfig:
+    """CLIP's text tower: a Transformer over byte tokens, pooled at the end-of-text token."""
+
+    width: int = 512
+    depth: int = 12
+    heads: int = 8
+    context_length: int = 77  # tokens, start and end included; longer captions are truncated (and counted)
+    causal: bool = True
+
+
+@dataclass
+class CLIPConfig(MethodConfig):
+    name: str = "clip"
+    embed_dim: int = 512
+    init_logit_scale: float = 14.285714285714286  # 1 / 0.07, as in CLIP
+    max_logit_scale: float = 100.0
+    text: TextConfig = field(default_factory=TextConfig)
+
+
+@dataclass
 class DataConfig:
-    name: str = "digits"  # digits | synthetic | cifar10 | cifar100 | imagefolder
+    name: str = "digits"  # digits | synthetic | cifar10 | cifar100 | imagefolder | csv (image-text)
     root: Optional[str] = None
+    file: Optional[str] = None  # csv only: the captions file, may contain {split}, relative paths from root
     download: bool = False
     image_size: int = 16
     batch_size: int = 128  # per process; the global batch is batch_size x world size
@@ -117,7 +138,8 @@ class PretrainConfig:
 
 SCHEMAS = {
     "backbone": {"default": BackboneConfig},
-    "method": {"simclr": SimCLRConfig, "barlow_twins": BarlowTwinsConfig},
+    "method": {"simclr": SimCLRConfig, "barlow_twins": BarlowTwinsConfig, "clip": CLIPConfig},
+    "text": {"default": TextConfig},
     "data": {"default": DataConfig},
     "augmentation": {"default": AugmentationConfig},
     "optim": {"default": OptimConfig},

@@ -17,7 +17,7 @@ from omegaconf import OmegaConf
 from torch import nn
 
 import solo.config
-from solo.config import BarlowTwinsConfig, PretrainConfig, SimCLRConfig
+from solo.config import BarlowTwinsConfig, CLIPConfig, PretrainConfig, SimCLRConfig
 from solo.data.transforms import ViewAugmentation
 from solo.train.optim import LARS, param_groups
 
@@ -76,6 +76,26 @@ EXPECTED = {
         **_BT_IMAGENET, "backbone.name": "resnet18", "data.batch_size": 128, "optim.final_lr": 2e-4,
     },
 }
+# CLIP (Radford et al. 2021, sec. 2.5, appendix F): AdamW beta2 0.98, weight decay 0.2, lr 5e-4 for RN50,
+# text Transformer 512 wide, 12 layers, 8 heads, context 77, embedding 1024 for RN50, 32 epochs.
+CLIP_EXPECTED = {
+    "method.name": "clip", "backbone.name": "resnet50", "data.name": "csv", "optim.name": "adamw",
+    "optim.lr": 5e-4, "optim.weight_decay": 0.2, "optim.betas": [0.9, 0.98], "method.embed_dim": 1024,
+    "method.text.width": 512, "method.text.depth": 12, "method.text.heads": 8, "method.text.context_length": 77,
+    "method.init_logit_scale": 1 / 0.07, "method.max_logit_scale": 100.0, "trainer.max_epochs": 32,
+}
+
+
+def test_clip_recipe_cited_numbers():
+    cfg = _compose("experiment=clip_csv_resnet50")
+    for key, value in CLIP_EXPECTED.items():
+        got = OmegaConf.select(cfg, key, throw_on_missing=True)
+        if isinstance(value, float):
+            assert got == pytest.approx(value, rel=1e-9), key
+        elif isinstance(value, list):
+            assert list(got) == value, key
+        else:
+            assert got == value, key
 
 
 def _compose(*overrides: str):
@@ -117,9 +137,9 @@ def test_composes_under_the_typed_schema(name):
         OmegaConf.update(cfg, "data.root", "/datasets/imagenet")
     obj = OmegaConf.to_object(cfg)  # every key checked against solo.config's dataclasses
     assert isinstance(obj, PretrainConfig)
-    assert isinstance(obj.method, (SimCLRConfig, BarlowTwinsConfig))
-    assert obj.method.name == {SimCLRConfig: "simclr", BarlowTwinsConfig: "barlow_twins"}[type(obj.method)]
-    assert len(obj.augmentation.views) == 2
+    kinds = {SimCLRConfig: "simclr", BarlowTwinsConfig: "barlow_twins", CLIPConfig: "clip"}
+    assert obj.method.name == kinds[type(obj.method)]
+    assert len(obj.augmentation.views) == (1 if obj.method.name == "clip" else 2)
     for view in obj.augmentation.views:
         assert isinstance(view, ViewAugmentation)
         view.validate()

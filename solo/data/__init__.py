@@ -11,6 +11,17 @@ from solo.data.datasets import (
     SyntheticDataset,
     build_dataset,
 )
+from solo.data.image_text import (
+    DIGIT_TEMPLATES,
+    IMAGE_TEXT_DATASETS,
+    CsvPairs,
+    DigitsPairs,
+    ImageTextDataset,
+    ImageTextPairs,
+    ZeroShotEvalDataset,
+    build_image_text_pairs,
+    digit_caption,
+)
 from solo.data.multiview import EvalDataset, MultiViewDataset
 from solo.data.seeding import sample_seed, seeded_rng
 from solo.data.transforms import (
@@ -30,6 +41,15 @@ __all__ = [
     "ImageReadError",
     "SyntheticDataset",
     "build_dataset",
+    "DIGIT_TEMPLATES",
+    "IMAGE_TEXT_DATASETS",
+    "CsvPairs",
+    "DigitsPairs",
+    "ImageTextDataset",
+    "ImageTextPairs",
+    "ZeroShotEvalDataset",
+    "build_image_text_pairs",
+    "digit_caption",
     "EvalDataset",
     "MultiViewDataset",
     "sample_seed",

@@ -6,6 +6,20 @@ from typing import Callable, Dict, Sequence, Tuple
 from solo.data.seeding import sample_seed, seeded_rng
 
 
+def epoch_and_index(key, length: int, owner: str) -> Tuple[int, int]:
+    """Unpack a sampler key `(epoch, index)`, with errors that say what went wrong."""
+    try:
+        epoch, index = (operator.index(k) for k in key)
+    except (TypeError, ValueError):
+        raise TypeError(
+            f"{owner} keys are (epoch, index) tuples, got {key!r}; "
+            "iterate it with the epoch-aware sampler from solo.data.sampler"
+        ) from None
+    if not 0 <= index < length:
+        raise IndexError(f"index {index} out of range for {length} samples")
+    return epoch, index
+
+
 class MultiViewDataset:
     """Several augmented views per sample, reproducible from (seed, epoch, index, view).
 
@@ -27,15 +41,7 @@ class MultiViewDataset:
         return len(self.base)
 
     def __getitem__(self, key: Tuple[int, int]) -> Dict:
-        try:
-            epoch, index = (operator.index(k) for k in key)
-        except TypeError:
-            raise TypeError(
-                f"MultiViewDataset keys are (epoch, index) tuples, got {key!r}; "
-                "iterate it with the epoch-aware sampler from solo.data.sampler"
-            ) from None
-        if not 0 <= index < len(self):
-            raise IndexError(f"index {index} out of range for {len(self)} samples")
+        epoch, index = epoch_and_index(key, len(self), type(self).__name__)
         image, label = self.base[index]
         views = []
         for v, transform in enumerate(self.view_transforms):

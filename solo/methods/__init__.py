@@ -1,6 +1,6 @@
 """Pretraining methods, one registry: build_method(name, backbone, feature_dim, **hyperparameters)."""
 
-from solo.methods import barlow_twins, simclr  # noqa: F401  (registers the methods)
+from solo.methods import barlow_twins, clip, simclr  # noqa: F401  (registers the methods)
 from solo.methods.base import METHODS, Method
 
 

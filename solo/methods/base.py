@@ -27,6 +27,8 @@ class Method(nn.Module):
     solo's distributed convention (the mean over ranks is the global-batch loss).
     """
 
+    inputs = "views"  # what the data pipeline must give: "views" (augmented views) or "image_text" (pairs)
+
     def __init__(self, backbone: nn.Module, feature_dim: int):
         super().__init__()
         self.backbone = backbone

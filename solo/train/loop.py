@@ -18,16 +18,32 @@ from torch.utils.data import DataLoader
 from tqdm import tqdm
 
 from solo.backbones import create_backbone
-from solo.data import DATASET_STATS, EvalDataset, MultiViewDataset, build_dataset, build_eval_transform, build_view_transform
+from solo.data import (
+    DATASET_STATS,
+    DIGIT_TEMPLATES,
+    DigitsPairs,
+    EvalDataset,
+    ImageTextDataset,
+    MultiViewDataset,
+    ZeroShotEvalDataset,
+    build_dataset,
+    build_eval_transform,
+    build_image_text_pairs,
+    build_view_transform,
+    digit_caption,
+)
 from solo.data.sampler import GlobalBatchSampler
 from solo.distributed import DistEnv, init_distributed
 from solo.distributed.env import destroy_process_group
 from solo.distributed.batchnorm import convert_sync_batchnorm
 from solo.eval.probe import evaluate
+from solo.eval.zero_shot import class_embeddings, evaluate_image_text
 from solo.losses import NonFiniteError
-from solo.methods import build_method
+from solo.losses._checks import full_precision
+from solo.methods import METHODS, build_method
 from solo.train.checkpoint import Checkpoints
 from solo.train.metrics import MetricsLogger
+from solo.text import ByteTokenizer
 from solo.train.optim import build_optimizer, param_groups, warmup_cosine
 
 
@@ -52,7 +68,7 @@ class PretrainModel(nn.Module):
         out = self.method(batch)
         if self.probe is not None:
             logits = self.probe(out["features"].detach())  # the probe must not shape the representation
-            out["probe_loss"] = F.cross_entropy(logits.float(), out["labels"])
+            out["probe_loss"] = F.cross_entropy(full_precision(logits), out["labels"])
         return out
 
 
@@ -155,6 +171,8 @@ def _pretrain(cfg: DictConfig, run_dir: Path, env: DistEnv, device: torch.device
                 }
                 if model.probe is not None:
                     last_metrics["train/probe_loss"] = losses[1]
+                if "logit_scale" in out:
+                    last_metrics["train/logit_scale"] = float(out["logit_scale"])
                 if logger:
                     logger.log(last_metrics)
                 bar.set_postfix(loss=f"{losses[0]:.4f}", img_s=f"{last_metrics['train/img_per_s']:.0f}")
@@ -165,8 +183,15 @@ def _pretrain(cfg: DictConfig, run_dir: Path, env: DistEnv, device: torch.device
             if step == total_steps:
                 break
         if batch_in_epoch == steps_per_epoch or step == total_steps:
-            if val_loader is not None and model.probe is not None:
+            val = None
+            if val_loader is not None and model.method.inputs == "image_text":
+                val = evaluate_image_text(
+                    model.method, model.probe, _zero_shot_classifier(model.method, val_loader.dataset, device),
+                    val_loader, device, autocast,
+                )
+            elif val_loader is not None and model.probe is not None:
                 val = evaluate(model.method.backbone, model.probe, val_loader, device, autocast)
+            if val:
                 last_metrics = {"step": step, "epoch": epoch, **val}
                 if logger:
                     logger.log(last_metrics)
@@ -199,6 +224,18 @@ def _train_step(ddp, model, batch, optimizer, scaler, autocast, optim_cfg) -> di
     scaler.update()
     optimizer.zero_grad(set_to_none=True)
     return out
+
+
+def _zero_shot_classifier(method, val_set, device):
+    """Class embeddings from prompts (digits: the caption templates; else 'a photo of a {class}.'), or None."""
+    pairs = val_set.pairs
+    if not pairs.classes:
+        return None
+    if isinstance(pairs, DigitsPairs):
+        prompts = [[digit_caption(t, c) for t in DIGIT_TEMPLATES] for c in range(len(pairs.classes))]
+    else:
+        prompts = [[f"a photo of a {name}."] for name in pairs.classes]
+    return class_embeddings(method, prompts, val_set.tokenizer, device, method.log_logit_scale.dtype)
 
 
 def _diverged_message(what: str) -> str:
@@ -266,9 +303,13 @@ def build_model_optimizer(model: PretrainModel, optim_cfg, lr: float):
 
 
 def build_loaders(cfg: DictConfig, env: DistEnv, device: torch.device):
+    """Train loader (a GlobalBatchSampler over per-sample seeded data), val loader or None, class count or None."""
     d = cfg.data
+    image_text = METHODS[cfg.method.name].inputs == "image_text"
 
     def dataset(split: str):
+        if image_text:
+            return build_image_text_pairs(d.name, split, root=d.root, file=d.file, image_size=d.image_size)
         return build_dataset(
             d.name, split, root=d.root, image_size=d.image_size, download=d.download,
             num_samples=d.num_samples, num_classes=d.num_classes, seed=cfg.trainer.seed,
@@ -281,18 +322,25 @@ def build_loaders(cfg: DictConfig, env: DistEnv, device: torch.device):
     if d.download and env.world_size > 1 and env.is_main:
         dist.barrier()
 
-    stats_key = "imagenet" if d.name == "imagefolder" else d.name
-    mean, std = DATASET_STATS[stats_key]
+    mean, std = DATASET_STATS[d.name if d.name in DATASET_STATS else "imagenet"]
     views = [build_view_transform(v, d.image_size, mean, std) for v in cfg.augmentation.views]
-    train_set = MultiViewDataset(train_base, views, seed=cfg.trainer.seed)
+    eval_transform = build_eval_transform(d.image_size, mean, std, resize=d.name in ("imagefolder", "csv"))
+    if image_text:  # one view per image: the first of the augmentation's views
+        tokenizer = ByteTokenizer(cfg.method.text.context_length)
+        train_set = ImageTextDataset(train_base, views[0], tokenizer, seed=cfg.trainer.seed)
+    else:
+        train_set = MultiViewDataset(train_base, views, seed=cfg.trainer.seed)
     sampler = GlobalBatchSampler(len(train_set), d.batch_size, env.rank, env.world_size, cfg.trainer.seed)
     loader_args = dict(num_workers=d.num_workers, pin_memory=device.type == "cuda", persistent_workers=d.num_workers > 0)
     train_loader = DataLoader(train_set, batch_sampler=sampler, **loader_args)
 
     num_classes = len(train_base.classes) if train_base.classes else None
     val_loader = None
-    if val_base is not None and num_classes:
-        val_set = EvalDataset(val_base, build_eval_transform(d.image_size, mean, std, resize=d.name == "imagefolder"))
+    if image_text and val_base is not None:  # retrieval needs no labels; zero-shot and the probe do
+        val_set = ZeroShotEvalDataset(val_base, eval_transform, tokenizer)
+    elif val_base is not None and num_classes:
+        val_set = EvalDataset(val_base, eval_transform)
+    if val_base is not None and (image_text or num_classes):
         shard = list(range(env.rank, len(val_set), env.world_size))
         val_loader = DataLoader(val_set, batch_size=d.batch_size, sampler=shard, **loader_args)
     return train_loader, val_loader, num_classes

@@ -1,0 +1,479 @@
+"""Image-text pairs for CLIP-style contrastive pretraining.
+
+Three layers, mirroring the image-only pipeline:
+
+- *pairs* (:class:`ImageTextPairs`): which images and captions exist.
+  :class:`DigitsPairs` captions the bundled digits with templates;
+  :class:`CsvPairs` reads ``image,caption[,label]`` rows from a ``.csv`` or
+  ``.jsonl`` file and validates everything at construction.
+- :class:`ImageTextDataset`: training samples keyed by ``(epoch, index)``; the
+  image augmentation and the caption choice depend only on
+  ``(seed, epoch, index)``, never on workers, ranks or read order.
+- :class:`ZeroShotEvalDataset`: deterministic samples keyed by plain indices,
+  for retrieval recall and zero-shot classification.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import operator
+import os
+import re
+import warnings
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+import torch
+from PIL import Image
+
+from solo.data.datasets import DigitsDataset, ImageReadError, _check_split
+from solo.data.multiview import epoch_and_index
+from solo.data.seeding import sample_seed, seeded_rng
+
+# ------------------------------------------------------------------------- captions
+
+DIGIT_TEMPLATES: List[str] = [
+    "a photo of the number {word}.",
+    "a handwritten {numeral}.",
+    "the digit {word}.",
+    "a picture of a {numeral}.",
+    "an image of the number {numeral}.",
+    "a scan of a handwritten {word}.",
+    "the number {numeral}, written by hand.",
+    "a small grey image of a {word}.",
+]
+
+
+def digit_caption(template: str, label: int) -> str:
+    """Fill ``template``: ``{word}`` -> class name ("seven"), ``{numeral}`` -> "7"."""
+    label = operator.index(label)
+    if not 0 <= label < len(DigitsDataset.classes):
+        raise ValueError(f"digit label must be in 0..9, got {label}")
+    return template.format(word=DigitsDataset.classes[label], numeral=str(label))
+
+
+# ---------------------------------------------------------------------------- pairs
+
+
+class ImageTextPairs:
+    """Interface of a set of image-text pairs.
+
+    Subclasses implement ``__len__``, ``caption_options(index)`` (the non-empty
+    list of captions sample ``index`` may get; element 0 is the one evaluation
+    uses), ``image(index)`` (PIL RGB) and ``label(index)`` (-1 when unknown),
+    and set ``classes`` (a list of class names, or ``None``).
+    ``pairs[index]`` returns ``(image, label)``, so pairs also serve as a base
+    dataset for :class:`solo.data.EvalDataset` (e.g. a linear probe).
+    """
+
+    classes: Optional[List[str]] = None
+
+    def __len__(self) -> int:
+        raise NotImplementedError
+
+    def caption_options(self, index: int) -> List[str]:
+        raise NotImplementedError
+
+    def image(self, index: int) -> Image.Image:
+        raise NotImplementedError
+
+    def label(self, index: int) -> int:
+        raise NotImplementedError
+
+    def __getitem__(self, index: int) -> Tuple[Image.Image, int]:
+        return self.image(index), self.label(index)
+
+    def _check_index(self, index: int) -> int:
+        index = operator.index(index)
+        if not 0 <= index < len(self):
+            raise IndexError(f"{type(self).__name__}: index {index} out of range for {len(self)} samples")
+        return index
+
+
+class DigitsPairs(ImageTextPairs):
+    """scikit-learn digits with template captions: every template filled with the sample's class."""
+
+    def __init__(self, split: str, image_size: int, templates: Sequence[str] = DIGIT_TEMPLATES):
+        if len(templates) == 0:
+            raise ValueError("DigitsPairs needs at least one caption template")
+        self.base = DigitsDataset(split, image_size)
+        self.templates = list(templates)
+        self.classes = list(DigitsDataset.classes)
+        # 10 classes x len(templates) captions, built once.
+        self._captions = [[digit_caption(t, c) for t in self.templates] for c in range(len(self.classes))]
+
+    def __len__(self) -> int:
+        return len(self.base)
+
+    def caption_options(self, index: int) -> List[str]:
+        return list(self._captions[self.base.targets[self._check_index(index)]])
+
+    def image(self, index: int) -> Image.Image:
+        return self.base[self._check_index(index)][0]
+
+    def label(self, index: int) -> int:
+        return self.base.targets[self._check_index(index)]
+
+
+_INT_RE = re.compile(r"^[+-]?\d+$")
+_MAX_LISTED = 5
+
+
+class CsvPairs(ImageTextPairs):
+    """Image-caption pairs listed in a ``.csv`` or ``.jsonl`` file.
+
+    - ``.csv``: a header row with the columns ``image`` and ``caption``, and
+      optionally ``label``; read with :class:`csv.DictReader` (UTF-8, a BOM is fine).
+    - ``.jsonl``: one JSON object per line with the keys ``"image"`` and
+      ``"caption"``, and optionally ``"label"``; blank lines are skipped.
+
+    Image paths are relative to ``root`` (to the caption file's folder when
+    ``root`` is None); absolute paths are used as they are. Captions are
+    stripped of surrounding whitespace. Labels are non-negative integers; -1,
+    an empty cell or a missing / null JSON label means unknown (-1).
+    ``classes`` is ``["0", ..., str(max_label)]`` when every row has a label
+    (so ``len(classes)`` is a valid class count and ``classes[label]`` works),
+    else ``None``.
+
+    Everything is validated here, nothing is skipped: unknown or missing
+    columns, empty captions, bad labels and missing image files each raise an
+    error naming the file and the row. Images are decoded lazily in
+    :meth:`image`; an undecodable one raises :class:`ImageReadError`.
+    """
+
+    REQUIRED = ("image", "caption")
+    OPTIONAL = ("label",)
+
+    def __init__(self, file: str, root: Optional[str] = None):
+        self.file = os.fspath(file)
+        ext = os.path.splitext(self.file)[1].lower()
+        if ext not in (".csv", ".jsonl"):
+            raise ValueError(f"{self.file}: unsupported caption file type {ext!r}; use .csv or .jsonl")
+        if not os.path.isfile(self.file):
+            raise FileNotFoundError(f"caption file {self.file} does not exist")
+        self.root = os.fspath(root) if root is not None else os.path.dirname(os.path.abspath(self.file))
+
+        rows = self._read_csv() if ext == ".csv" else self._read_jsonl()
+        if not rows:
+            raise ValueError(f"{self.file}: no data rows")
+
+        self.paths: List[str] = []
+        self.captions: List[str] = []
+        self.labels: List[int] = []
+        for row_no, line_no, image, caption, label in rows:
+            self.paths.append(self._resolve(image, row_no, line_no))
+            self.captions.append(self._check_caption(caption, row_no, line_no))
+            self.labels.append(self._check_label(label, row_no, line_no))
+
+        missing = [(r, p) for r, p in enumerate(self.paths, start=1) if not os.path.isfile(p)]
+        if missing:
+            listed = ", ".join(f"row {r}: {p}" for r, p in missing[:_MAX_LISTED])
+            more = f", ... ({len(missing) - _MAX_LISTED} more)" if len(missing) > _MAX_LISTED else ""
+            raise FileNotFoundError(
+                f"{self.file}: {len(missing)} of {len(self.paths)} image files do not exist "
+                f"({self._row_note}; relative paths are under {self.root}): {listed}{more}"
+            )
+
+        if all(label >= 0 for label in self.labels):
+            self.classes = [str(c) for c in range(max(self.labels) + 1)]
+        else:
+            self.classes = None
+
+    # -- reading
+
+    @property
+    def _row_note(self) -> str:
+        skipped = "the header" if self.file.lower().endswith(".csv") else "blank lines"
+        return f"rows counted from 1 over data rows, not {skipped}"
+
+    def _where(self, row_no: int, line_no: int) -> str:
+        return f"{self.file}, row {row_no} (line {line_no} of the file; {self._row_note})"
+
+    def _check_fields(self, found: Sequence[str], where: str) -> None:
+        expected = list(self.REQUIRED) + [f"{c} (optional)" for c in self.OPTIONAL]
+        missing = [c for c in self.REQUIRED if c not in found]
+        unknown = [c for c in found if c not in self.REQUIRED + self.OPTIONAL]
+        duplicated = sorted({c for c in found if list(found).count(c) > 1})
+        if missing or unknown or duplicated:
+            problems = []
+            if missing:
+                problems.append(f"missing {missing}")
+            if unknown:
+                problems.append(f"unknown {unknown}")
+            if duplicated:
+                problems.append(f"duplicated {duplicated}")
+            raise ValueError(
+                f"{where}: wrong columns ({'; '.join(problems)}): expected {expected}, found {list(found)}"
+            )
+
+    def _read_csv(self):
+        rows = []
+        with open(self.file, newline="", encoding="utf-8-sig") as f:
+            reader = csv.reader(f)
+            header = next(reader, None)
+            if header is None:
+                raise ValueError(
+                    f"{self.file}: empty file; expected a header row with the columns "
+                    f"{list(self.REQUIRED + self.OPTIONAL)} ('label' optional)"
+                )
+            header = [h.strip() for h in header]
+            self._check_fields(header, f"{self.file} (header row)")
+            for row_no, values in enumerate((v for v in reader if v), start=1):
+                # Fully blank lines come back as [] and are skipped above; anything else is a row.
+                if len(values) != len(header):
+                    raise ValueError(
+                        f"{self._where(row_no, reader.line_num)}: {len(values)} values for "
+                        f"{len(header)} columns {header}: {values}"
+                    )
+                row = dict(zip(header, values))
+                label = row.get("label", "")
+                rows.append((row_no, reader.line_num, row["image"], row["caption"], label))
+        return rows
+
+    def _read_jsonl(self):
+        rows = []
+        row_no = 0
+        with open(self.file, encoding="utf-8-sig") as f:
+            for line_no, line in enumerate(f, start=1):
+                if not line.strip():
+                    continue
+                row_no += 1
+                where = self._where(row_no, line_no)
+                try:
+                    obj = json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise ValueError(f"{where}: not valid JSON ({e}): {line.strip()[:200]!r}") from None
+                if not isinstance(obj, dict):
+                    raise ValueError(f"{where}: expected a JSON object, got {type(obj).__name__}: {obj!r}")
+                self._check_fields(list(obj), where)
+                for key in self.REQUIRED:
+                    if not isinstance(obj[key], str):
+                        raise ValueError(
+                            f"{where}: {key!r} must be a string, got {type(obj[key]).__name__} {obj[key]!r}"
+                        )
+                rows.append((row_no, line_no, obj["image"], obj["caption"], obj.get("label")))
+        return rows
+
+    # -- validation
+
+    def _resolve(self, image: str, row_no: int, line_no: int) -> str:
+        image = image.strip()
+        if not image:
+            raise ValueError(f"{self._where(row_no, line_no)}: empty image path")
+        return image if os.path.isabs(image) else os.path.join(self.root, image)
+
+    def _check_caption(self, caption: str, row_no: int, line_no: int) -> str:
+        text = caption.strip()
+        if not text:
+            raise ValueError(f"{self._where(row_no, line_no)}: empty caption {caption!r}")
+        return text
+
+    def _check_label(self, label, row_no: int, line_no: int) -> int:
+        if label is None or (isinstance(label, str) and not label.strip()):
+            return -1  # unknown
+        value = None
+        if isinstance(label, str) and _INT_RE.match(label.strip()):
+            value = int(label.strip())
+        elif isinstance(label, int) and not isinstance(label, bool):
+            value = label
+        if value is not None and value >= -1:
+            return value
+        raise ValueError(
+            f"{self._where(row_no, line_no)}: bad label {label!r}; expected a non-negative integer "
+            "class id (empty or -1 for unknown)"
+        )
+
+    # -- interface
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def caption_options(self, index: int) -> List[str]:
+        return [self.captions[self._check_index(index)]]
+
+    def image(self, index: int) -> Image.Image:
+        index = self._check_index(index)
+        path = self.paths[index]
+        try:
+            with Image.open(path) as img:
+                # convert() forces the full decode here, so truncated files fail now.
+                return img.convert("RGB")
+        except Exception as e:
+            raise ImageReadError(
+                f"cannot read image {path} (row {index + 1} of {self.file}): {type(e).__name__}: {e}"
+            ) from e
+
+    def label(self, index: int) -> int:
+        return self.labels[self._check_index(index)]
+
+
+# -------------------------------------------------------------------------- datasets
+
+
+def _tokenize(tokenizer, caption: str) -> Tuple[torch.Tensor, bool]:
+    tokens, truncated = tokenizer.encode(caption)
+    return tokens, bool(truncated)
+
+
+class ImageTextDataset:
+    """Training samples ``{"image", "text", "label", "index"}`` keyed by ``(epoch, index)``.
+
+    The image transform runs inside ``seeded_rng(sample_seed(seed, epoch, index, 0))``
+    and the caption is drawn from ``pairs.caption_options(index)`` with a private
+    generator seeded by ``sample_seed(seed, epoch, index, 1)``: a sample depends
+    only on ``(seed, epoch, index)`` and reading never changes the caller's RNGs.
+
+    Every distinct caption is tokenized once here. Captions longer than the
+    tokenizer's context are truncated (their prefix is kept); their number is
+    ``truncated_captions`` and a single UserWarning reports it.
+    """
+
+    def __init__(self, pairs: ImageTextPairs, transform: Callable, tokenizer, seed: int):
+        self.pairs = pairs
+        self.transform = transform
+        self.tokenizer = tokenizer
+        self.seed = seed
+
+        self._caption_row: Dict[str, int] = {}
+        rows: List[torch.Tensor] = []
+        truncated: List[str] = []
+        for index in range(len(pairs)):
+            options = pairs.caption_options(index)
+            if not options:
+                raise ValueError(f"{type(pairs).__name__}: sample {index} has no caption options")
+            for caption in options:
+                if caption not in self._caption_row:
+                    tokens, cut = _tokenize(tokenizer, caption)
+                    self._caption_row[caption] = len(rows)
+                    rows.append(tokens)
+                    if cut:
+                        truncated.append(caption)
+        if not rows:
+            raise ValueError(f"{type(pairs).__name__} is empty: no image-text pairs")
+        tokens = torch.stack(rows)  # (distinct captions, context)
+        context = tokens.shape[1]
+        # Token ids are small (the byte tokenizer's are < 259): keep the cache compact, e.g.
+        # int16 is 4x smaller than int64 for a million captions; __getitem__ returns int64.
+        for dtype in (torch.int16, torch.int32):
+            if int(tokens.min()) >= torch.iinfo(dtype).min and int(tokens.max()) <= torch.iinfo(dtype).max:
+                tokens = tokens.to(dtype)
+                break
+        self._tokens = tokens
+        self.truncated_captions = len(truncated)
+        if truncated:
+            example = truncated[0]
+            shown = example if len(example) <= 120 else example[:117] + "..."
+            warnings.warn(
+                f"{len(truncated)} of {len(rows)} distinct captions are longer than the tokenizer "
+                f"context ({context} tokens) and were truncated to it (the start is kept); e.g. "
+                f"{shown!r} ({len(example.encode('utf-8'))} bytes). Raise the text context length "
+                "to keep whole captions.",
+                UserWarning,
+                stacklevel=2,
+            )
+
+    @property
+    def classes(self) -> Optional[List[str]]:
+        return self.pairs.classes
+
+    def __len__(self) -> int:
+        return len(self.pairs)
+
+    def __getitem__(self, key: Tuple[int, int]) -> Dict:
+        epoch, index = epoch_and_index(key, len(self), type(self).__name__)
+        image = self.pairs.image(index)
+        with seeded_rng(sample_seed(self.seed, epoch, index, 0)):
+            image = self.transform(image)
+        options = self.pairs.caption_options(index)
+        choice = 0
+        if len(options) > 1:
+            g = torch.Generator().manual_seed(sample_seed(self.seed, epoch, index, 1))
+            choice = int(torch.randint(len(options), (1,), generator=g))
+        text = self._tokens[self._caption_row[options[choice]]].to(torch.long, copy=True)
+        return {"image": image, "text": text, "label": int(self.pairs.label(index)), "index": index}
+
+
+class ZeroShotEvalDataset:
+    """Deterministic samples ``{"image", "text", "label", "index"}`` keyed by plain indices.
+
+    The caption is ``caption_options(index)[0]``; for retrieval recall on val
+    pairs and zero-shot classification. ``transform`` should be deterministic.
+    """
+
+    def __init__(self, pairs: ImageTextPairs, transform: Callable, tokenizer):
+        self.pairs = pairs
+        self.transform = transform
+        self.tokenizer = tokenizer
+
+    @property
+    def classes(self) -> Optional[List[str]]:
+        return self.pairs.classes
+
+    def __len__(self) -> int:
+        return len(self.pairs)
+
+    def caption(self, index: int) -> str:
+        return self.pairs.caption_options(index)[0]
+
+    def __getitem__(self, index: int) -> Dict:
+        index = operator.index(index)
+        if not 0 <= index < len(self):
+            raise IndexError(f"index {index} out of range for {len(self)} samples")
+        text, _ = _tokenize(self.tokenizer, self.caption(index))
+        image = self.transform(self.pairs.image(index))
+        return {"image": image, "text": text, "label": int(self.pairs.label(index)), "index": index}
+
+
+# ---------------------------------------------------------------------------- build
+
+IMAGE_TEXT_DATASETS = ("digits", "csv")
+
+
+def build_image_text_pairs(
+    name: str,
+    split: str,
+    *,
+    root: Optional[str],
+    file: Optional[str],
+    image_size: int,
+) -> Optional[ImageTextPairs]:
+    """Build the image-text pairs ``name`` for ``split`` ("train" or "val").
+
+    - digits: template captions over scikit-learn digits; ``root``/``file`` ignored.
+    - csv: :class:`CsvPairs` over ``file`` (``.csv`` or ``.jsonl``) with image
+      paths relative to ``root`` (the caption file's folder when None).
+      ``{split}`` in ``file`` is replaced by the split, e.g.
+      ``captions_{split}.csv``. For split "val" this returns ``None`` (the
+      caller should skip validation and zero-shot evaluation) when that file
+      does not exist, or when ``file`` has no ``{split}`` (one file for both
+      splits would evaluate on the training pairs). ``image_size`` is unused:
+      the transforms resize.
+    """
+    if name not in IMAGE_TEXT_DATASETS:
+        valid = ", ".join(IMAGE_TEXT_DATASETS)
+        raise ValueError(f"unknown image-text dataset {name!r}; valid names: {valid}")
+    _check_split(split, name)
+    if name == "digits":
+        return DigitsPairs(split, image_size)
+    if not file:
+        raise ValueError(
+            "image-text dataset 'csv' reads a caption file: set its path (.csv or .jsonl; "
+            "'{split}' in it is replaced by train / val)"
+        )
+    path = file.replace("{split}", split)
+    if split == "val" and ("{split}" not in file or not os.path.isfile(path)):
+        return None
+    return CsvPairs(path, root)
+
+
+__all__ = [
+    "DIGIT_TEMPLATES",
+    "IMAGE_TEXT_DATASETS",
+    "CsvPairs",
+    "DigitsPairs",
+    "ImageTextDataset",
+    "ImageTextPairs",
+    "ZeroShotEvalDataset",
+    "build_image_text_pairs",
+    "digit_caption",
+]

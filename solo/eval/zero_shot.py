@@ -1,0 +1,73 @@
+"""Zero-shot classification and image<->text retrieval for image-text models (CLIP)."""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from solo.distributed import gather, world_size
+from solo.eval.probe import topk_correct
+
+
+@torch.no_grad()
+def class_embeddings(method, prompts: list[list[str]], tokenizer, device, dtype) -> torch.Tensor:
+    """One unit vector per class: the mean of its prompts' text embeddings, renormalised (CLIP's prompt ensembling)."""
+    rows = []
+    for class_prompts in prompts:
+        tokens = tokenizer(class_prompts).to(device)
+        rows.append(F.normalize(method.encode_text(tokens).to(dtype).mean(dim=0), dim=0))
+    return torch.stack(rows)
+
+
+def _recall(queries, keys, query_ids, key_ids, ks=(1, 5)) -> torch.Tensor:
+    """Hits among the k most similar keys, where the hit is the key with the query's own sample index."""
+    top = (queries @ keys.T).topk(min(max(ks), keys.shape[0]), dim=1).indices
+    hits = key_ids[top] == query_ids[:, None]
+    return torch.tensor([float(hits[:, :k].any(dim=1).sum()) for k in ks], dtype=torch.float64)
+
+
+@torch.no_grad()
+def evaluate_image_text(method, probe, classifier, loader, device, autocast) -> dict:
+    """One pass over the val pairs: zero-shot top-1/5 (when `classifier` is given), retrieval recall@1/5
+    both ways over the whole val set (embeddings gathered from all ranks), and the online probe."""
+    modules = [m for m in (method, probe) if m is not None]
+    modes = [(m, m.training) for m in modules]
+    for m in modules:
+        m.eval()
+    dtype = method.log_logit_scale.dtype
+    images, texts, ids = [], [], []
+    counts = torch.zeros(5, dtype=torch.float64)  # zero-shot top1, top5, probe top1, top5, samples
+    for batch in loader:
+        with autocast():
+            features, image = method.encode_image(batch["image"].to(device, dtype, non_blocking=True))
+            text = method.encode_text(batch["text"].to(device, non_blocking=True))
+        labels = batch["label"]
+        if classifier is not None:
+            counts[0:2] += torch.tensor(topk_correct((image.to(classifier.dtype) @ classifier.T).float().cpu(), labels))
+        if probe is not None:
+            with autocast():
+                logits = probe(features).float()
+            counts[2:4] += torch.tensor(topk_correct(logits.cpu(), labels))
+        counts[4] += len(labels)
+        images.append(image.float())
+        texts.append(text.float())
+        ids.append(batch["index"].to(device))
+    for m, mode in modes:
+        m.train(mode)
+
+    image, text, index = torch.cat(images), torch.cat(texts), torch.cat(ids)
+    all_image, all_text, all_index = gather(image), gather(text), gather(index)
+    recall = torch.cat([_recall(image, all_text, index, all_index), _recall(text, all_image, index, all_index)])
+    totals = torch.cat([counts, recall])
+    if world_size() > 1:
+        totals = totals.to(device)
+        dist.all_reduce(totals)
+        totals = totals.cpu()
+    zs1, zs5, p1, p5, n, i2t1, i2t5, t2i1, t2i5 = totals.tolist()
+    metrics = {"val/i2t_recall1": i2t1 / n, "val/i2t_recall5": i2t5 / n, "val/t2i_recall1": t2i1 / n, "val/t2i_recall5": t2i5 / n}
+    if classifier is not None:
+        metrics.update({"val/zeroshot_acc1": zs1 / n, "val/zeroshot_acc5": zs5 / n})
+    if probe is not None:
+        metrics.update({"val/acc1": p1 / n, "val/acc5": p5 / n})
+    return metrics

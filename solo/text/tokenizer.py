@@ -1,0 +1,40 @@
+"""A byte-level tokenizer: nothing to download, every string encodable."""
+
+from __future__ import annotations
+
+import torch
+
+PAD, SOT, EOT = 0, 1, 2
+BYTE_OFFSET = 3  # byte b is token b + 3
+VOCAB_SIZE = 256 + BYTE_OFFSET
+
+
+class ByteTokenizer:
+    """UTF-8 bytes between a start and an end token, padded to `context_length`.
+
+    A caption longer than the context keeps its first `context_length - 2` bytes; `encode` says so,
+    so the data pipeline can count and report truncation instead of hiding it.
+    """
+
+    vocab_size = VOCAB_SIZE
+
+    def __init__(self, context_length: int):
+        if context_length < 3:
+            raise ValueError(f"context_length must be >= 3 (start, one byte, end), got {context_length}")
+        self.context_length = context_length
+
+    def encode(self, text: str) -> tuple[torch.Tensor, bool]:
+        data = text.encode("utf-8")
+        room = self.context_length - 2
+        ids = [SOT, *(b + BYTE_OFFSET for b in data[:room]), EOT]
+        tokens = torch.full((self.context_length,), PAD, dtype=torch.long)
+        tokens[: len(ids)] = torch.tensor(ids)
+        return tokens, len(data) > room
+
+    def __call__(self, texts: list[str]) -> torch.Tensor:
+        return torch.stack([self.encode(t)[0] for t in texts])
+
+    @staticmethod
+    def decode(tokens: torch.Tensor) -> str:
+        data = bytes(int(t) - BYTE_OFFSET for t in tokens.tolist() if t >= BYTE_OFFSET)
+        return data.decode("utf-8", errors="replace")

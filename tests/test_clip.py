@@ -1,0 +1,107 @@
+"""CLIP end to end: exact distributed step for both towers and the logit scale, learning, image-text CSV input."""
+
+import csv
+
+import pytest
+import torch
+from PIL import Image
+
+from solo.train.loop import pretrain
+from tests.test_train import compose_cfg, metrics, run, weights, weights_at_init
+
+TINY_CLIP = [
+    "method=clip",
+    "augmentation=clip",
+    "backbone.name=test_resnet",
+    "method.embed_dim=16",
+    "method.text.width=16",
+    "method.text.depth=1",
+    "method.text.heads=2",
+    "data.num_workers=0",
+    "optim.warmup_epochs=0",
+    "trainer.progress_bar=false",
+    "trainer.log_every_steps=1",
+]
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_clip_step_is_world_size_invariant(tmp_path, world):
+    """One step of the whole model (image tower, text tower, logit scale) on W processes == one process."""
+    common = TINY_CLIP + ["trainer.max_steps=1", "trainer.precision=64"]
+    run(common + ["data.batch_size=12"], tmp_path / "w1")
+    run(common + [f"data.batch_size={12 // world}"], tmp_path / f"w{world}", nproc=world)
+    one, many, start = weights(tmp_path / "w1"), weights(tmp_path / f"w{world}"), weights_at_init(common)
+    moved = {k: float((one[k] - start[k]).abs().max()) for k in one}
+    assert moved["method.log_logit_scale"] > 0 and moved["method.text_tower.token_embedding.weight"] > 0
+    worst, name = max((float((one[k] - many[k]).abs().max()), k) for k in one)
+    assert worst <= 1e-10 * max(moved.values()), f"{name} differs by {worst}"
+
+
+def test_clip_learns_zero_shot_on_digits(tmp_path):
+    final = pretrain(compose_cfg(["method=clip", "trainer.max_epochs=3", "trainer.progress_bar=false"]), tmp_path)
+    assert final["val/zeroshot_acc1"] >= 0.3  # chance is 0.1
+    rows = metrics(tmp_path)
+    assert {"val/zeroshot_acc5", "val/i2t_recall1", "val/t2i_recall5", "val/acc1"} <= rows[-1].keys()
+    assert any("train/logit_scale" in r for r in rows)
+
+
+def _write_pairs(folder, name, rows, columns=("image", "caption", "label")):
+    with open(folder / name, "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(columns)
+        writer.writerows(rows)
+
+
+@pytest.fixture
+def caption_folder(tmp_path):
+    images = tmp_path / "images"
+    images.mkdir()
+    rows = []
+    for i in range(24):
+        colour = "red" if i % 2 else "blue"
+        Image.new("RGB", (20, 20), (255, 0, 0) if i % 2 else (0, 0, 255)).save(images / f"{i}.png")
+        rows.append([f"images/{i}.png", f"a {colour} square number {i}", i % 2])
+    return tmp_path, rows
+
+
+def test_clip_trains_from_a_caption_csv(caption_folder):
+    root, rows = caption_folder
+    _write_pairs(root, "pairs_train.csv", rows[:16])
+    _write_pairs(root, "pairs_val.csv", rows[16:])
+    overrides = TINY_CLIP + ["data=csv", f"data.root={root}", f"data.file='{root}/pairs_{{split}}.csv'", "data.image_size=16"]
+    final = pretrain(compose_cfg(overrides + ["data.batch_size=8", "trainer.max_steps=2"]), root / "run")
+    assert {"val/zeroshot_acc1", "val/i2t_recall1", "val/acc1"} <= final.keys()
+
+
+@pytest.mark.parametrize(
+    "mutate, error, message",
+    [
+        (lambda rows: rows.__setitem__(3, ["images/missing.png", "a caption", 0]), FileNotFoundError, "missing.png"),
+        (lambda rows: rows.__setitem__(5, ["images/5.png", "   ", 1]), ValueError, "row 6"),
+    ],
+)
+def test_bad_caption_csv_is_a_clear_error(caption_folder, mutate, error, message):
+    root, rows = caption_folder
+    mutate(rows)
+    _write_pairs(root, "pairs_train.csv", rows)
+    overrides = TINY_CLIP + ["data=csv", f"data.root={root}", f"data.file='{root}/pairs_{{split}}.csv'", "data.image_size=16"]
+    with pytest.raises(error, match=message):
+        pretrain(compose_cfg(overrides + ["data.batch_size=8", "trainer.max_steps=1"]), root / "run")
+
+
+def test_caption_csv_with_wrong_columns(caption_folder):
+    root, rows = caption_folder
+    _write_pairs(root, "pairs_train.csv", [r[:2] for r in rows], columns=("path", "text"))
+    overrides = TINY_CLIP + ["data=csv", f"data.root={root}", f"data.file='{root}/pairs_{{split}}.csv'"]
+    with pytest.raises(ValueError, match="path"):
+        pretrain(compose_cfg(overrides + ["data.batch_size=8", "trainer.max_steps=1"]), root / "run")
+
+
+def test_long_captions_are_truncated_and_reported_once(caption_folder):
+    root, rows = caption_folder
+    rows = [[path, caption + " " + "very " * 20 + "long", label] for path, caption, label in rows]
+    _write_pairs(root, "pairs_train.csv", rows)
+    overrides = TINY_CLIP + ["data=csv", f"data.root={root}", f"data.file='{root}/pairs_{{split}}.csv'", "data.image_size=16"]
+    with pytest.warns(UserWarning, match="truncated") as record:
+        pretrain(compose_cfg(overrides + ["data.batch_size=8", "trainer.max_steps=1"]), root / "run")
+    assert len([w for w in record if "truncated" in str(w.message)]) == 1
