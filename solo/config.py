@@ -111,6 +111,8 @@ class TrainerConfig:
     channels_last: bool = True  # CUDA only
     resume: bool = True  # continue from <run dir>/checkpoints/last.pt when it exists
     checkpoint_every_steps: int = 0  # 0: only at epoch ends
+    preempt_signals: List[str] = field(default_factory=lambda: ["SIGUSR1", "SIGTERM"])  # checkpoint, requeue, exit
+    requeue: bool = True  # under SLURM, `scontrol requeue` the job after a preemption checkpoint
     keep_checkpoints: int = 2
     log_every_steps: int = 10
     probe: bool = True  # online linear probe on detached backbone features (needs labels)

@@ -104,13 +104,21 @@ def init_distributed(env: DistEnv | None = None, timeout_s: float = 1800.0) -> t
     else:
         device = torch.device("cpu")
     if env.world_size > 1 and not dist.is_initialized():
+        timeout = timedelta(seconds=timeout_s)
+        if env.launcher == "torchrun":
+            # Join the store torchrun's agent already serves. It outlives elastic restarts, so keys of an
+            # earlier attempt (the addresses of dead workers) must not be seen: one namespace per attempt.
+            store, _, _ = next(dist.rendezvous("env://", timeout=timeout))
+            attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+            store = dist.PrefixStore(f"solo/attempt{attempt}", store)
+        else:
+            store, _, _ = next(dist.rendezvous(f"tcp://{env.master_addr}:{env.master_port}", env.rank, env.world_size, timeout=timeout))
         dist.init_process_group(
             backend="nccl" if device.type == "cuda" else "gloo",
-            # torchrun's agent already serves a store on MASTER_PORT; env:// joins it instead of binding it again.
-            init_method="env://" if env.launcher == "torchrun" else f"tcp://{env.master_addr}:{env.master_port}",
+            store=store,
             rank=env.rank,
             world_size=env.world_size,
-            timeout=timedelta(seconds=timeout_s),
+            timeout=timeout,
             device_id=device if device.type == "cuda" else None,
         )
     return env, device

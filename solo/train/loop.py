@@ -45,6 +45,7 @@ from solo.train.checkpoint import Checkpoints
 from solo.train.metrics import MetricsLogger
 from solo.text import ByteTokenizer
 from solo.train.optim import build_optimizer, param_groups, warmup_cosine
+from solo.train.preemption import Preemption, requeue_slurm_job
 
 
 class TrainingDiverged(RuntimeError):
@@ -146,6 +147,7 @@ def _pretrain(cfg: DictConfig, run_dir: Path, env: DistEnv, device: torch.device
         if env.world_size > 1:
             dist.barrier()  # nobody runs ahead (or exits) while the checkpoint is still being written
 
+    preemption = Preemption(list(t.preempt_signals), device)
     last_metrics: dict = {}
     bar = tqdm(total=total_steps, initial=step, disable=not (env.is_main and t.progress_bar), dynamic_ncols=True)
     window_start, window_steps = time.perf_counter(), 0
@@ -178,6 +180,15 @@ def _pretrain(cfg: DictConfig, run_dir: Path, env: DistEnv, device: torch.device
                 bar.set_postfix(loss=f"{losses[0]:.4f}", img_s=f"{last_metrics['train/img_per_s']:.0f}")
                 window_start, window_steps = time.perf_counter(), 0
                 window_losses.zero_()
+            if preemption.requested() and step < total_steps:
+                save()
+                say(f"{preemption.received or 'a signal on another rank'}: checkpoint written at step {step}")
+                if env.is_main and t.requeue:
+                    say(requeue_slurm_job() or "not under SLURM: restart the same command to resume")
+                bar.close()
+                if logger:
+                    logger.close()
+                return last_metrics
             if t.checkpoint_every_steps and step % t.checkpoint_every_steps == 0 and batch_in_epoch < steps_per_epoch:
                 save()
             if step == total_steps:

@@ -1,0 +1,49 @@
+"""Stop cleanly when the scheduler says so: checkpoint at the current step, then requeue under SLURM."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+
+import torch
+import torch.distributed as dist
+
+
+class Preemption:
+    """Records the configured signals (SLURM's `--signal=USR1@90`, SIGTERM at the time limit or on
+    preemption) instead of dying, so the loop can finish the step, save and leave at a step boundary.
+
+    `requested()` agrees across ranks (one tiny all-reduce): a signal that reached only some ranks,
+    or reached them at different steps, still stops every rank after the same step.
+    """
+
+    def __init__(self, signal_names: list[str], device: torch.device):
+        self.device = device
+        self.received: str | None = None
+        for name in signal_names:
+            sig = getattr(signal, name, None)
+            if not isinstance(sig, signal.Signals):
+                raise ValueError(f"trainer.preempt_signals: unknown signal {name!r}; use names such as SIGUSR1, SIGTERM")
+            signal.signal(sig, self._record)
+
+    def _record(self, signum, frame) -> None:
+        self.received = signal.Signals(signum).name
+
+    def requested(self) -> bool:
+        flag = torch.tensor([1.0 if self.received else 0.0], device=self.device)
+        if dist.is_initialized():
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return bool(flag.item())
+
+
+def requeue_slurm_job() -> str | None:
+    """`scontrol requeue` this job (rank 0 only); returns what was done, or None outside SLURM."""
+    array_job, array_task = os.environ.get("SLURM_ARRAY_JOB_ID"), os.environ.get("SLURM_ARRAY_TASK_ID")
+    job_id = f"{array_job}_{array_task}" if array_job and array_task else os.environ.get("SLURM_JOB_ID")
+    if not job_id:
+        return None
+    result = subprocess.run(["scontrol", "requeue", job_id], capture_output=True, text=True)
+    if result.returncode != 0:
+        return f"scontrol requeue {job_id} failed: {result.stderr.strip()}"
+    return f"requeued SLURM job {job_id}"

@@ -1,0 +1,144 @@
+"""Jobs that stop early lose nothing: preemption signals, elastic restarts, two-node launches, killed writes."""
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from solo.train.checkpoint import Checkpoints
+from tests.test_train import REPO, TINY, kill_processes_mentioning, launch, metrics, run, weights
+
+COMMON = TINY + ["data.num_samples=128", "data.batch_size=8", "trainer.max_steps=48", "trainer.checkpoint_every_steps=5"]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("straight")
+    run(COMMON, run_dir, nproc=2)
+    return weights(run_dir)
+
+
+def _wait_for(path: Path, proc, timeout=120):
+    deadline = time.time() + timeout
+    while not path.exists() and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.02)
+    assert path.exists(), f"{path} never appeared"
+
+
+def _processes_mentioning(marker: str, also: str = "") -> list[int]:
+    pids = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except (FileNotFoundError, PermissionError):
+            continue
+        if marker in cmd and also in cmd:
+            pids.append(int(pid))
+    return pids
+
+
+def _assert_same(a: dict, b: dict):
+    assert a.keys() == b.keys()
+    for name in a:
+        assert torch.equal(a[name], b[name]), name
+
+
+def test_sigterm_leaves_a_checkpoint_at_the_current_step_and_resume_is_exact(tmp_path, uninterrupted):
+    run_dir = tmp_path / "preempted"
+    proc = launch(COMMON, run_dir, nproc=2, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    _wait_for(run_dir / "checkpoints" / "step-000000005.pt", proc)
+    for pid in _processes_mentioning(str(run_dir)):  # the scheduler signals every process of the step
+        os.kill(pid, signal.SIGTERM)
+    out, _ = proc.communicate(timeout=120)
+    state = torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)
+    assert 5 < state["step"] < 48 and state["step"] % 5 != 0, f"expected a preemption checkpoint, got step {state['step']}"
+    assert f"SIGTERM: checkpoint written at step {state['step']}" in out
+    run(COMMON, run_dir, nproc=2)
+    _assert_same(uninterrupted, weights(run_dir))
+    steps = [m["step"] for m in metrics(run_dir) if "train/loss" in m]
+    assert steps == list(range(1, 49))
+
+
+def test_elastic_restart_after_a_worker_dies_is_exact(tmp_path, uninterrupted):
+    run_dir = tmp_path / "elastic"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--standalone", "--max-restarts=1",
+           "main_pretrain.py", *COMMON, f"hydra.run.dir={run_dir}"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    _wait_for(run_dir / "checkpoints" / "step-000000005.pt", proc)
+    workers = [p for p in _processes_mentioning(str(run_dir), "main_pretrain.py") if p not in _processes_mentioning(str(run_dir), "torch.distributed.run")]
+    assert len(workers) == 2
+    os.kill(workers[1], signal.SIGKILL)  # one worker dies (OOM killer, node fault)
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0, out
+    assert "resuming from" in out
+    _assert_same(uninterrupted, weights(run_dir))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_two_nodes_on_one_machine_match_one_node(tmp_path, uninterrupted):
+    run_dir = tmp_path / "two_nodes"
+    endpoint = f"127.0.0.1:{_free_port()}"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", f"--node_rank={node}", "--nproc_per_node=1",
+             "--rdzv_backend=c10d", f"--rdzv_endpoint={endpoint}", "--rdzv_id=two-nodes",
+             "main_pretrain.py", *COMMON, f"hydra.run.dir={run_dir}"],
+            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        )
+        for node in (0, 1)
+    ]
+    outs = [p.communicate(timeout=300)[0] for p in procs]
+    assert all(p.returncode == 0 for p in procs), outs
+    _assert_same(uninterrupted, weights(run_dir))
+
+
+_WRITER = """
+import sys, torch
+from solo.train.checkpoint import Checkpoints
+c = Checkpoints(sys.argv[1], keep=2)
+c.save({"step": 1, "w": torch.zeros(4)}, 1)
+print("first saved", flush=True)
+c.save({"step": 2, "w": torch.randn(40_000_000)}, 2)  # large: the kill lands while it is being written
+"""
+
+
+def test_killing_a_job_mid_write_leaves_the_previous_checkpoint(tmp_path):
+    proc = subprocess.Popen([sys.executable, "-c", _WRITER, str(tmp_path)], cwd=REPO, stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "first saved"
+    partial = tmp_path / ".step-000000002.pt.tmp"
+    _wait_for(partial, proc, timeout=60)
+    proc.kill()
+    proc.wait()
+    assert not (tmp_path / "step-000000002.pt").exists()
+    state = Checkpoints(tmp_path, keep=2).load()
+    assert state["step"] == 1 and torch.equal(state["w"], torch.zeros(4))
+
+
+def test_srun_style_launch_without_torchrun_matches_torchrun(tmp_path, uninterrupted):
+    """Two plain processes with the variables srun sets (one task per GPU, no torchrun) form the same group."""
+    run_dir = tmp_path / "srun"
+    job_id = str(20_000 + os.getpid() % 10_000)  # the port derives from it; unique per test process
+    procs = []
+    for rank in (0, 1):
+        env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
+        env.update(OMP_NUM_THREADS="1", SLURM_PROCID=str(rank), SLURM_LOCALID=str(rank), SLURM_NTASKS="2",
+                   SLURM_JOB_NODELIST="localhost", SLURM_JOB_ID=job_id, SLURM_STEP_ID="0")
+        procs.append(subprocess.Popen([sys.executable, "main_pretrain.py", *COMMON, f"hydra.run.dir={run_dir}"], cwd=REPO,
+                                      env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    outs = [p.communicate(timeout=300)[0] for p in procs]
+    assert all(p.returncode == 0 for p in procs), outs
+    assert "world size 2" in outs[0]
+    _assert_same(uninterrupted, weights(run_dir))
