@@ -142,3 +142,17 @@ def test_sbatch_job_trains_is_signalled_requeued_and_finishes_where_it_stopped(s
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows if "train/loss" in r] == list(range(1, 121))
     assert any("val/acc1" in r for r in rows)
+
+
+def test_srun_sbatch_one_task_per_process_without_torchrun(slurm, tmp_path):
+    env = {**slurm, "SOLO_RUN_ROOT": str(tmp_path), "OMP_NUM_THREADS": "1"}
+    overrides = TINY + ["data.batch_size=8", "trainer.max_steps=6"]
+    job = _sh(
+        "sbatch", "--parsable", "--ntasks=2", "--cpus-per-task=1", f"--chdir={REPO}", f"--output={tmp_path}/job-%j.out",
+        "scripts/slurm/pretrain_srun.sbatch", *overrides, env=env,
+    ).strip()
+    _wait(lambda: _job_field(job, "JobState", env) in ("COMPLETED", "FAILED", "CANCELLED"), 240, "the job")
+    out = (tmp_path / f"job-{job}.out").read_text()
+    assert _job_field(job, "JobState", env) == "COMPLETED", out[-3000:]
+    assert "world size 2, global batch 16 (8 per process)" in out
+    assert torch.load(tmp_path / f"slurm-{job}" / "checkpoints" / "last.pt", weights_only=True)["step"] == 6
