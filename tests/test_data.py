@@ -101,10 +101,14 @@ def test_reading_leaves_global_rng_unchanged():
     ds = _multiview()
     mean, std = DATASET_STATS["synthetic"]
     ev = EvalDataset(ds.base, build_eval_transform(SIZE, mean, std, resize=False))
+    assert_global_rng_untouched(lambda: (ds[(0, 1)], ev[1]))
+
+
+def assert_global_rng_untouched(read) -> None:
+    """Calling `read` leaves the torch, Python and NumPy global RNG states as they were."""
     torch_before, py_before = torch.get_rng_state(), random.getstate()
     np_before = np.random.get_state()[1].copy()
-    ds[(0, 1)]
-    ev[1]
+    read()
     assert torch.equal(torch.get_rng_state(), torch_before)
     assert random.getstate() == py_before
     assert np.array_equal(np.random.get_state()[1], np_before)

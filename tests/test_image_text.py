@@ -28,6 +28,7 @@ from solo.data.image_text import (
 )
 from solo.data.seeding import sample_seed
 from solo.text.tokenizer import ByteTokenizer
+from tests.test_data import assert_global_rng_untouched
 
 SIZE = 16
 CONTEXT = 48
@@ -130,13 +131,7 @@ def test_reading_leaves_global_rng_unchanged(digits_train):
     ds = _train_dataset(digits_train)
     eval_transform = build_eval_transform(SIZE, MEAN, STD, resize=False)
     ev = ZeroShotEvalDataset(digits_train, eval_transform, ByteTokenizer(CONTEXT))
-    torch_before, py_before = torch.get_rng_state(), random.getstate()
-    np_before = np.random.get_state()[1].copy()
-    ds[(0, 1)]
-    ev[1]
-    assert torch.equal(torch.get_rng_state(), torch_before)
-    assert random.getstate() == py_before
-    assert np.array_equal(np.random.get_state()[1], np_before)
+    assert_global_rng_untouched(lambda: (ds[(0, 1)], ev[1]))
 
 
 def test_dataloader_workers_do_not_change_samples(digits_train):

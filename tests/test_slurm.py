@@ -4,7 +4,6 @@ import json
 import os
 import re
 import shutil
-import socket
 import subprocess
 import time
 from pathlib import Path
@@ -12,15 +11,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.test_restarts import _free_port
 from tests.test_train import REPO, TINY
 
 DAEMONS = ("munged", "munge", "slurmctld", "slurmd", "sbatch", "scontrol", "scancel", "sinfo")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _sh(*cmd, env=None, check=True) -> str:
