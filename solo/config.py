@@ -116,6 +116,9 @@ class TrainerConfig:
     keep_checkpoints: int = 2
     log_every_steps: int = 10
     probe: bool = True  # online linear probe on detached backbone features (needs labels)
+    knn_k: int = 0  # > 0: online weighted k-NN val accuracy each epoch (cosine, k neighbours; needs labels)
+    knn_temperature: float = 0.07
+    plots: bool = True  # at the end: curves.png from metrics.jsonl, embedding.png of val features (labels)
     progress_bar: bool = True
 
 
@@ -138,6 +141,47 @@ class PretrainConfig:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
 
 
+@dataclass
+class LinearProbeConfig:
+    """Linear classifier on cached frozen features (standardised): SGD with momentum, cosine schedule."""
+
+    epochs: int = 100
+    batch_size: int = 256
+    lr: float = 0.1
+    momentum: float = 0.9
+    weight_decay: float = 0.0
+
+
+@dataclass
+class KNNConfig:
+    k: int = 20
+    temperature: float = 0.07  # votes weighted by exp(cosine / temperature)
+
+
+@dataclass
+class FinetuneConfig:
+    enabled: bool = False
+    epochs: int = 10
+    lr: float = 0.01  # SGD momentum 0.9, cosine to 0, for backbone and head
+    weight_decay: float = 1e-4
+    crop_scale: List[float] = field(default_factory=lambda: [0.4, 1.0])
+    hflip_prob: float = 0.0
+
+
+@dataclass
+class LinearEvalConfig:
+    pretrained: str = MISSING  # zoo name, solo .safetensors file, training checkpoint .pt, or pretraining run dir
+    random_init: bool = False  # the same architecture freshly initialised: the baseline the weights must beat
+    seed: int = 0
+    feature_cache: bool = True  # features under $SOLO_CACHE/features (default ~/.cache/solo), keyed by weights + data
+    plots: bool = True  # embedding.png (val features, 2-D) and curves.png in the run dir
+    data: DataConfig = MISSING
+    logger: LoggerConfig = MISSING
+    linear: LinearProbeConfig = field(default_factory=LinearProbeConfig)
+    knn: KNNConfig = field(default_factory=KNNConfig)
+    finetune: FinetuneConfig = field(default_factory=FinetuneConfig)
+
+
 SCHEMAS = {
     "backbone": {"default": BackboneConfig},
     "method": {"simclr": SimCLRConfig, "barlow_twins": BarlowTwinsConfig, "clip": CLIPConfig},
@@ -152,6 +196,7 @@ SCHEMAS = {
 def register_configs() -> None:
     cs = ConfigStore.instance()
     cs.store(name="pretrain_schema", node=PretrainConfig)
+    cs.store(name="linear_schema", node=LinearEvalConfig)
     for group, schemas in SCHEMAS.items():
         for name, node in schemas.items():
             cs.store(group=f"schema/{group}", name=name, node=node)

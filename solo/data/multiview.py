@@ -57,6 +57,10 @@ class EvalDataset:
         self.base = base
         self.transform = transform
 
+    @property
+    def classes(self):
+        return self.base.classes
+
     def __len__(self) -> int:
         return len(self.base)
 

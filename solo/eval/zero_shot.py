@@ -6,8 +6,16 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from solo.data import DIGIT_TEMPLATES, digit_caption
 from solo.distributed import gather, world_size
 from solo.eval.probe import topk_correct
+
+
+def class_prompts(data_name: str, classes: list[str]) -> list[list[str]]:
+    """Prompts per class: the digits caption templates for digits, else CLIP's 'a photo of a {class}.'."""
+    if data_name == "digits":
+        return [[digit_caption(t, c) for t in DIGIT_TEMPLATES] for c in range(len(classes))]
+    return [[f"a photo of a {name}."] for name in classes]
 
 
 @torch.no_grad()

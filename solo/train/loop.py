@@ -20,8 +20,6 @@ from tqdm import tqdm
 from solo.backbones import create_backbone
 from solo.data import (
     DATASET_STATS,
-    DIGIT_TEMPLATES,
-    DigitsPairs,
     EvalDataset,
     ImageTextDataset,
     MultiViewDataset,
@@ -30,14 +28,16 @@ from solo.data import (
     build_eval_transform,
     build_image_text_pairs,
     build_view_transform,
-    digit_caption,
 )
 from solo.data.sampler import GlobalBatchSampler
 from solo.distributed import DistEnv, init_distributed
 from solo.distributed.env import destroy_process_group
 from solo.distributed.batchnorm import convert_sync_batchnorm
+from solo.eval.features import extract_features
+from solo.eval.knn import knn_accuracy
+from solo.eval.plots import plot_curves, plot_embedding
 from solo.eval.probe import evaluate
-from solo.eval.zero_shot import class_embeddings, evaluate_image_text
+from solo.eval.zero_shot import class_embeddings, class_prompts, evaluate_image_text
 from solo.losses import NonFiniteError
 from solo.losses._checks import full_precision
 from solo.methods import METHODS, build_method
@@ -89,7 +89,7 @@ def _pretrain(cfg: DictConfig, run_dir: Path, env: DistEnv, device: torch.device
     random.seed(t.seed)
     autocast, scaler = _precision(t.precision, device)
 
-    train_loader, val_loader, num_classes = build_loaders(cfg, env, device)
+    train_loader, val_loader, train_eval_loader, num_classes = build_loaders(cfg, env, device)
     sampler: GlobalBatchSampler = train_loader.batch_sampler
     model = build_model(cfg, num_classes if t.probe else None)
     if env.world_size > 1 and t.sync_batchnorm:
@@ -197,11 +197,13 @@ def _pretrain(cfg: DictConfig, run_dir: Path, env: DistEnv, device: torch.device
             val = None
             if val_loader is not None and model.method.inputs == "image_text":
                 val = evaluate_image_text(
-                    model.method, model.probe, _zero_shot_classifier(model.method, val_loader.dataset, device),
+                    model.method, model.probe, _zero_shot_classifier(model.method, val_loader.dataset, cfg.data.name, device),
                     val_loader, device, autocast,
                 )
             elif val_loader is not None and model.probe is not None:
                 val = evaluate(model.method.backbone, model.probe, val_loader, device, autocast)
+            if t.knn_k > 0 and train_eval_loader is not None:
+                val = (val or {}) | _knn_metrics(model.method.backbone, train_eval_loader, val_loader, num_classes, t, device, autocast)
             if val:
                 last_metrics = {"step": step, "epoch": epoch, **val}
                 if logger:
@@ -211,6 +213,8 @@ def _pretrain(cfg: DictConfig, run_dir: Path, env: DistEnv, device: torch.device
                 epoch, batch_in_epoch = epoch + 1, 0
             save()
     bar.close()
+    if t.plots:
+        _plot_run(run_dir, model.method.backbone, val_loader if num_classes else None, env, device, autocast, logger)
     if state is not None and state["step"] == total_steps:
         say(f"nothing to do: {checkpoints.last} already holds the finished run ({total_steps} steps)")
     if logger:
@@ -237,16 +241,30 @@ def _train_step(ddp, model, batch, optimizer, scaler, autocast, optim_cfg) -> di
     return out
 
 
-def _zero_shot_classifier(method, val_set, device):
-    """Class embeddings from prompts (digits: the caption templates; else 'a photo of a {class}.'), or None."""
-    pairs = val_set.pairs
-    if not pairs.classes:
+def _zero_shot_classifier(method, val_set, data_name: str, device):
+    """Class embeddings from the class prompts, or None when the val pairs have no classes."""
+    classes = val_set.pairs.classes
+    if not classes:
         return None
-    if isinstance(pairs, DigitsPairs):
-        prompts = [[digit_caption(t, c) for t in DIGIT_TEMPLATES] for c in range(len(pairs.classes))]
-    else:
-        prompts = [[f"a photo of a {name}."] for name in pairs.classes]
+    prompts = class_prompts(data_name, classes)
     return class_embeddings(method, prompts, val_set.tokenizer, device, method.log_logit_scale.dtype)
+
+
+def _knn_metrics(backbone, train_loader, val_loader, num_classes, t, device, autocast) -> dict:
+    train = extract_features(backbone, train_loader, device, autocast)
+    val = extract_features(backbone, val_loader, device, autocast)
+    knn = knn_accuracy(*train, *val, num_classes, t.knn_k, t.knn_temperature)
+    return {"val/knn_acc1": knn["top1"], "val/knn_acc5": knn["top5"]}
+
+
+def _plot_run(run_dir, backbone, val_loader, env, device, autocast, logger) -> None:
+    """curves.png from metrics.jsonl and, with labelled val data, embedding.png of the val features."""
+    if val_loader is not None:
+        features, labels = extract_features(backbone, val_loader, device, autocast)  # every rank takes part
+        if env.is_main:
+            plot_embedding(features.numpy(), labels.numpy(), run_dir / "embedding.png", val_loader.dataset.classes, title=run_dir.name)
+    if logger is not None and logger.path.exists():
+        plot_curves(logger.path, run_dir / "curves.png")
 
 
 def _diverged_message(what: str) -> str:
@@ -314,7 +332,8 @@ def build_model_optimizer(model: PretrainModel, optim_cfg, lr: float):
 
 
 def build_loaders(cfg: DictConfig, env: DistEnv, device: torch.device):
-    """Train loader (a GlobalBatchSampler over per-sample seeded data), val loader or None, class count or None."""
+    """Train loader (a GlobalBatchSampler over per-sample seeded data), val loader or None, the train split
+    with the eval transform for the online k-NN (trainer.knn_k > 0) or None, class count or None."""
     d = cfg.data
     image_text = METHODS[cfg.method.name].inputs == "image_text"
 
@@ -346,7 +365,7 @@ def build_loaders(cfg: DictConfig, env: DistEnv, device: torch.device):
     train_loader = DataLoader(train_set, batch_sampler=sampler, **loader_args)
 
     num_classes = len(train_base.classes) if train_base.classes else None
-    val_loader = None
+    val_loader = train_eval_loader = None
     if image_text and val_base is not None:  # retrieval needs no labels; zero-shot and the probe do
         val_set = ZeroShotEvalDataset(val_base, eval_transform, tokenizer)
     elif val_base is not None and num_classes:
@@ -354,7 +373,10 @@ def build_loaders(cfg: DictConfig, env: DistEnv, device: torch.device):
     if val_base is not None and (image_text or num_classes):
         shard = list(range(env.rank, len(val_set), env.world_size))
         val_loader = DataLoader(val_set, batch_size=d.batch_size, sampler=shard, **loader_args)
-    return train_loader, val_loader, num_classes
+    if cfg.trainer.knn_k > 0 and val_loader is not None and num_classes:  # the k-NN's train features: no augmentation
+        shard = list(range(env.rank, len(train_base), env.world_size))
+        train_eval_loader = DataLoader(EvalDataset(train_base, eval_transform), batch_size=d.batch_size, sampler=shard, **loader_args)
+    return train_loader, val_loader, train_eval_loader, num_classes
 
 
 def _to_device(batch: dict, device: torch.device, dtype: torch.dtype, channels_last: bool) -> dict:

@@ -1,0 +1,67 @@
+"""Frozen-backbone features of a whole split, extracted in shards across ranks and gathered on every rank."""
+
+from __future__ import annotations
+
+import hashlib
+from contextlib import nullcontext
+from pathlib import Path
+
+import torch
+
+from solo.distributed import gather
+
+
+@torch.no_grad()
+def extract_features(backbone, loader, device, autocast=nullcontext) -> tuple[torch.Tensor, torch.Tensor]:
+    """(features, labels) of every sample the loader's ranks see together, in dataset order, float32 on CPU.
+
+    Each rank reads its own shard; the shards are gathered (uneven sizes are fine) and put back in
+    dataset order by the samples' indices, so the result is the same on every rank and world size.
+    """
+    mode = backbone.training
+    backbone.eval()
+    dtype = next(backbone.parameters()).dtype
+    feats, labels, index = [], [], []
+    for batch in loader:
+        with autocast():
+            feats.append(backbone(batch["image"].to(device, dtype, non_blocking=True)).float())
+        labels.append(batch["label"].to(device))
+        index.append(batch["index"].to(device))
+    backbone.train(mode)
+    order = gather(torch.cat(index)).argsort()
+    return gather(torch.cat(feats))[order].cpu(), gather(torch.cat(labels))[order].cpu()
+
+
+def state_fingerprint(module: torch.nn.Module) -> str:
+    """sha256 over a module's parameters and buffers (names, shapes, dtypes, values)."""
+    h = hashlib.sha256()
+    for name, t in sorted(module.state_dict().items()):
+        h.update(f"{name}:{tuple(t.shape)}:{t.dtype}".encode())
+        h.update(t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+class FeatureCache:
+    """Features on disk, keyed by everything that determines them: weights, data and preprocessing."""
+
+    def __init__(self, directory: str | Path | None):
+        self.dir = Path(directory) if directory else None
+
+    def path(self, key: str) -> Path | None:
+        return self.dir / f"{hashlib.sha256(key.encode()).hexdigest()[:32]}.pt" if self.dir else None
+
+    def get(self, key: str):
+        path = self.path(key)
+        if path is None or not path.exists():
+            return None
+        stored = torch.load(path, map_location="cpu", weights_only=True)
+        return (stored["features"], stored["labels"]) if stored["key"] == key else None
+
+    def put(self, key: str, features: torch.Tensor, labels: torch.Tensor) -> None:
+        path = self.path(key)
+        if path is None:
+            return
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.tmp")
+        torch.save({"key": key, "features": features, "labels": labels}, tmp)
+        tmp.replace(path)

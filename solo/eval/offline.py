@@ -1,0 +1,149 @@
+"""Offline evaluation of pretrained weights (main_linear.py): linear and k-NN classification on frozen,
+cached features, zero-shot for image-text models, an embedding picture, and optional full fine-tuning."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+from omegaconf import DictConfig, OmegaConf
+from torch.utils.data import DataLoader
+
+from solo.data import (
+    DATASET_STATS,
+    DATASETS,
+    EvalDataset,
+    build_dataset,
+    build_eval_transform,
+    build_image_text_pairs,
+)
+from solo.distributed import DistEnv, init_distributed
+from solo.distributed.env import destroy_process_group
+from solo.eval.features import FeatureCache, extract_features, state_fingerprint
+from solo.eval.finetune import finetune
+from solo.eval.knn import knn_accuracy
+from solo.eval.linear import LinearProtocol, train_linear
+from solo.eval.plots import plot_curves, plot_embedding
+from solo.eval.probe import topk_correct
+from solo.eval.zero_shot import class_embeddings, class_prompts
+from solo.text import ByteTokenizer
+from solo.train.metrics import MetricsLogger
+from solo.zoo.files import cache_dir
+from solo.zoo.pretrained import resolve
+
+
+def evaluate_pretrained(cfg: DictConfig, run_dir: str | Path) -> dict:
+    """Evaluate cfg.pretrained on cfg.data; returns (and writes to <run_dir>/summary.json) the results."""
+    env, device = init_distributed()
+    try:
+        return _evaluate(cfg, Path(run_dir), env, device)
+    finally:
+        destroy_process_group()
+
+
+def labelled_split(d, split: str, seed: int):
+    """The base (image, label) dataset of a data config, image or image-text (csv), for one split."""
+    if d.name in DATASETS:
+        return build_dataset(
+            d.name, split, root=d.root, image_size=d.image_size, download=d.download,
+            num_samples=d.num_samples, num_classes=d.num_classes, seed=seed,
+        )
+    return build_image_text_pairs(d.name, split, root=d.root, file=d.file, image_size=d.image_size)
+
+
+def _evaluate(cfg: DictConfig, run_dir: Path, env: DistEnv, device: torch.device) -> dict:
+    say = print if env.is_main else (lambda *a, **k: None)
+    d = cfg.data
+    pretrained = resolve(cfg.pretrained)
+    if pretrained.data["image_size"] != d.image_size:
+        say(f"note: {cfg.pretrained} was pretrained at {pretrained.data['image_size']}px, evaluated at data.image_size={d.image_size}")
+    torch.manual_seed(cfg.seed)  # random_init: the baseline's weights depend on the seed only
+    backbone = pretrained.build_backbone(random_init=cfg.random_init).to(device)
+    train_base, val_base = labelled_split(d, "train", cfg.seed), labelled_split(d, "val", cfg.seed)
+    if train_base is None or val_base is None or not train_base.classes:
+        raise ValueError(f"linear evaluation needs labelled train and val splits; data={d.name} has none")
+    classes = list(train_base.classes)
+    mean, std = DATASET_STATS[d.name if d.name in DATASET_STATS else "imagenet"]
+    transform = build_eval_transform(d.image_size, mean, std, resize=d.name in ("imagefolder", "csv"))
+
+    cache = FeatureCache(cache_dir() / "features" if cfg.feature_cache else None)
+    weights_id = state_fingerprint(backbone)
+    data_id = json.dumps(
+        {k: d[k] for k in ("name", "root", "file", "image_size", "num_samples", "num_classes")}
+        | {"mean": mean, "std": std, "seed": cfg.seed, "world": "any"}, sort_keys=True
+    )
+
+    def features(base, split: str):
+        key = f"{weights_id}|{data_id}|{split}"
+        hit = cache.get(key)
+        if hit is not None:
+            say(f"{split} features from the cache {cache.path(key)}")
+            return hit
+        shard = list(range(env.rank, len(base), env.world_size))
+        loader = DataLoader(EvalDataset(base, transform), batch_size=d.batch_size, sampler=shard, num_workers=d.num_workers)
+        x, y = extract_features(backbone, loader, device)
+        if env.is_main:
+            cache.put(key, x, y)
+        return x, y
+
+    train, val = features(train_base, "train"), features(val_base, "val")
+    say(f"features: train {tuple(train[0].shape)}, val {tuple(val[0].shape)}")
+    summary = {"pretrained": cfg.pretrained, "random_init": cfg.random_init, "data": d.name, "num_classes": len(classes)}
+    logger = None
+    if env.is_main:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        OmegaConf.save(cfg, run_dir / "config.yaml", resolve=True)
+        logger = MetricsLogger(run_dir, cfg.logger, OmegaConf.to_container(cfg, resolve=True), None)
+        protocol = LinearProtocol(**OmegaConf.to_container(cfg.linear), seed=cfg.seed)
+        _, linear = train_linear(
+            (train[0].to(device), train[1].to(device)), (val[0].to(device), val[1].to(device)), len(classes),
+            protocol, log=lambda m: logger.log({k.replace("val/", "linear/"): v for k, v in m.items()}),
+        )
+        summary["linear"] = {"top1": linear["val/acc1"], "top5": linear["val/acc5"], "protocol": protocol.describe()}
+        knn = knn_accuracy(*train, *val, len(classes), cfg.knn.k, cfg.knn.temperature)
+        summary["knn"] = knn | {"protocol": f"weighted k-NN on cosine similarity, k={cfg.knn.k}, temperature {cfg.knn.temperature}"}
+        if pretrained.contents == "model":
+            summary["zero_shot"] = _zero_shot(pretrained, val, classes, d.name, device)
+        if cfg.plots:
+            title = f"{cfg.pretrained}{' (random init)' if cfg.random_init else ''} on {d.name}"
+            plot_embedding(val[0].numpy(), val[1].numpy(), run_dir / "embedding.png", classes, title=title)
+    if cfg.finetune.enabled:
+        if env.world_size > 1:
+            dist.barrier()
+        summary["finetune"] = finetune(backbone, train[0].shape[1], train_base, val_base, classes, transform, cfg, env, device, logger)
+    if env.is_main:
+        step = cfg.linear.epochs * -(-len(train[0]) // cfg.linear.batch_size)
+        final = {f"{k}/{m}": v[m] for k, v in summary.items() if k in ("knn", "zero_shot") for m in ("top1", "top5")}
+        logger.log({"step": step, **final})  # linear and fine-tuning results are already logged per epoch
+        logger.close()
+        (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        if cfg.plots:
+            plot_curves(run_dir / "metrics.jsonl", run_dir / "curves.png")
+        say(_format_summary(summary, run_dir))
+    return summary
+
+
+@torch.no_grad()
+def _zero_shot(pretrained, val, classes, data_name: str, device) -> dict:
+    model = pretrained.build_model().to(device).eval()
+    tokenizer = ByteTokenizer(model.context_length)
+    prompts = class_prompts(data_name, classes)
+    classifier = class_embeddings(model, prompts, tokenizer, device, torch.float32)
+    image = F.normalize(model.image_projection(val[0].to(device)), dim=-1)
+    c1, c5 = topk_correct((image @ classifier.T).cpu(), val[1])
+    n = len(val[1])
+    return {"top1": c1 / n, "top5": c5 / n, "protocol": f"zero-shot with {len(prompts[0])} prompt(s) per class, averaged"}
+
+
+def _format_summary(summary: dict, run_dir: Path) -> str:
+    lines = [f"{summary['pretrained']}{' (random init)' if summary['random_init'] else ''} on {summary['data']}:"]
+    for kind in ("linear", "knn", "zero_shot", "finetune"):
+        if kind in summary:
+            r = summary[kind]
+            lines.append(f"  {kind:<10} top-1 {r['top1']:.4f}  top-5 {r['top5']:.4f}   ({r['protocol']})")
+    lines.append(f"  written to {run_dir}/summary.json")
+    return "\n".join(lines)
