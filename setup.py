@@ -17,6 +17,8 @@ setup(
         "numpy>=1.24",
         "pillow>=9.0",
         "tqdm>=4.60",
+        "safetensors>=0.4",
+        "matplotlib>=3.7",
     ],
     extras_require={"dev": ["pytest>=7.0"]},
 )

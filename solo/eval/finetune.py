@@ -52,7 +52,7 @@ def finetune(backbone, width, train_base, val_base, classes, eval_transform, cfg
         val = evaluate(model[0], model[1], val_loader, device, nullcontext)
         metrics = {"top1": val["val/acc1"], "top5": val["val/acc5"]}
         if logger:
-            logger.log({"step": step, "epoch": epoch, "finetune/loss": float(loss), "finetune/acc1": metrics["top1"], "finetune/acc5": metrics["top5"]})
+            logger.log({"step": step, "epoch": epoch, "finetune/loss": loss.item(), "finetune/acc1": metrics["top1"], "finetune/acc5": metrics["top5"]})
     return metrics | {
         "protocol": f"full fine-tuning, {f.epochs} epochs, SGD momentum 0.9 lr {f.lr} (cosine) weight decay "
         f"{f.weight_decay}, crops {list(f.crop_scale)} flip {f.hflip_prob}, global batch {sampler.global_batch}"

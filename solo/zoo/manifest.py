@@ -90,3 +90,23 @@ def find_entry(name: str, path: str | Path | None = None) -> dict:
         if entry["name"] == name:
             return entry
     raise KeyError(f"no zoo entry named {name!r}; the zoo has: {', '.join(e['name'] for e in entries)}")
+
+
+def markdown_table(entries: list[dict]) -> str:
+    """The README's zoo table, generated from the manifest (a test keeps the README in step with it)."""
+    rows = [
+        "| name | method | backbone | data | epochs | global batch | linear top-1 | k-NN top-1 | zero-shot top-1 | size | sha256 |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for e in entries:
+        r = e["results"]
+        b = e["backbone"]
+        backbone = b["name"] + (" " + ",".join(f"{k}={v}" for k, v in b["kwargs"].items()) if b["kwargs"] else "")
+        backbone += ", small stem" if b["small_stem"] else ""
+        zero_shot = f"{r['zero_shot']['top1']:.3f}" if "zero_shot" in r else "-"
+        rows.append(
+            f"| `{e['name']}` | {e['method']} | {backbone} | {e['data']['name']} {e['data']['image_size']}px | "
+            f"{e['epochs']} | {e['global_batch']} | {r['linear']['top1']:.3f} | {r['knn']['top1']:.3f} | {zero_shot} | "
+            f"{e['file']['size'] / 2**20:.1f} MiB | `{e['file']['sha256'][:12]}` |"
+        )
+    return "\n".join(rows)

@@ -9,7 +9,7 @@ import torch
 
 from solo.zoo.files import entry_file
 from solo.zoo.manifest import find_entry, read_manifest
-from solo.zoo.weights import Pretrained, read_training_checkpoint, read_weights, save_weights
+from solo.zoo.weights import Pretrained, read_training_checkpoint, read_weights
 
 
 def resolve(source: str | Path, *, cache: str | Path | None = None, offline: bool | None = None) -> Pretrained:
@@ -24,7 +24,7 @@ def resolve(source: str | Path, *, cache: str | Path | None = None, offline: boo
     if path.suffix == ".pt":
         if not path.exists():
             raise FileNotFoundError(f"training checkpoint {path} does not exist")
-        return read_training_checkpoint(path, _contents_for(path))
+        return read_training_checkpoint(path, checkpoint_contents(path))
     names = [e["name"] for e in read_manifest()]
     if str(source) in names:
         entry = find_entry(str(source))
@@ -35,7 +35,8 @@ def resolve(source: str | Path, *, cache: str | Path | None = None, offline: boo
     )
 
 
-def _contents_for(checkpoint: Path) -> str:
+def checkpoint_contents(checkpoint: str | Path) -> str:
+    """What a zoo file of this training checkpoint holds: "model" for image-text methods, else "backbone"."""
     # Image-text methods are only useful whole (zero-shot needs the text tower); image methods keep the backbone.
     from solo.methods import METHODS
 
@@ -78,7 +79,3 @@ def export_backbone(source: str | Path, out: str | Path) -> str:
         f"timm.create_model({b['name']!r}, pretrained=True, num_classes=0, "
         f"pretrained_cfg_overlay=dict(file={str(out)!r}, num_classes=0){kwargs})"
     )
-
-
-def save_zoo_weights(source: str | Path, out: str | Path) -> Path:
-    return save_weights(resolve(source), out)

@@ -1,0 +1,26 @@
+"""python -m solo.zoo list | export <pretrained> <out.safetensors | out.pth>"""
+
+import argparse
+
+import solo.zoo
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m solo.zoo", description="The solo checkpoint zoo.")
+    commands = parser.add_subparsers(dest="command", required=True)
+    commands.add_parser("list", help="the zoo's checkpoints and their results")
+    export = commands.add_parser("export", help="a backbone as a plain timm (.safetensors) or torchvision (.pth) state dict")
+    export.add_argument("pretrained", help="zoo name, solo .safetensors file, training checkpoint .pt or run directory")
+    export.add_argument("out")
+    args = parser.parse_args()
+    if args.command == "list":
+        for name in solo.zoo.list():
+            e = solo.zoo.entry(name)
+            results = ", ".join(f"{kind} {r['top1']:.3f}" for kind, r in e["results"].items())
+            print(f"{name:<36} {e['method']:<13} {e['backbone']['name']:<10} {e['data']['name']:<8} {results}")
+    else:
+        print(solo.zoo.export_backbone(args.pretrained, args.out))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,134 @@
+"""Offline and online evaluation: k-NN and the linear probe against independent references,
+main_linear end to end (cache, plots, fine-tuning), and the online k-NN equal to the offline one."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from PIL import Image
+from sklearn.datasets import load_digits
+from sklearn.linear_model import LogisticRegression
+from sklearn.model_selection import train_test_split
+from sklearn.preprocessing import StandardScaler
+
+from solo.eval.knn import knn_accuracy, knn_logits
+from solo.eval.linear import LinearProtocol, train_linear
+from solo.eval.offline import evaluate_pretrained
+from solo.eval.plots import plot_curves
+from tests.test_train import REPO, TINY, metrics, run
+
+
+def compose_linear(overrides):
+    with initialize_config_dir(config_dir=str(REPO / "configs"), version_base="1.3"):
+        return compose("linear", overrides=overrides)
+
+
+def test_knn_matches_a_loop_over_neighbours():
+    g = torch.Generator().manual_seed(0)
+    train, labels = torch.randn(50, 8, generator=g), torch.randint(0, 4, (50,), generator=g)
+    queries = torch.randn(7, 8, generator=g)
+    k, t = 5, 0.1
+    expected = np.zeros((7, 4))
+    for i, q in enumerate(queries.numpy()):
+        sims = [q @ x / np.linalg.norm(q) / np.linalg.norm(x) for x in train.numpy()]
+        for j in np.argsort(sims)[::-1][:k]:
+            expected[i, labels[j]] += np.exp(sims[j] / t)
+    got = knn_logits(train, labels, queries, num_classes=4, k=k, temperature=t, chunk=3)
+    np.testing.assert_allclose(got.numpy(), expected, rtol=1e-4)
+
+
+def test_knn_of_the_train_set_itself_with_k1_is_perfect():
+    x, y = torch.randn(30, 5), torch.arange(30) % 3
+    assert knn_accuracy(x, y, x, y, num_classes=3, k=1)["top1"] == 1.0
+
+
+def test_linear_probe_matches_logistic_regression_on_digits_pixels():
+    x, y = load_digits(return_X_y=True)
+    xt, xv, yt, yv = train_test_split(x, y, test_size=0.2, random_state=0, stratify=y)
+    scaler = StandardScaler().fit(xt)
+    reference = LogisticRegression(max_iter=3000).fit(scaler.transform(xt), yt).score(scaler.transform(xv), yv)
+    as_tensors = lambda a, b: (torch.tensor(a, dtype=torch.float32), torch.tensor(b))  # noqa: E731
+    logged = []
+    _, ours = train_linear(as_tensors(xt, yt), as_tensors(xv, yv), 10, LinearProtocol(epochs=50), log=logged.append)
+    assert abs(ours["val/acc1"] - reference) <= 0.02, (ours, reference)
+    assert len(logged) == 50 and logged[-1]["val/acc1"] == ours["val/acc1"]
+
+
+def test_linear_probe_on_random_labels_stays_near_chance():
+    x = torch.randn(400, 32)
+    y = torch.randint(0, 10, (400,))
+    _, ours = train_linear((x[:300], y[:300]), (x[300:], y[300:]), 10, LinearProtocol(epochs=30))
+    assert ours["val/acc1"] < 0.25
+
+
+def _looks_drawn(path, min_colours=4):
+    image = np.asarray(Image.open(path).convert("RGB"))
+    assert image.shape[0] > 200 and image.shape[1] > 200
+    assert len(np.unique(image.reshape(-1, 3), axis=0)) >= min_colours  # not blank: axes, points, several colours
+
+
+def test_online_knn_equals_offline_knn_and_plots_are_written(tmp_path, monkeypatch):
+    """2-process pretraining with the online k-NN; main_linear on its checkpoint (1 process) gets the same k-NN."""
+    monkeypatch.setenv("SOLO_CACHE", str(tmp_path / "cache"))
+    run_dir = tmp_path / "run"
+    run(TINY + ["data.batch_size=8", "trainer.max_steps=8", "trainer.knn_k=5"], run_dir, nproc=2)
+    online = [m for m in metrics(run_dir) if "val/knn_acc1" in m][-1]
+    for png in ("curves.png", "embedding.png"):
+        _looks_drawn(run_dir / png, min_colours=10 if png == "embedding.png" else 4)
+
+    cfg = compose_linear([f"pretrained={run_dir}", "data=synthetic", "data.image_size=16", "data.num_samples=64",
+                          "data.num_workers=0", "knn.k=5", "linear.epochs=20"])
+    summary = evaluate_pretrained(cfg, tmp_path / "eval")
+    assert summary["knn"]["top1"] == pytest.approx(online["val/knn_acc1"], abs=1e-9)
+    assert summary["knn"]["top5"] == pytest.approx(online["val/knn_acc5"], abs=1e-9)
+    logged = [json.loads(line) for line in (tmp_path / "eval" / "metrics.jsonl").read_text().splitlines()]
+    assert [m["epoch"] for m in logged if "linear/acc1" in m] == list(range(20))
+    assert json.loads((tmp_path / "eval" / "summary.json").read_text())["linear"]["top1"] == logged[-2]["linear/acc1"]
+    for png in ("curves.png", "embedding.png"):
+        _looks_drawn(tmp_path / "eval" / png)
+
+    # The second evaluation reads the cached features and gives the same numbers.
+    cached = list((tmp_path / "cache" / "features").iterdir())
+    assert len(cached) == 2
+    mtimes = [p.stat().st_mtime_ns for p in cached]
+    again = evaluate_pretrained(cfg, tmp_path / "eval2")
+    assert again["linear"] == summary["linear"] and again["knn"] == summary["knn"]
+    assert [p.stat().st_mtime_ns for p in cached] == mtimes
+
+
+def test_random_init_and_finetune(tmp_path, monkeypatch):
+    monkeypatch.setenv("SOLO_CACHE", str(tmp_path / "cache"))
+    run_dir = tmp_path / "run"
+    run(TINY + ["data.batch_size=8", "trainer.max_steps=4", "trainer.plots=false"], run_dir)
+    assert not (run_dir / "curves.png").exists()
+    common = [f"pretrained={run_dir}", "data=synthetic", "data.image_size=16", "data.num_samples=64",
+              "data.num_workers=0", "data.batch_size=16", "linear.epochs=5", "plots=false"]
+    trained = evaluate_pretrained(compose_linear(common + ["finetune.enabled=true", "finetune.epochs=2"]), tmp_path / "a")
+    baseline = evaluate_pretrained(compose_linear(common + ["random_init=true"]), tmp_path / "b")
+    assert trained["random_init"] is False and baseline["random_init"] is True
+    assert trained["linear"] != baseline["linear"]  # other weights, other features
+    assert 0.0 <= trained["finetune"]["top1"] <= 1.0 and "fine-tuning" in trained["finetune"]["protocol"]
+    logged = [json.loads(line) for line in (tmp_path / "a" / "metrics.jsonl").read_text().splitlines()]
+    assert [m["epoch"] for m in logged if "finetune/acc1" in m] == [0, 1]
+
+
+def test_plot_curves_needs_metrics(tmp_path):
+    with pytest.raises(FileNotFoundError, match="metrics.jsonl does not exist"):
+        plot_curves(tmp_path / "metrics.jsonl", tmp_path / "curves.png")
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1, "train/loss": 2.0}\n{"step": 2, "train/loss": 1.0}\n')
+    _looks_drawn(plot_curves(tmp_path / "metrics.jsonl", tmp_path / "curves.png"))
+
+
+def test_unlabelled_data_is_refused(tmp_path):
+    (tmp_path / "data" / "train").mkdir(parents=True)
+    (tmp_path / "data" / "val").mkdir(parents=True)
+    for split in ("train", "val"):
+        for i in range(4):
+            Image.new("RGB", (16, 16), (i * 40, 0, 0)).save(tmp_path / "data" / split / f"{i}.png")
+    run_dir = tmp_path / "run"
+    run(TINY + ["data.batch_size=8", "trainer.max_steps=2"], run_dir)
+    cfg = compose_linear([f"pretrained={run_dir}", "data=imagefolder", f"data.root={tmp_path / 'data'}", "data.image_size=16"])
+    with pytest.raises(ValueError, match="needs labelled train and val splits"):
+        evaluate_pretrained(cfg, tmp_path / "eval")
