@@ -2,6 +2,9 @@
 main_linear end to end (cache, plots, fine-tuning), and the online k-NN equal to the offline one."""
 
 import json
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -78,8 +81,9 @@ def test_online_knn_equals_offline_knn_and_plots_are_written(tmp_path, monkeypat
     for png in ("curves.png", "embedding.png"):
         _looks_drawn(run_dir / png, min_colours=10 if png == "embedding.png" else 4)
 
-    cfg = compose_linear([f"pretrained={run_dir}", "data=synthetic", "data.image_size=16", "data.num_samples=64",
-                          "data.num_workers=0", "knn.k=5", "linear.epochs=20"])
+    cfg_overrides = [f"pretrained={run_dir}", "data=synthetic", "data.image_size=16", "data.num_samples=64",
+                     "data.num_workers=0", "knn.k=5", "linear.epochs=20"]
+    cfg = compose_linear(cfg_overrides)
     summary = evaluate_pretrained(cfg, tmp_path / "eval")
     assert summary["knn"]["top1"] == pytest.approx(online["val/knn_acc1"], abs=1e-9)
     assert summary["knn"]["top5"] == pytest.approx(online["val/knn_acc5"], abs=1e-9)
@@ -88,6 +92,19 @@ def test_online_knn_equals_offline_knn_and_plots_are_written(tmp_path, monkeypat
     assert json.loads((tmp_path / "eval" / "summary.json").read_text())["linear"]["top1"] == logged[-2]["linear/acc1"]
     for png in ("curves.png", "embedding.png"):
         _looks_drawn(tmp_path / "eval" / png)
+
+    # torchrun main_linear.py: features extracted in two shards give the same results, cached or not.
+    for attempt in ("extract", "cached"):
+        out = subprocess.run(
+            [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--standalone", "main_linear.py",
+             *cfg_overrides, f"hydra.run.dir={tmp_path / attempt}"],
+            cwd=REPO, env=os.environ | {"SOLO_CACHE": str(tmp_path / "cache2")}, capture_output=True, text=True, timeout=300,
+        )
+        assert out.returncode == 0, out.stdout + out.stderr
+        assert ("train features from the cache" in out.stdout) == (attempt == "cached")
+        two = json.loads((tmp_path / attempt / "summary.json").read_text())
+        for kind in ("linear", "knn"):
+            assert two[kind]["top1"] == pytest.approx(summary[kind]["top1"], abs=1.5 / 64), kind  # one val image
 
     # The second evaluation reads the cached features and gives the same numbers.
     cached = list((tmp_path / "cache" / "features").iterdir())

@@ -17,7 +17,7 @@ from solo.eval.probe import evaluate
 from solo.train.optim import warmup_cosine
 
 
-def finetune(backbone, width, train_base, val_base, classes, eval_transform, cfg, env, device, logger) -> dict:
+def finetune(backbone, train_base, val_base, classes, eval_transform, cfg, env, device, logger) -> dict:
     f, d = cfg.finetune, cfg.data
     mean, std = DATASET_STATS[d.name if d.name in DATASET_STATS else "imagenet"]
     crops = ViewAugmentation(crop_scale=list(f.crop_scale), hflip_prob=f.hflip_prob, jitter_prob=0.0, grayscale_prob=0.0)
@@ -27,6 +27,8 @@ def finetune(backbone, width, train_base, val_base, classes, eval_transform, cfg
     shard = list(range(env.rank, len(val_base), env.world_size))
     val_loader = DataLoader(EvalDataset(val_base, eval_transform), batch_size=d.batch_size, sampler=shard)
 
+    with torch.no_grad():
+        width = backbone.eval()(next(iter(val_loader))["image"][:1].to(device)).shape[1]
     head = nn.Linear(width, len(classes)).to(device)
     model = nn.Sequential(backbone, head)
     if env.world_size > 1:

@@ -74,12 +74,18 @@ def _evaluate(cfg: DictConfig, run_dir: Path, env: DistEnv, device: torch.device
     weights_id = state_fingerprint(backbone)
     data_id = json.dumps(
         {k: d[k] for k in ("name", "root", "file", "image_size", "num_samples", "num_classes")}
-        | {"mean": mean, "std": std, "seed": cfg.seed, "world": "any"}, sort_keys=True
+        | {"mean": mean, "std": std, "seed": cfg.seed}, sort_keys=True
     )
 
     def features(base, split: str):
+        """(features, labels) on rank 0; on the other ranks None when rank 0 found them in its cache."""
         key = f"{weights_id}|{data_id}|{split}"
-        hit = cache.get(key)
+        hit = cache.get(key) if env.is_main else None
+        if env.world_size > 1:  # all ranks extract together, or none does
+            found = torch.tensor([int(hit is not None)], device=device)
+            dist.broadcast(found, 0)
+            if found.item() and not env.is_main:
+                return None
         if hit is not None:
             say(f"{split} features from the cache {cache.path(key)}")
             return hit
@@ -91,7 +97,8 @@ def _evaluate(cfg: DictConfig, run_dir: Path, env: DistEnv, device: torch.device
         return x, y
 
     train, val = features(train_base, "train"), features(val_base, "val")
-    say(f"features: train {tuple(train[0].shape)}, val {tuple(val[0].shape)}")
+    if env.is_main:
+        say(f"features: train {tuple(train[0].shape)}, val {tuple(val[0].shape)}")
     summary = {"pretrained": cfg.pretrained, "random_init": cfg.random_init, "data": d.name, "num_classes": len(classes)}
     logger = None
     if env.is_main:
@@ -114,7 +121,7 @@ def _evaluate(cfg: DictConfig, run_dir: Path, env: DistEnv, device: torch.device
     if cfg.finetune.enabled:
         if env.world_size > 1:
             dist.barrier()
-        summary["finetune"] = finetune(backbone, train[0].shape[1], train_base, val_base, classes, transform, cfg, env, device, logger)
+        summary["finetune"] = finetune(backbone, train_base, val_base, classes, transform, cfg, env, device, logger)
     if env.is_main:
         step = cfg.linear.epochs * -(-len(train[0]) // cfg.linear.batch_size)
         final = {f"{k}/{m}": v[m] for k, v in summary.items() if k in ("knn", "zero_shot") for m in ("top1", "top5")}
