@@ -76,7 +76,7 @@ def test_online_knn_equals_offline_knn_and_plots_are_written(tmp_path, monkeypat
     """2-process pretraining with the online k-NN; main_linear on its checkpoint (1 process) gets the same k-NN."""
     monkeypatch.setenv("SOLO_CACHE", str(tmp_path / "cache"))
     run_dir = tmp_path / "run"
-    run(TINY + ["data.batch_size=8", "trainer.max_steps=8", "trainer.knn_k=5"], run_dir, nproc=2)
+    run(TINY + ["data.batch_size=8", "trainer.max_steps=8", "trainer.knn_k=5", "trainer.plots=true"], run_dir, nproc=2)
     online = [m for m in metrics(run_dir) if "val/knn_acc1" in m][-1]
     for png in ("curves.png", "embedding.png"):
         _looks_drawn(run_dir / png, min_colours=10 if png == "embedding.png" else 4)
@@ -118,8 +118,8 @@ def test_online_knn_equals_offline_knn_and_plots_are_written(tmp_path, monkeypat
 def test_random_init_and_finetune(tmp_path, monkeypatch):
     monkeypatch.setenv("SOLO_CACHE", str(tmp_path / "cache"))
     run_dir = tmp_path / "run"
-    run(TINY + ["data.batch_size=8", "trainer.max_steps=4", "trainer.plots=false"], run_dir)
-    assert not (run_dir / "curves.png").exists()
+    run(TINY + ["data.batch_size=8", "trainer.max_steps=4"], run_dir)
+    assert not (run_dir / "curves.png").exists()  # trainer.plots=false
     common = [f"pretrained={run_dir}", "data=synthetic", "data.image_size=16", "data.num_samples=64",
               "data.num_workers=0", "data.batch_size=16", "linear.epochs=5", "plots=false"]
     trained = evaluate_pretrained(compose_linear(common + ["finetune.enabled=true", "finetune.epochs=2"]), tmp_path / "a")

@@ -31,6 +31,7 @@ TINY = [
     "optim.warmup_epochs=0",
     "trainer.progress_bar=false",
     "trainer.log_every_steps=1",
+    "trainer.plots=false",  # t-SNE at every test run's end costs time; test_eval checks the pictures
 ]
 
 

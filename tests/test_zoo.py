@@ -3,6 +3,8 @@ or mismatched files are refused; exports load in timm and torchvision with ident
 
 import json
 import shutil
+import subprocess
+import sys
 
 import pytest
 import timm
@@ -158,7 +160,7 @@ def stock_checkpoints(tmp_path_factory):
     runs = {}
     for name in ("resnet18", "torchvision.resnet18"):
         run_dir = tmp_path_factory.mktemp(name.replace(".", "_"))
-        pretrain(compose_cfg(TINY + ["data.batch_size=8", "trainer.max_steps=2", "trainer.plots=false",
+        pretrain(compose_cfg(TINY + ["data.batch_size=8", "trainer.max_steps=2",
                                      f"backbone.name={name}", "backbone.small_stem=false"]), run_dir)
         runs[name] = run_dir / "checkpoints" / "last.pt"
     return runs
@@ -187,8 +189,9 @@ def test_strict_loader_reads_the_backbone_by_explicit_keys(stock_checkpoints, tm
 def test_export_loads_in_timm_and_torchvision_with_identical_outputs(stock_checkpoints, tmp_path):
     images = torch.randn(2, 3, 32, 32)
     ours = read_training_checkpoint(stock_checkpoints["resnet18"]).build_backbone().eval()
-    how = export_backbone(stock_checkpoints["resnet18"], tmp_path / "timm.safetensors")
-    assert "pretrained_cfg_overlay" in how
+    out = subprocess.run([sys.executable, "-m", "solo.zoo", "export", str(stock_checkpoints["resnet18"]),
+                          str(tmp_path / "timm.safetensors")], capture_output=True, text=True, check=True)
+    assert "timm.create_model('resnet18', pretrained=True, num_classes=0, pretrained_cfg_overlay" in out.stdout
     model = timm.create_model("resnet18", pretrained=True, num_classes=0,
                               pretrained_cfg_overlay=dict(file=str(tmp_path / "timm.safetensors"), num_classes=0)).eval()
     with torch.no_grad():
@@ -201,6 +204,13 @@ def test_export_loads_in_timm_and_torchvision_with_identical_outputs(stock_check
     model.load_state_dict(torch.load(tmp_path / "tv.pth", weights_only=True))
     with torch.no_grad():
         assert torch.equal(model.eval()(images), ours(images))
+
+
+def test_list_command_prints_every_entry_with_its_results():
+    out = subprocess.run([sys.executable, "-m", "solo.zoo", "list"], capture_output=True, text=True, check=True).stdout
+    for name in solo.zoo.list():
+        linear = solo.zoo.entry(name)["results"]["linear"]["top1"]
+        assert any(line.startswith(name) and f"linear {linear:.3f}" in line for line in out.splitlines())
 
 
 def test_export_refuses_the_small_stem():
