@@ -27,7 +27,6 @@ sys.path.insert(0, str(REPO))
 
 from solo.zoo.manifest import MANIFEST, markdown_table, read_manifest, validate_entry  # noqa: E402
 from solo.zoo.weights import read_training_checkpoint, save_weights, sha256_file  # noqa: E402
-from solo.zoo.pretrained import checkpoint_contents  # noqa: E402
 
 RECIPES = {
     "simclr-digits-resnet18half": "method=simclr backbone=resnet18_half",
@@ -60,10 +59,10 @@ def build(name: str, recipe: str, work: Path, weights_dir: Path, location_root: 
     run([sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={NPROC}", "--standalone", "main_pretrain.py",
          *recipe.split(), f"hydra.run.dir={run_dir}", "trainer.progress_bar=false"])
     checkpoint = run_dir / "checkpoints" / "last.pt"
-    weights = save_weights(read_training_checkpoint(checkpoint, checkpoint_contents(checkpoint)), weights_dir / f"{name}.safetensors")
+    pretrained = read_training_checkpoint(checkpoint)
+    weights = save_weights(pretrained, weights_dir / f"{name}.safetensors")
     summary = evaluate(str(weights), work / f"{name}-eval")
     cfg = yaml.safe_load((run_dir / "config.yaml").read_text())
-    pretrained = read_training_checkpoint(checkpoint)
     results = {}
     for kind in ("linear", "knn", "zero_shot"):
         if kind in summary:
@@ -73,7 +72,7 @@ def build(name: str, recipe: str, work: Path, weights_dir: Path, location_root: 
     entry = {
         "name": name,
         "method": cfg["method"]["name"],
-        "contents": checkpoint_contents(checkpoint),
+        "contents": pretrained.contents,
         "backbone": cfg["backbone"],
         "data": pretrained.data,
         "epochs": cfg["trainer"]["max_epochs"],
@@ -99,7 +98,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--check", action="store_true", help="retrain in a temp dir and compare with the manifest")
     parser.add_argument("--readme", action="store_true", help="only regenerate the README table")
-    parser.add_argument("--only", nargs="*", default=list(RECIPES), help="recipe names (default: all)")
+    parser.add_argument("--only", nargs="*", default=list(RECIPES), choices=list(RECIPES), help="recipe names (default: all)")
     args = parser.parse_args()
     if args.readme:
         write_readme_table(read_manifest())

@@ -113,7 +113,7 @@ def _evaluate(cfg: DictConfig, run_dir: Path, env: DistEnv, device: torch.device
         summary["linear"] = {"top1": linear["val/acc1"], "top5": linear["val/acc5"], "protocol": protocol.describe()}
         knn = knn_accuracy(*train, *val, len(classes), cfg.knn.k, cfg.knn.temperature)
         summary["knn"] = knn | {"protocol": f"weighted k-NN on cosine similarity, k={cfg.knn.k}, temperature {cfg.knn.temperature}"}
-        if pretrained.contents == "model":
+        if pretrained.contents == "model" and not cfg.random_init:
             summary["zero_shot"] = _zero_shot(pretrained, val, classes, d.name, device)
         if cfg.plots:
             title = f"{cfg.pretrained}{' (random init)' if cfg.random_init else ''} on {d.name}"

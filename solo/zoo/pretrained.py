@@ -24,7 +24,7 @@ def resolve(source: str | Path, *, cache: str | Path | None = None, offline: boo
     if path.suffix == ".pt":
         if not path.exists():
             raise FileNotFoundError(f"training checkpoint {path} does not exist")
-        return read_training_checkpoint(path, checkpoint_contents(path))
+        return read_training_checkpoint(path)
     names = [e["name"] for e in read_manifest()]
     if str(source) in names:
         entry = find_entry(str(source))
@@ -33,16 +33,6 @@ def resolve(source: str | Path, *, cache: str | Path | None = None, offline: boo
         f"pretrained={source!r} is neither a zoo name ({', '.join(names)}) nor an existing .safetensors file, "
         ".pt training checkpoint or run directory"
     )
-
-
-def checkpoint_contents(checkpoint: str | Path) -> str:
-    """What a zoo file of this training checkpoint holds: "model" for image-text methods, else "backbone"."""
-    # Image-text methods are only useful whole (zero-shot needs the text tower); image methods keep the backbone.
-    from solo.methods import METHODS
-
-    cfg = torch.load(checkpoint, map_location="cpu", weights_only=True).get("config", {})
-    name = cfg.get("method", {}).get("name")
-    return "model" if name in METHODS and METHODS[name].inputs == "image_text" else "backbone"
 
 
 def export_backbone(source: str | Path, out: str | Path) -> str:

@@ -130,12 +130,14 @@ def read_weights(path: str | Path) -> Pretrained:
     return Pretrained(state, info["contents"], info["backbone"], info["method"], info["data"], str(path))
 
 
-def read_training_checkpoint(path: str | Path, contents: str = "backbone") -> Pretrained:
-    """The backbone (or with contents="model" the whole method) of a solo training checkpoint, by explicit keys."""
+def read_training_checkpoint(path: str | Path, contents: str | None = None) -> Pretrained:
+    """The backbone (contents="backbone") or the whole method ("model") of a solo training checkpoint, by
+    explicit keys. By default "model" for image-text methods (zero-shot needs the text tower), else "backbone"."""
     from solo.data import DATASET_STATS
+    from solo.methods import METHODS
 
     path = Path(path)
-    if contents not in CONTENTS:
+    if contents not in (None, *CONTENTS):
         raise ValueError(f"contents must be one of {CONTENTS}, got {contents!r}")
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
@@ -146,11 +148,14 @@ def read_training_checkpoint(path: str | Path, contents: str = "backbone") -> Pr
         raise ValueError(
             f"{path} is not a solo training checkpoint (expected the keys 'model' and 'config', found {found})"
         )
+    cfg = ckpt["config"]
+    if contents is None:
+        method = METHODS.get(cfg["method"]["name"])
+        contents = "model" if method is not None and method.inputs == "image_text" else "backbone"
     prefix = BACKBONE_PREFIX if contents == "backbone" else METHOD_PREFIX
     state = {k.removeprefix(prefix): v for k, v in ckpt["model"].items() if k.startswith(prefix)}
     if not state:
         raise KeyError(f"{path} has no keys under '{prefix}'; its model keys start with: {sorted(ckpt['model'])[:5]}")
-    cfg = ckpt["config"]
     d = cfg["data"]
     mean, std = DATASET_STATS[d["name"] if d["name"] in DATASET_STATS else "imagenet"]
     data = {"name": d["name"], "image_size": d["image_size"], "mean": list(mean), "std": list(std)}
