@@ -14,6 +14,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
 from solo.data.transforms import ViewAugmentation
+from solo.eval.linear import LinearProtocol
 
 
 @dataclass
@@ -142,17 +143,6 @@ class PretrainConfig:
 
 
 @dataclass
-class LinearProbeConfig:
-    """Linear classifier on cached frozen features (standardised): SGD with momentum, cosine schedule."""
-
-    epochs: int = 100
-    batch_size: int = 256
-    lr: float = 0.1
-    momentum: float = 0.9
-    weight_decay: float = 0.0
-
-
-@dataclass
 class KNNConfig:
     k: int = 20
     temperature: float = 0.07  # votes weighted by exp(cosine / temperature)
@@ -177,7 +167,7 @@ class LinearEvalConfig:
     plots: bool = True  # embedding.png (val features, 2-D) and curves.png in the run dir
     data: DataConfig = MISSING
     logger: LoggerConfig = MISSING
-    linear: LinearProbeConfig = field(default_factory=LinearProbeConfig)
+    linear: LinearProtocol = field(default_factory=LinearProtocol)  # its seed is ${seed} (linear.yaml)
     knn: KNNConfig = field(default_factory=KNNConfig)
     finetune: FinetuneConfig = field(default_factory=FinetuneConfig)
 

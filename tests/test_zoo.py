@@ -10,7 +10,6 @@ import pytest
 import timm
 import torch
 import torchvision
-from hydra import compose, initialize_config_dir
 
 import solo.zoo
 from solo.backbones import create_backbone
@@ -20,6 +19,7 @@ from solo.train.loop import pretrain
 from solo.zoo import ChecksumError, ManifestError, export_backbone, read_training_checkpoint
 from solo.zoo.manifest import MANIFEST, markdown_table, read_manifest
 from solo.zoo.weights import load_strict, sha256_file
+from tests.test_eval import compose_linear
 from tests.test_train import REPO, TINY, compose_cfg
 
 TOLERANCE = json.loads(MANIFEST.read_text())["tolerance"]
@@ -44,11 +44,6 @@ def test_every_entry_loads_verified_and_runs():
             else:
                 features = module(images)
         assert features.shape[0] == 4 and torch.isfinite(features).all()
-
-
-def compose_linear(overrides):
-    with initialize_config_dir(config_dir=str(REPO / "configs"), version_base="1.3"):
-        return compose("linear", overrides=overrides)
 
 
 @pytest.mark.parametrize("name", [e["name"] for e in read_manifest()])

@@ -1,6 +1,7 @@
 """Data pipeline: base datasets, augmentations and per-sample seeded multi-view wrappers."""
 
 from solo.data.datasets import (
+    ANY_SIZE_DATASETS,
     DATASET_STATS,
     DATASETS,
     CIFAR10Dataset,
@@ -10,6 +11,7 @@ from solo.data.datasets import (
     ImageReadError,
     SyntheticDataset,
     build_dataset,
+    dataset_stats,
 )
 from solo.data.image_text import (
     DIGIT_TEMPLATES,
@@ -20,6 +22,7 @@ from solo.data.image_text import (
     ImageTextPairs,
     ZeroShotEvalDataset,
     build_image_text_pairs,
+    build_split,
     digit_caption,
 )
 from solo.data.multiview import EvalDataset, MultiViewDataset
@@ -32,6 +35,7 @@ from solo.data.transforms import (
 )
 
 __all__ = [
+    "ANY_SIZE_DATASETS",
     "DATASET_STATS",
     "DATASETS",
     "CIFAR10Dataset",
@@ -41,6 +45,7 @@ __all__ = [
     "ImageReadError",
     "SyntheticDataset",
     "build_dataset",
+    "dataset_stats",
     "DIGIT_TEMPLATES",
     "IMAGE_TEXT_DATASETS",
     "CsvPairs",
@@ -49,6 +54,7 @@ __all__ = [
     "ImageTextPairs",
     "ZeroShotEvalDataset",
     "build_image_text_pairs",
+    "build_split",
     "digit_caption",
     "EvalDataset",
     "MultiViewDataset",

@@ -26,6 +26,15 @@ DATASET_STATS: Dict[str, Tuple[Tuple[float, float, float], Tuple[float, float, f
     "imagefolder": ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225)),
 }
 
+# Images of any size: the eval transform resizes and centre-crops them (the others come at image_size).
+ANY_SIZE_DATASETS = ("imagefolder", "csv")
+
+
+def dataset_stats(name: str) -> Tuple[Tuple[float, float, float], Tuple[float, float, float]]:
+    """(mean, std) to normalise `name` with: its own, else ImageNet's (e.g. for csv image-text data)."""
+    return DATASET_STATS.get(name, DATASET_STATS["imagenet"])
+
+
 SPLITS = ("train", "val")
 IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".pgm", ".bmp", ".tif", ".tiff", ".webp")
 

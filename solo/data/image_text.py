@@ -26,7 +26,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 import torch
 from PIL import Image
 
-from solo.data.datasets import DigitsDataset, ImageReadError, _check_split
+from solo.data.datasets import DigitsDataset, ImageReadError, _check_split, build_dataset
 from solo.data.multiview import epoch_and_index
 from solo.data.seeding import sample_seed, seeded_rng
 
@@ -466,6 +466,17 @@ def build_image_text_pairs(
     return CsvPairs(path, root)
 
 
+def build_split(d, split: str, seed: int, *, pairs: bool):
+    """The base dataset of data config `d` (the `data` group) for `split`: image-text pairs when `pairs`,
+    else (image, label) images. Pairs also index as (image, label)."""
+    if pairs:
+        return build_image_text_pairs(d.name, split, root=d.root, file=d.file, image_size=d.image_size)
+    return build_dataset(
+        d.name, split, root=d.root, image_size=d.image_size, download=d.download,
+        num_samples=d.num_samples, num_classes=d.num_classes, seed=seed,
+    )
+
+
 __all__ = [
     "DIGIT_TEMPLATES",
     "IMAGE_TEXT_DATASETS",
@@ -475,5 +486,6 @@ __all__ = [
     "ImageTextPairs",
     "ZeroShotEvalDataset",
     "build_image_text_pairs",
+    "build_split",
     "digit_caption",
 ]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import os
 import re
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Mapping
@@ -130,6 +131,16 @@ def world_size() -> int:
 
 def rank() -> int:
     return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+
+@contextmanager
+def process_group():
+    """`with process_group() as (env, device):` init_distributed on entry, destroy_process_group on exit."""
+    env, device = init_distributed()
+    try:
+        yield env, device
+    finally:
+        destroy_process_group()
 
 
 def destroy_process_group() -> None:

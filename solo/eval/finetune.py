@@ -10,7 +10,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
-from solo.data import DATASET_STATS, EvalDataset, MultiViewDataset, ViewAugmentation, build_view_transform
+from solo.data import EvalDataset, MultiViewDataset, ViewAugmentation, build_view_transform, dataset_stats
 from solo.data.sampler import GlobalBatchSampler
 from solo.distributed.batchnorm import convert_sync_batchnorm
 from solo.eval.probe import evaluate
@@ -19,7 +19,7 @@ from solo.train.optim import warmup_cosine
 
 def finetune(backbone, train_base, val_base, classes, eval_transform, cfg, env, device, logger) -> dict:
     f, d = cfg.finetune, cfg.data
-    mean, std = DATASET_STATS[d.name if d.name in DATASET_STATS else "imagenet"]
+    mean, std = dataset_stats(d.name)
     crops = ViewAugmentation(crop_scale=list(f.crop_scale), hflip_prob=f.hflip_prob, jitter_prob=0.0, grayscale_prob=0.0)
     train_set = MultiViewDataset(train_base, [build_view_transform(crops, d.image_size, mean, std)], seed=cfg.seed)
     sampler = GlobalBatchSampler(len(train_set), d.batch_size, env.rank, env.world_size, cfg.seed)
@@ -33,7 +33,6 @@ def finetune(backbone, train_base, val_base, classes, eval_transform, cfg, env, 
     model = nn.Sequential(backbone, head)
     if env.world_size > 1:
         model = convert_sync_batchnorm(model).to(device)
-        backbone = model[0]
         ddp = nn.parallel.DistributedDataParallel(model, device_ids=[device] if device.type == "cuda" else None)
     else:
         ddp = model

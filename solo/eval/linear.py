@@ -16,6 +16,8 @@ from solo.eval.probe import topk_correct
 
 @dataclass
 class LinearProtocol:
+    """Also the schema of main_linear's `linear` config node."""
+
     epochs: int = 100
     batch_size: int = 256
     lr: float = 0.1

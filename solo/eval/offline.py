@@ -13,16 +13,9 @@ import torch.nn.functional as F
 from omegaconf import DictConfig, OmegaConf
 from torch.utils.data import DataLoader
 
-from solo.data import (
-    DATASET_STATS,
-    DATASETS,
-    EvalDataset,
-    build_dataset,
-    build_eval_transform,
-    build_image_text_pairs,
-)
-from solo.distributed import DistEnv, init_distributed
-from solo.distributed.env import destroy_process_group
+from solo.data import ANY_SIZE_DATASETS, DATASETS, EvalDataset, build_eval_transform, build_split, dataset_stats
+from solo.distributed import DistEnv
+from solo.distributed.env import process_group
 from solo.eval.features import FeatureCache, extract_features, state_fingerprint
 from solo.eval.finetune import finetune
 from solo.eval.knn import knn_accuracy
@@ -38,21 +31,8 @@ from solo.zoo.pretrained import resolve
 
 def evaluate_pretrained(cfg: DictConfig, run_dir: str | Path) -> dict:
     """Evaluate cfg.pretrained on cfg.data; returns (and writes to <run_dir>/summary.json) the results."""
-    env, device = init_distributed()
-    try:
+    with process_group() as (env, device):
         return _evaluate(cfg, Path(run_dir), env, device)
-    finally:
-        destroy_process_group()
-
-
-def labelled_split(d, split: str, seed: int):
-    """The base (image, label) dataset of a data config, image or image-text (csv), for one split."""
-    if d.name in DATASETS:
-        return build_dataset(
-            d.name, split, root=d.root, image_size=d.image_size, download=d.download,
-            num_samples=d.num_samples, num_classes=d.num_classes, seed=seed,
-        )
-    return build_image_text_pairs(d.name, split, root=d.root, file=d.file, image_size=d.image_size)
 
 
 def _evaluate(cfg: DictConfig, run_dir: Path, env: DistEnv, device: torch.device) -> dict:
@@ -63,12 +43,13 @@ def _evaluate(cfg: DictConfig, run_dir: Path, env: DistEnv, device: torch.device
         say(f"note: {cfg.pretrained} was pretrained at {pretrained.data['image_size']}px, evaluated at data.image_size={d.image_size}")
     torch.manual_seed(cfg.seed)  # random_init: the baseline's weights depend on the seed only
     backbone = pretrained.build_backbone(random_init=cfg.random_init).to(device)
-    train_base, val_base = labelled_split(d, "train", cfg.seed), labelled_split(d, "val", cfg.seed)
+    # Image data sets as images; csv (image-text) by its pairs, which index as (image, label) too.
+    train_base, val_base = (build_split(d, split, cfg.seed, pairs=d.name not in DATASETS) for split in ("train", "val"))
     if train_base is None or val_base is None or not train_base.classes:
         raise ValueError(f"linear evaluation needs labelled train and val splits; data={d.name} has none")
     classes = list(train_base.classes)
-    mean, std = DATASET_STATS[d.name if d.name in DATASET_STATS else "imagenet"]
-    transform = build_eval_transform(d.image_size, mean, std, resize=d.name in ("imagefolder", "csv"))
+    mean, std = dataset_stats(d.name)
+    transform = build_eval_transform(d.image_size, mean, std, resize=d.name in ANY_SIZE_DATASETS)
 
     cache = FeatureCache(cache_dir() / "features" if cfg.feature_cache else None)
     weights_id = state_fingerprint(backbone)
@@ -105,7 +86,7 @@ def _evaluate(cfg: DictConfig, run_dir: Path, env: DistEnv, device: torch.device
         run_dir.mkdir(parents=True, exist_ok=True)
         OmegaConf.save(cfg, run_dir / "config.yaml", resolve=True)
         logger = MetricsLogger(run_dir, cfg.logger, OmegaConf.to_container(cfg, resolve=True), None)
-        protocol = LinearProtocol(**OmegaConf.to_container(cfg.linear), seed=cfg.seed)
+        protocol = LinearProtocol(**OmegaConf.to_container(cfg.linear, resolve=True))
         _, linear = train_linear(
             (train[0].to(device), train[1].to(device)), (val[0].to(device), val[1].to(device)), len(classes),
             protocol, log=lambda m: logger.log({k.replace("val/", "linear/"): v for k, v in m.items()}),

@@ -19,19 +19,19 @@ from tqdm import tqdm
 
 from solo.backbones import create_backbone
 from solo.data import (
-    DATASET_STATS,
+    ANY_SIZE_DATASETS,
     EvalDataset,
     ImageTextDataset,
     MultiViewDataset,
     ZeroShotEvalDataset,
-    build_dataset,
     build_eval_transform,
-    build_image_text_pairs,
+    build_split,
     build_view_transform,
+    dataset_stats,
 )
 from solo.data.sampler import GlobalBatchSampler
-from solo.distributed import DistEnv, init_distributed
-from solo.distributed.env import destroy_process_group
+from solo.distributed import DistEnv
+from solo.distributed.env import process_group
 from solo.distributed.batchnorm import convert_sync_batchnorm
 from solo.eval.features import extract_features
 from solo.eval.knn import knn_accuracy
@@ -75,11 +75,8 @@ class PretrainModel(nn.Module):
 
 def pretrain(cfg: DictConfig, run_dir: str | Path) -> dict:
     """Run (or resume) the pretraining described by `cfg` in `run_dir`; returns the last metrics."""
-    env, device = init_distributed()
-    try:
+    with process_group() as (env, device):
         return _pretrain(cfg, Path(run_dir), env, device)
-    finally:
-        destroy_process_group()
 
 
 def _pretrain(cfg: DictConfig, run_dir: Path, env: DistEnv, device: torch.device) -> dict:
@@ -337,24 +334,16 @@ def build_loaders(cfg: DictConfig, env: DistEnv, device: torch.device):
     d = cfg.data
     image_text = METHODS[cfg.method.name].inputs == "image_text"
 
-    def dataset(split: str):
-        if image_text:
-            return build_image_text_pairs(d.name, split, root=d.root, file=d.file, image_size=d.image_size)
-        return build_dataset(
-            d.name, split, root=d.root, image_size=d.image_size, download=d.download,
-            num_samples=d.num_samples, num_classes=d.num_classes, seed=cfg.trainer.seed,
-        )
-
     # One rank downloads; the others read what it wrote.
     if d.download and env.world_size > 1 and not env.is_main:
         dist.barrier()
-    train_base, val_base = dataset("train"), dataset("val")
+    train_base, val_base = (build_split(d, split, cfg.trainer.seed, pairs=image_text) for split in ("train", "val"))
     if d.download and env.world_size > 1 and env.is_main:
         dist.barrier()
 
-    mean, std = DATASET_STATS[d.name if d.name in DATASET_STATS else "imagenet"]
+    mean, std = dataset_stats(d.name)
     views = [build_view_transform(v, d.image_size, mean, std) for v in cfg.augmentation.views]
-    eval_transform = build_eval_transform(d.image_size, mean, std, resize=d.name in ("imagefolder", "csv"))
+    eval_transform = build_eval_transform(d.image_size, mean, std, resize=d.name in ANY_SIZE_DATASETS)
     if image_text:  # one view per image: the first of the augmentation's views
         tokenizer = ByteTokenizer(cfg.method.text.context_length)
         train_set = ImageTextDataset(train_base, views[0], tokenizer, seed=cfg.trainer.seed)

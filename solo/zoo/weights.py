@@ -23,7 +23,8 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from solo.backbones import create_backbone
-from solo.methods import build_method
+from solo.data import dataset_stats
+from solo.methods import METHODS, build_method
 
 METHOD_PREFIX = "method."
 BACKBONE_PREFIX = "method.backbone."
@@ -133,9 +134,6 @@ def read_weights(path: str | Path) -> Pretrained:
 def read_training_checkpoint(path: str | Path, contents: str | None = None) -> Pretrained:
     """The backbone (contents="backbone") or the whole method ("model") of a solo training checkpoint, by
     explicit keys. By default "model" for image-text methods (zero-shot needs the text tower), else "backbone"."""
-    from solo.data import DATASET_STATS
-    from solo.methods import METHODS
-
     path = Path(path)
     if contents not in (None, *CONTENTS):
         raise ValueError(f"contents must be one of {CONTENTS}, got {contents!r}")
@@ -157,6 +155,6 @@ def read_training_checkpoint(path: str | Path, contents: str | None = None) -> P
     if not state:
         raise KeyError(f"{path} has no keys under '{prefix}'; its model keys start with: {sorted(ckpt['model'])[:5]}")
     d = cfg["data"]
-    mean, std = DATASET_STATS[d["name"] if d["name"] in DATASET_STATS else "imagenet"]
+    mean, std = dataset_stats(d["name"])
     data = {"name": d["name"], "image_size": d["image_size"], "mean": list(mean), "std": list(std)}
     return Pretrained(state, contents, dict(cfg["backbone"]), dict(cfg["method"]), data, str(path))
