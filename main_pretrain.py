@@ -5,7 +5,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from solo.config import register_configs
-from solo.train.loop import pretrain
+from solo.train.trainer import pretrain
 
 register_configs()
 

@@ -1,20 +1,49 @@
 """Structured-config schemas: every option is typed here; the YAML files under configs/ only set values.
 
-Each group file names its schema in its defaults list (`- /schema/method/simclr@_here_`), so Hydra
-rejects a misspelt key or a wrong type with the key's full name, and lists the options of a group
-when one is unknown.
+`configs/pretrain.yaml` is composed under `PretrainConfig`, so Hydra rejects a misspelt key or a wrong
+type with the key's full name and lists the options of a group when one is unknown. The `method` group
+is typed by the schema its method was registered with (see solo.methods), which `validate_pretrain`
+applies after composition, together with the keys added with `+` that no schema knows, the names of
+registered things (datasets, optimizers, loggers) and what the method needs from the data.
 """
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any, Dict, List, Optional
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING
+from omegaconf import MISSING, DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from solo.data.transforms import ViewAugmentation
+from solo.errors import ConfigError
 from solo.eval.linear import LinearProtocol
+
+
+class Choice(str, Enum):
+    """A fixed set of strings; YAML and the command line give `32` as an int, so values match as strings."""
+
+    @classmethod
+    def _missing_(cls, value):
+        return cls._value2member_map_.get(str(value))
+
+    def __str__(self) -> str:
+        return self.value
+
+
+def choices(name: str, *values: str) -> type[Choice]:
+    return Choice(name, {v: v for v in values})
+
+
+# 16: CUDA only, with a gradient scaler; 64: for exactness checks, not for speed.
+Precision = choices("Precision", "32", "bf16", "16", "64")
+# linear: lr x global_batch / 256; sqrt: lr x sqrt(global_batch / 256).
+LRScaling = choices("LRScaling", "linear", "sqrt", "none")
+# auto: online with credentials, else offline.
+WandbMode = choices("WandbMode", "auto", "online", "offline")
 
 
 @dataclass
@@ -26,54 +55,12 @@ class BackboneConfig:
 
 
 @dataclass
-class MethodConfig:
-    name: str = MISSING
-
-
-@dataclass
-class SimCLRConfig(MethodConfig):
-    name: str = "simclr"
-    proj_hidden_dim: int = 2048
-    proj_output_dim: int = 128
-    temperature: float = 0.2
-
-
-@dataclass
-class BarlowTwinsConfig(MethodConfig):
-    name: str = "barlow_twins"
-    proj_hidden_dim: int = 2048
-    proj_output_dim: int = 2048
-    lambd: float = 0.0051
-    scale_loss: float = 1.0
-
-
-@dataclass
-class TextConfig:
-    """CLIP's text tower: a Transformer over byte tokens, pooled at the end-of-text token."""
-
-    width: int = 512
-    depth: int = 12
-    heads: int = 8
-    context_length: int = 77  # tokens, start and end included; longer captions are truncated (and counted)
-    causal: bool = True
-
-
-@dataclass
-class CLIPConfig(MethodConfig):
-    name: str = "clip"
-    embed_dim: int = 512
-    init_logit_scale: float = 14.285714285714286  # 1 / 0.07, as in CLIP
-    max_logit_scale: float = 100.0
-    text: TextConfig = field(default_factory=TextConfig)
-
-
-@dataclass
 class DataConfig:
-    name: str = "digits"  # digits | synthetic | cifar10 | cifar100 | imagefolder | csv (image-text)
+    name: str = "digits"  # a registered dataset: see solo.data.DATASETS
     root: Optional[str] = None
     file: Optional[str] = None  # csv only: the captions file, may contain {split}, relative paths from root
     download: bool = False
-    image_size: int = 16
+    image_size: int = 16  # the size of every view that sets no size of its own, and of evaluation images
     batch_size: int = 128  # per process; the global batch is batch_size x world size
     num_workers: int = 2
     num_samples: int = 1000  # synthetic only
@@ -82,14 +69,15 @@ class DataConfig:
 
 @dataclass
 class AugmentationConfig:
+    # Each entry is one recipe; `size` and `count` make multi-crop (e.g. 2 global + 6 local crops).
     views: List[ViewAugmentation] = field(default_factory=lambda: [ViewAugmentation(), ViewAugmentation()])
 
 
 @dataclass
 class OptimConfig:
-    name: str = "lars"  # lars | sgd | adamw
+    name: str = "lars"  # a registered optimizer: lars | sgd | adamw
     lr: float = 0.3  # for a global batch of 256 under lr_scaling=linear
-    lr_scaling: str = "linear"  # linear (lr x global_batch / 256) | sqrt (lr x sqrt(global_batch / 256)) | none
+    lr_scaling: LRScaling = LRScaling("linear")
     weight_decay: float = 1e-6
     momentum: float = 0.9
     eta: float = 0.02  # LARS trust coefficient
@@ -107,7 +95,7 @@ class TrainerConfig:
     max_epochs: int = 10
     max_steps: int = -1  # > 0 stops there (and sets the schedule's length)
     seed: int = 0
-    precision: str = "32"  # 32 | bf16 | 16 (CUDA only, with a gradient scaler) | 64 (for exactness checks)
+    precision: Precision = Precision("32")
     sync_batchnorm: bool = True  # global-batch BatchNorm statistics when W > 1
     channels_last: bool = True  # CUDA only
     resume: bool = True  # continue from <run dir>/checkpoints/last.pt when it exists
@@ -125,21 +113,22 @@ class TrainerConfig:
 
 @dataclass
 class LoggerConfig:
-    name: str = "jsonl"  # jsonl | wandb (metrics.jsonl is always written)
+    name: str = "jsonl"  # a registered logger: jsonl | wandb (metrics.jsonl is always written)
     project: str = "solo"
     entity: Optional[str] = None
-    mode: str = "auto"  # auto (online with credentials, else offline) | online | offline
+    mode: WandbMode = WandbMode("auto")
 
 
 @dataclass
 class PretrainConfig:
     backbone: BackboneConfig = MISSING
-    method: MethodConfig = MISSING
+    method: Any = MISSING  # typed by the method's registered schema in validate_pretrain
     data: DataConfig = MISSING
     augmentation: AugmentationConfig = MISSING
     optim: OptimConfig = MISSING
     logger: LoggerConfig = MISSING
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    imports: List[str] = field(default_factory=list)  # Python modules that register your own methods, datasets, ...
 
 
 @dataclass
@@ -172,21 +161,36 @@ class LinearEvalConfig:
     finetune: FinetuneConfig = field(default_factory=FinetuneConfig)
 
 
-SCHEMAS = {
-    "backbone": {"default": BackboneConfig},
-    "method": {"simclr": SimCLRConfig, "barlow_twins": BarlowTwinsConfig, "clip": CLIPConfig},
-    "text": {"default": TextConfig},
-    "data": {"default": DataConfig},
-    "augmentation": {"default": AugmentationConfig},
-    "optim": {"default": OptimConfig},
-    "logger": {"default": LoggerConfig},
-}
-
-
 def register_configs() -> None:
     cs = ConfigStore.instance()
     cs.store(name="pretrain_schema", node=PretrainConfig)
     cs.store(name="linear_schema", node=LinearEvalConfig)
-    for group, schemas in SCHEMAS.items():
-        for name, node in schemas.items():
-            cs.store(group=f"schema/{group}", name=name, node=node)
+
+
+def validate_pretrain(cfg: DictConfig) -> DictConfig:
+    """The composed config checked against every schema, `cfg.imports` imported first; raises ConfigError."""
+    for module in cfg.get("imports") or []:
+        try:
+            importlib.import_module(module)
+        except ImportError as e:
+            raise ConfigError(f"imports: cannot import {module!r} ({e}); is it on PYTHONPATH?") from None
+    from solo.data import DATASETS, view_sizes
+    from solo.methods import METHODS
+    from solo.train.metrics import LOGGERS
+    from solo.train.optim import OPTIMIZERS
+
+    schema = OmegaConf.structured(PretrainConfig)
+    method = METHODS[OmegaConf.select(cfg, "method.name", default="<unset>")]
+    schema.method = OmegaConf.structured(method.schema)
+    try:
+        checked = OmegaConf.merge(schema, cfg)
+    except OmegaConfBaseException as e:
+        raise ConfigError(f"invalid config: {e}") from None
+    DATASETS[checked.data.name], OPTIMIZERS[checked.optim.name], LOGGERS[checked.logger.name]  # noqa: B018
+    method.target.check_data(view_sizes(checked.augmentation.views, checked.data.image_size), DATASETS[checked.data.name])
+    return checked
+
+
+def plain(cfg: DictConfig) -> dict:
+    """The config as plain Python values (choices as their strings): for checkpoints, loggers and YAML."""
+    return OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)

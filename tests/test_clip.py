@@ -6,7 +6,7 @@ import pytest
 import torch
 from PIL import Image
 
-from solo.train.loop import pretrain
+from solo.train.trainer import pretrain
 from tests.test_train import compose_cfg, metrics, run, weights, weights_at_init
 
 TINY_CLIP = [

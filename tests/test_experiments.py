@@ -17,7 +17,10 @@ from omegaconf import OmegaConf
 from torch import nn
 
 import solo.config
-from solo.config import BarlowTwinsConfig, CLIPConfig, PretrainConfig, SimCLRConfig
+from solo.config import PretrainConfig, validate_pretrain
+from solo.methods.barlow_twins import BarlowTwinsConfig
+from solo.methods.clip import CLIPConfig
+from solo.methods.simclr import SimCLRConfig
 from solo.data.transforms import ViewAugmentation
 from solo.train.optim import LARS, param_groups
 
@@ -101,7 +104,7 @@ def test_clip_recipe_cited_numbers():
 def _compose(*overrides: str):
     solo.config.register_configs()
     with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
-        return compose("pretrain", overrides=list(overrides))
+        return validate_pretrain(compose("pretrain", overrides=list(overrides)))
 
 
 def _view_tuple(v) -> tuple:
@@ -165,8 +168,8 @@ def test_cited_numbers(name):
 
 
 def test_global_learning_rates_match_the_papers():
-    """Scaled as the training loop does it (solo.train.loop.scaled_lr) at the papers' global batches."""
-    from solo.train.loop import scaled_lr
+    """Scaled as the training loop does it (solo.train.optim.scaled_lr) at the papers' global batches."""
+    from solo.train.optim import scaled_lr
 
     simclr = _compose("experiment=simclr_imagenet").optim
     assert math.isclose(scaled_lr(simclr, 4096), 4.8)  # SimCLR sec. 2.3: 0.3 x 4096/256

@@ -11,7 +11,7 @@ import torch
 from PIL import Image
 
 from solo.data import (
-    DATASET_STATS,
+    dataset_stats,
     ImageReadError,
     ViewAugmentation,
     build_eval_transform,
@@ -32,7 +32,7 @@ from tests.test_data import assert_global_rng_untouched
 
 SIZE = 16
 CONTEXT = 48
-MEAN, STD = DATASET_STATS["digits"]
+MEAN, STD = dataset_stats("digits")
 
 
 @pytest.fixture(scope="module")
@@ -307,7 +307,7 @@ def test_build_image_text_pairs(tmp_path):
 
     digits = build_image_text_pairs("digits", "val", root=None, file=None, image_size=SIZE)
     assert isinstance(digits, DigitsPairs) and len(digits) == 360
-    with pytest.raises(ValueError, match="digits, csv"):
+    with pytest.raises(ValueError, match="coco.*csv, digits"):
         build_image_text_pairs("coco", "train", root=None, file=None, image_size=SIZE)
     with pytest.raises(ValueError, match="caption file"):
         build_image_text_pairs("csv", "train", root=None, file=None, image_size=SIZE)

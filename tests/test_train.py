@@ -13,8 +13,9 @@ import torch
 from hydra import compose, initialize_config_dir
 from PIL import Image
 
-from solo.config import register_configs
-from solo.train.loop import TrainingDiverged, pretrain
+from solo.config import register_configs, validate_pretrain
+from solo.errors import TrainingDiverged
+from solo.train.trainer import pretrain
 
 REPO = Path(__file__).resolve().parents[1]
 register_configs()
@@ -37,7 +38,7 @@ TINY = [
 
 def compose_cfg(overrides):
     with initialize_config_dir(config_dir=str(REPO / "configs"), version_base="1.3"):
-        return compose("pretrain", overrides=overrides)
+        return validate_pretrain(compose("pretrain", overrides=overrides))  # as main_pretrain.py does
 
 
 def launch(overrides, run_dir, nproc=1, **popen):
@@ -101,7 +102,7 @@ def test_world_size_invariance(tmp_path, method, precision, tolerance):
 
 
 def weights_at_init(overrides) -> dict:
-    from solo.train.loop import build_model
+    from solo.train.trainer import build_model
 
     cfg = compose_cfg(overrides)
     torch.manual_seed(cfg.trainer.seed)
@@ -122,7 +123,7 @@ def test_resume_after_kill_is_bit_identical(tmp_path):
     kill_processes_mentioning(str(killed))  # torchrun and its workers, at once, as a node failure would
     proc.wait()
     state = torch.load(killed / "checkpoints" / "last.pt", weights_only=True)
-    assert 0 < state["step"] < 24 and state["batch_in_epoch"] != 0, "the kill must land mid-run, after a mid-epoch checkpoint"
+    assert 0 < state["step"] < 24 and state["data"]["batch_in_epoch"] != 0, "the kill must land mid-run, after a mid-epoch checkpoint"
 
     out = run(common, killed, nproc=2)
     assert f"resuming from {killed / 'checkpoints' / 'last.pt'} at step {state['step']}" in out

@@ -15,7 +15,7 @@ import solo.zoo
 from solo.backbones import create_backbone
 from solo.data import DigitsDataset
 from solo.eval.offline import evaluate_pretrained
-from solo.train.loop import pretrain
+from solo.train.trainer import pretrain
 from solo.zoo import ChecksumError, ManifestError, export_backbone, read_training_checkpoint
 from solo.zoo.manifest import MANIFEST, markdown_table, read_manifest
 from solo.zoo.weights import load_strict, sha256_file

@@ -1,8 +1,7 @@
-"""Data pipeline: base datasets, augmentations and per-sample seeded multi-view wrappers."""
+"""Data pipeline: base datasets (one registry), augmentations, per-sample seeded multi-view wrappers and
+the stateful data sources the trainer reads batches from."""
 
 from solo.data.datasets import (
-    ANY_SIZE_DATASETS,
-    DATASET_STATS,
     DATASETS,
     CIFAR10Dataset,
     CIFAR100Dataset,
@@ -11,18 +10,18 @@ from solo.data.datasets import (
     ImageReadError,
     SyntheticDataset,
     build_dataset,
+    build_split,
     dataset_stats,
+    register_dataset,
 )
 from solo.data.image_text import (
     DIGIT_TEMPLATES,
-    IMAGE_TEXT_DATASETS,
     CsvPairs,
     DigitsPairs,
     ImageTextDataset,
     ImageTextPairs,
     ZeroShotEvalDataset,
     build_image_text_pairs,
-    build_split,
     digit_caption,
 )
 from solo.data.multiview import EvalDataset, MultiViewDataset
@@ -32,11 +31,12 @@ from solo.data.transforms import (
     as_view_augmentation,
     build_eval_transform,
     build_view_transform,
+    build_view_transforms,
+    expand_views,
+    view_sizes,
 )
 
 __all__ = [
-    "ANY_SIZE_DATASETS",
-    "DATASET_STATS",
     "DATASETS",
     "CIFAR10Dataset",
     "CIFAR100Dataset",
@@ -45,16 +45,16 @@ __all__ = [
     "ImageReadError",
     "SyntheticDataset",
     "build_dataset",
+    "build_split",
     "dataset_stats",
+    "register_dataset",
     "DIGIT_TEMPLATES",
-    "IMAGE_TEXT_DATASETS",
     "CsvPairs",
     "DigitsPairs",
     "ImageTextDataset",
     "ImageTextPairs",
     "ZeroShotEvalDataset",
     "build_image_text_pairs",
-    "build_split",
     "digit_caption",
     "EvalDataset",
     "MultiViewDataset",
@@ -64,4 +64,7 @@ __all__ = [
     "as_view_augmentation",
     "build_eval_transform",
     "build_view_transform",
+    "build_view_transforms",
+    "expand_views",
+    "view_sizes",
 ]

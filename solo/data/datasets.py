@@ -8,31 +8,34 @@ randomness lives in :mod:`solo.data.multiview`.
 import colorsys
 import os
 import pickle
-from typing import Dict, List, Optional, Tuple
+from types import SimpleNamespace
+from typing import List, Optional, Tuple
 
 import numpy as np
 from PIL import Image
 
+from solo.errors import ConfigError
+from solo.registry import Registry
+
 # (mean, std) per RGB channel, in [0, 1] units, used by the Normalize transform.
-DATASET_STATS: Dict[str, Tuple[Tuple[float, float, float], Tuple[float, float, float]]] = {
-    # Computed once from the digits train split at image_size=16 (the size the
-    # digits configs use; the mean is size-independent, the std is 0.32-0.33 for
-    # sizes >= 16). Grey images, so all three channels are equal.
-    "digits": ((0.3054, 0.3054, 0.3054), (0.3187, 0.3187, 0.3187)),
-    "synthetic": ((0.5, 0.5, 0.5), (0.5, 0.5, 0.5)),
-    "cifar10": ((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)),
-    "cifar100": ((0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762)),
-    "imagenet": ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225)),
-    "imagefolder": ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225)),
-}
+IMAGENET_STATS = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
+# Computed once from the digits train split at image_size=16 (the size the digits configs use; the mean is
+# size-independent, the std is 0.32-0.33 for sizes >= 16). Grey images, so all three channels are equal.
+DIGITS_STATS = ((0.3054, 0.3054, 0.3054), (0.3187, 0.3187, 0.3187))
 
-# Images of any size: the eval transform resizes and centre-crops them (the others come at image_size).
-ANY_SIZE_DATASETS = ("imagefolder", "csv")
+# Each dataset: a builder `(data config, split, seed, pairs) -> base dataset, or None for a missing val split`,
+# its normalisation statistics, whether images come at any size (the eval transform then resizes), and
+# whether it has images (`images`) and image-text pairs (`pairs`).
+DATASETS = Registry("dataset", "data.name")
 
 
-def dataset_stats(name: str) -> Tuple[Tuple[float, float, float], Tuple[float, float, float]]:
-    """(mean, std) to normalise `name` with: its own, else ImageNet's (e.g. for csv image-text data)."""
-    return DATASET_STATS.get(name, DATASET_STATS["imagenet"])
+def register_dataset(name: str, *, stats=IMAGENET_STATS, any_size: bool = False, images: bool = True, pairs: bool = False):
+    return DATASETS.register(name, stats=stats, any_size=any_size, images=images, pairs=pairs)
+
+
+def dataset_stats(name: str):
+    """(mean, std) to normalise dataset `name` with."""
+    return DATASETS[name].stats
 
 
 SPLITS = ("train", "val")
@@ -337,48 +340,67 @@ def _walk_images(folder: str) -> List[str]:
 
 # ---------------------------------------------------------------------------- build
 
-DATASETS = ("digits", "synthetic", "cifar10", "cifar100", "imagefolder")
+
+def build_split(d, split: str, seed: int, *, pairs: bool = False):
+    """The base dataset of data config `d` (the `data` group) for `split` ("train" or "val"): image-text
+    pairs when `pairs`, else (image, label) images; None for a val split that does not exist."""
+    entry = DATASETS[d.name]
+    _check_split(split, d.name)
+    if pairs and not entry.pairs:
+        with_pairs = ", ".join(e.name for e in DATASETS if e.pairs)
+        raise ConfigError(f"data={d.name} has no image-text pairs; datasets with pairs: {with_pairs}")
+    if not pairs and not entry.images:
+        raise ConfigError(f"data={d.name} holds image-text pairs only")
+    return entry.target(d, split, seed=seed, pairs=pairs)
 
 
-def build_dataset(
-    name: str,
-    split: str,
-    *,
-    root: Optional[str],
-    image_size: int,
-    download: bool = False,
-    num_samples: int = 1000,
-    num_classes: int = 10,
-    seed: int = 0,
-):
-    """Build the base dataset ``name`` for ``split`` ("train" or "val").
+def build_dataset(name: str, split: str, *, root: Optional[str], image_size: int, download: bool = False,
+                  num_samples: int = 1000, num_classes: int = 10, seed: int = 0):
+    """The base image dataset `name` for `split`, from keyword arguments instead of a data config."""
+    d = SimpleNamespace(name=name, root=root, file=None, image_size=image_size, download=download,
+                        num_samples=num_samples, num_classes=num_classes)
+    return build_split(d, split, seed)
 
-    - digits: bundled with scikit-learn; ``root`` is ignored.
-    - synthetic: ``num_samples`` images of ``num_classes`` classes for *each*
-      split (train and val images differ); ``root`` is ignored.
-    - cifar10 / cifar100: read from ``root``; ``download`` fetches them if missing.
-    - imagefolder: ``root/train`` and ``root/val``. Returns ``None`` for
-      split="val" when ``root/val`` does not exist: the caller should then
-      skip validation and the online/linear probe on val.
-    """
-    if name not in DATASETS:
-        raise ValueError(f"unknown dataset {name!r}; valid names: {', '.join(DATASETS)}")
-    _check_split(split, name)
-    if name == "digits":
-        return DigitsDataset(split, image_size)
-    if name == "synthetic":
-        return SyntheticDataset(num_samples, image_size, num_classes=num_classes, seed=seed, split=split)
-    if root is None:
-        raise ValueError(f"dataset {name!r} reads files: set data.root")
-    if name in ("cifar10", "cifar100"):
-        cls = CIFAR10Dataset if name == "cifar10" else CIFAR100Dataset
-        return cls(root, split, download=download)
-    # imagefolder
-    if split == "val":
-        if not os.path.isdir(os.path.join(root, "val")):
-            return None
-        train_dir = os.path.join(root, "train")
-        # Reuse the train class list so label i means the same class in both splits.
-        train_classes = _list_class_dirs(train_dir) if os.path.isdir(train_dir) else []
-        return ImageFolderDataset(root, split, classes=train_classes or None)
-    return ImageFolderDataset(root, split)
+
+def _root(d) -> str:
+    if d.root is None:
+        raise ConfigError(f"data={d.name} reads files: set data.root")
+    return d.root
+
+
+@register_dataset("digits", stats=DIGITS_STATS, pairs=True)
+def _digits(d, split: str, seed: int, pairs: bool):
+    """scikit-learn's bundled digits; as pairs, captioned from templates (solo.data.image_text)."""
+    from solo.data.image_text import DigitsPairs
+
+    return DigitsPairs(split, d.image_size) if pairs else DigitsDataset(split, d.image_size)
+
+
+@register_dataset("synthetic", stats=((0.5, 0.5, 0.5), (0.5, 0.5, 0.5)))
+def _synthetic(d, split: str, seed: int, pairs: bool):
+    """`num_samples` images of `num_classes` classes for *each* split (train and val images differ)."""
+    return SyntheticDataset(d.num_samples, d.image_size, num_classes=d.num_classes, seed=seed, split=split)
+
+
+@register_dataset("cifar10", stats=((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)))
+def _cifar10(d, split: str, seed: int, pairs: bool):
+    return CIFAR10Dataset(_root(d), split, download=d.download)
+
+
+@register_dataset("cifar100", stats=((0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762)))
+def _cifar100(d, split: str, seed: int, pairs: bool):
+    return CIFAR100Dataset(_root(d), split, download=d.download)
+
+
+@register_dataset("imagefolder", any_size=True)
+def _imagefolder(d, split: str, seed: int, pairs: bool):
+    """`root/train` and `root/val`; no `root/val`: None (validation and the online probe are skipped)."""
+    root = _root(d)
+    if split == "train":
+        return ImageFolderDataset(root, split)
+    if not os.path.isdir(os.path.join(root, "val")):
+        return None
+    train_dir = os.path.join(root, "train")
+    # Reuse the train class list so label i means the same class in both splits.
+    train_classes = _list_class_dirs(train_dir) if os.path.isdir(train_dir) else []
+    return ImageFolderDataset(root, split, classes=train_classes or None)

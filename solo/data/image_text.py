@@ -21,12 +21,14 @@ import operator
 import os
 import re
 import warnings
+from types import SimpleNamespace
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 from PIL import Image
 
-from solo.data.datasets import DigitsDataset, ImageReadError, _check_split, build_dataset
+from solo.data.datasets import DigitsDataset, ImageReadError, build_split, register_dataset
+from solo.errors import ConfigError
 from solo.data.multiview import epoch_and_index
 from solo.data.seeding import sample_seed, seeded_rng
 
@@ -310,11 +312,6 @@ class CsvPairs(ImageTextPairs):
 # -------------------------------------------------------------------------- datasets
 
 
-def _tokenize(tokenizer, caption: str) -> Tuple[torch.Tensor, bool]:
-    tokens, truncated = tokenizer.encode(caption)
-    return tokens, bool(truncated)
-
-
 class ImageTextDataset:
     """Training samples ``{"image", "text", "label", "index"}`` keyed by ``(epoch, index)``.
 
@@ -323,49 +320,27 @@ class ImageTextDataset:
     generator seeded by ``sample_seed(seed, epoch, index, 1)``: a sample depends
     only on ``(seed, epoch, index)`` and reading never changes the caller's RNGs.
 
-    Every distinct caption is tokenized once here. Captions longer than the
-    tokenizer's context are truncated (their prefix is kept); their number is
-    ``truncated_captions`` and a single UserWarning reports it.
+    Captions are tokenised when read. Those longer than the tokenizer's context are
+    truncated (their prefix is kept); their number is ``truncated_captions``, counted
+    at start from their lengths alone, and a single UserWarning reports it.
     """
 
     def __init__(self, pairs: ImageTextPairs, transform: Callable, tokenizer, seed: int):
+        if len(pairs) == 0:
+            raise ValueError(f"{type(pairs).__name__} is empty: no image-text pairs")
         self.pairs = pairs
         self.transform = transform
         self.tokenizer = tokenizer
         self.seed = seed
-
-        self._caption_row: Dict[str, int] = {}
-        rows: List[torch.Tensor] = []
-        truncated: List[str] = []
-        for index in range(len(pairs)):
-            options = pairs.caption_options(index)
-            if not options:
-                raise ValueError(f"{type(pairs).__name__}: sample {index} has no caption options")
-            for caption in options:
-                if caption not in self._caption_row:
-                    tokens, cut = _tokenize(tokenizer, caption)
-                    self._caption_row[caption] = len(rows)
-                    rows.append(tokens)
-                    if cut:
-                        truncated.append(caption)
-        if not rows:
-            raise ValueError(f"{type(pairs).__name__} is empty: no image-text pairs")
-        tokens = torch.stack(rows)  # (distinct captions, context)
-        context = tokens.shape[1]
-        # Token ids are small (the byte tokenizer's are < 259): keep the cache compact, e.g.
-        # int16 is 4x smaller than int64 for a million captions; __getitem__ returns int64.
-        for dtype in (torch.int16, torch.int32):
-            if int(tokens.min()) >= torch.iinfo(dtype).min and int(tokens.max()) <= torch.iinfo(dtype).max:
-                tokens = tokens.to(dtype)
-                break
-        self._tokens = tokens
+        distinct = {caption for index in range(len(pairs)) for caption in pairs.caption_options(index)}
+        truncated = sorted(c for c in distinct if tokenizer.truncates(c))
         self.truncated_captions = len(truncated)
         if truncated:
             example = truncated[0]
             shown = example if len(example) <= 120 else example[:117] + "..."
             warnings.warn(
-                f"{len(truncated)} of {len(rows)} distinct captions are longer than the tokenizer "
-                f"context ({context} tokens) and were truncated to it (the start is kept); e.g. "
+                f"{len(truncated)} of {len(distinct)} distinct captions are longer than the tokenizer "
+                f"context ({tokenizer.context_length} tokens) and were truncated to it (the start is kept); e.g. "
                 f"{shown!r} ({len(example.encode('utf-8'))} bytes). Raise the text context length "
                 "to keep whole captions.",
                 UserWarning,
@@ -389,7 +364,7 @@ class ImageTextDataset:
         if len(options) > 1:
             g = torch.Generator().manual_seed(sample_seed(self.seed, epoch, index, 1))
             choice = int(torch.randint(len(options), (1,), generator=g))
-        text = self._tokens[self._caption_row[options[choice]]].to(torch.long, copy=True)
+        text, _ = self.tokenizer.encode(options[choice])
         return {"image": image, "text": text, "label": int(self.pairs.label(index)), "index": index}
 
 
@@ -398,12 +373,15 @@ class ZeroShotEvalDataset:
 
     The caption is ``caption_options(index)[0]``; for retrieval recall on val
     pairs and zero-shot classification. ``transform`` should be deterministic.
+    ``prompts``: per class, the captions whose mean text embedding is that class's
+    zero-shot classifier (None: no zero-shot classification).
     """
 
-    def __init__(self, pairs: ImageTextPairs, transform: Callable, tokenizer):
+    def __init__(self, pairs: ImageTextPairs, transform: Callable, tokenizer, prompts: Optional[List[List[str]]] = None):
         self.pairs = pairs
         self.transform = transform
         self.tokenizer = tokenizer
+        self.prompts = prompts
 
     @property
     def classes(self) -> Optional[List[str]]:
@@ -419,73 +397,43 @@ class ZeroShotEvalDataset:
         index = operator.index(index)
         if not 0 <= index < len(self):
             raise IndexError(f"index {index} out of range for {len(self)} samples")
-        text, _ = _tokenize(self.tokenizer, self.caption(index))
+        text, _ = self.tokenizer.encode(self.caption(index))
         image = self.transform(self.pairs.image(index))
         return {"image": image, "text": text, "label": int(self.pairs.label(index)), "index": index}
 
 
 # ---------------------------------------------------------------------------- build
 
-IMAGE_TEXT_DATASETS = ("digits", "csv")
 
-
-def build_image_text_pairs(
-    name: str,
-    split: str,
-    *,
-    root: Optional[str],
-    file: Optional[str],
-    image_size: int,
-) -> Optional[ImageTextPairs]:
-    """Build the image-text pairs ``name`` for ``split`` ("train" or "val").
-
-    - digits: template captions over scikit-learn digits; ``root``/``file`` ignored.
-    - csv: :class:`CsvPairs` over ``file`` (``.csv`` or ``.jsonl``) with image
-      paths relative to ``root`` (the caption file's folder when None).
-      ``{split}`` in ``file`` is replaced by the split, e.g.
-      ``captions_{split}.csv``. For split "val" this returns ``None`` (the
-      caller should skip validation and zero-shot evaluation) when that file
-      does not exist, or when ``file`` has no ``{split}`` (one file for both
-      splits would evaluate on the training pairs). ``image_size`` is unused:
-      the transforms resize.
-    """
-    if name not in IMAGE_TEXT_DATASETS:
-        valid = ", ".join(IMAGE_TEXT_DATASETS)
-        raise ValueError(f"unknown image-text dataset {name!r}; valid names: {valid}")
-    _check_split(split, name)
-    if name == "digits":
-        return DigitsPairs(split, image_size)
-    if not file:
-        raise ValueError(
-            "image-text dataset 'csv' reads a caption file: set its path (.csv or .jsonl; "
-            "'{split}' in it is replaced by train / val)"
+@register_dataset("csv", any_size=True, images=False, pairs=True)
+def _csv_pairs(d, split: str, seed: int, pairs: bool) -> Optional[CsvPairs]:
+    """:class:`CsvPairs` over `d.file` (.csv or .jsonl) with image paths relative to `d.root` (the caption
+    file's folder when None). `{split}` in the file name is replaced by the split, e.g.
+    `captions_{split}.csv`. For split "val" this returns None (no validation, no zero-shot) when that file
+    does not exist, or when the name has no `{split}` (one file for both would evaluate on training pairs)."""
+    if not d.file:
+        raise ConfigError(
+            "data=csv reads a caption file: set data.file (.csv or .jsonl; '{split}' in it is replaced by train / val)"
         )
-    path = file.replace("{split}", split)
-    if split == "val" and ("{split}" not in file or not os.path.isfile(path)):
+    path = d.file.replace("{split}", split)
+    if split == "val" and ("{split}" not in d.file or not os.path.isfile(path)):
         return None
-    return CsvPairs(path, root)
+    return CsvPairs(path, d.root)
 
 
-def build_split(d, split: str, seed: int, *, pairs: bool):
-    """The base dataset of data config `d` (the `data` group) for `split`: image-text pairs when `pairs`,
-    else (image, label) images. Pairs also index as (image, label)."""
-    if pairs:
-        return build_image_text_pairs(d.name, split, root=d.root, file=d.file, image_size=d.image_size)
-    return build_dataset(
-        d.name, split, root=d.root, image_size=d.image_size, download=d.download,
-        num_samples=d.num_samples, num_classes=d.num_classes, seed=seed,
-    )
+def build_image_text_pairs(name: str, split: str, *, root: Optional[str], file: Optional[str], image_size: int):
+    """The image-text pairs of dataset `name` for `split`, from keyword arguments instead of a data config."""
+    d = SimpleNamespace(name=name, root=root, file=file, image_size=image_size)
+    return build_split(d, split, seed=0, pairs=True)
 
 
 __all__ = [
     "DIGIT_TEMPLATES",
-    "IMAGE_TEXT_DATASETS",
     "CsvPairs",
     "DigitsPairs",
     "ImageTextDataset",
     "ImageTextPairs",
     "ZeroShotEvalDataset",
     "build_image_text_pairs",
-    "build_split",
     "digit_caption",
 ]

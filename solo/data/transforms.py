@@ -5,7 +5,7 @@ parameters there), so :func:`solo.data.seeding.seeded_rng` fully controls it.
 """
 
 from dataclasses import dataclass, field, fields
-from typing import List, Mapping, Sequence, Union
+from typing import List, Mapping, Optional, Sequence, Union
 
 import torch
 from torchvision.transforms import v2
@@ -13,8 +13,10 @@ from torchvision.transforms import v2
 
 @dataclass
 class ViewAugmentation:
-    """Augmentation recipe for one view (also a Hydra structured-config schema)."""
+    """Augmentation recipe for one view, or `count` views (also a Hydra structured-config schema)."""
 
+    size: Optional[int] = None  # crop side in pixels; None: data.image_size (multi-crop: smaller local crops)
+    count: int = 1  # how many views of this recipe, each seeded by its own view index
     crop_scale: List[float] = field(default_factory=lambda: [0.08, 1.0])  # RandomResizedCrop area range
     hflip_prob: float = 0.5
     jitter_prob: float = 0.8
@@ -27,6 +29,10 @@ class ViewAugmentation:
     solarize_prob: float = 0.0  # threshold 128 on uint8
 
     def validate(self) -> None:
+        if self.size is not None and self.size < 1:
+            raise ValueError(f"size must be a positive number of pixels (or null for data.image_size), got {self.size}")
+        if self.count < 1:
+            raise ValueError(f"count must be >= 1, got {self.count}")
         scale = list(self.crop_scale)
         if len(scale) != 2 or not 0.0 < scale[0] <= scale[1] <= 1.0:
             raise ValueError(f"crop_scale must be [min, max] with 0 < min <= max <= 1, got {scale}")
@@ -57,6 +63,23 @@ def as_view_augmentation(aug: AugmentationLike) -> ViewAugmentation:
         aug = ViewAugmentation(**values)
     aug.validate()
     return aug
+
+
+def expand_views(views: Sequence[AugmentationLike], image_size: int) -> List[tuple]:
+    """One (recipe, crop size) per view, in view order: each recipe `count` times, at its `size` or `image_size`."""
+    out = []
+    for aug in map(as_view_augmentation, views):
+        out += [(aug, aug.size or image_size)] * aug.count
+    return out
+
+
+def view_sizes(views: Sequence[AugmentationLike], image_size: int) -> List[int]:
+    return [size for _, size in expand_views(views, image_size)]
+
+
+def build_view_transforms(views: Sequence[AugmentationLike], image_size: int, mean, std) -> List[v2.Compose]:
+    """One transform per view (see expand_views)."""
+    return [build_view_transform(aug, size, mean, std) for aug, size in expand_views(views, image_size)]
 
 
 def blur_kernel_size(image_size: int) -> int:
@@ -115,5 +138,8 @@ __all__ = [
     "as_view_augmentation",
     "blur_kernel_size",
     "build_view_transform",
+    "build_view_transforms",
     "build_eval_transform",
+    "expand_views",
+    "view_sizes",
 ]

@@ -51,8 +51,11 @@ class SyncBatchNorm(nn.modules.batchnorm._BatchNorm):
         self.running_var.lerp_(unbiased.to(self.running_var.dtype), factor)
 
 
-def convert_sync_batchnorm(module: nn.Module) -> nn.Module:
-    """Replace every BatchNorm{1,2,3}d in `module` by SyncBatchNorm, keeping parameters and statistics."""
+def convert_sync_batchnorm(module: nn.Module, skip: tuple[nn.Module, ...] = ()) -> nn.Module:
+    """Replace every BatchNorm{1,2,3}d in `module` by SyncBatchNorm, keeping parameters and statistics;
+    submodules in `skip` (e.g. a teacher that keeps per-rank statistics) are left as they are."""
+    if any(module is s for s in skip):
+        return module
     if isinstance(module, nn.modules.batchnorm._BatchNorm) and not isinstance(module, SyncBatchNorm):
         like = next(module.parameters(), None) if module.affine else module.running_mean
         factory = {"device": like.device, "dtype": like.dtype} if like is not None else {}
@@ -63,5 +66,5 @@ def convert_sync_batchnorm(module: nn.Module) -> nn.Module:
         sync.train(module.training)
         return sync
     for name, child in module.named_children():
-        module.add_module(name, convert_sync_batchnorm(child))
+        module.add_module(name, convert_sync_batchnorm(child, skip))
     return module

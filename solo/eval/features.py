@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 
 from solo.distributed import gather
+from solo.eval.mode import eval_mode
 
 
 @torch.no_grad()
@@ -18,16 +19,14 @@ def extract_features(backbone, loader, device, autocast=nullcontext) -> tuple[to
     Each rank reads its own shard; the shards are gathered (uneven sizes are fine) and put back in
     dataset order by the samples' indices, so the result is the same on every rank and world size.
     """
-    mode = backbone.training
-    backbone.eval()
     dtype = next(backbone.parameters()).dtype
     feats, labels, index = [], [], []
-    for batch in loader:
-        with autocast():
-            feats.append(backbone(batch["image"].to(device, dtype, non_blocking=True)).float())
-        labels.append(batch["label"].to(device))
-        index.append(batch["index"].to(device))
-    backbone.train(mode)
+    with eval_mode(backbone):
+        for batch in loader:
+            with autocast():
+                feats.append(backbone(batch["image"].to(device, dtype, non_blocking=True)).float())
+            labels.append(batch["label"].to(device))
+            index.append(batch["index"].to(device))
     order = gather(torch.cat(index)).argsort()
     return gather(torch.cat(feats))[order].cpu(), gather(torch.cat(labels))[order].cpu()
 

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from omegaconf import DictConfig, OmegaConf
 from torch.utils.data import DataLoader
 
-from solo.data import ANY_SIZE_DATASETS, DATASETS, EvalDataset, build_eval_transform, build_split, dataset_stats
+from solo.data import DATASETS, EvalDataset, build_eval_transform, build_split
 from solo.distributed import DistEnv
 from solo.distributed.env import process_group
 from solo.eval.features import FeatureCache, extract_features, state_fingerprint
@@ -23,8 +23,8 @@ from solo.eval.linear import LinearProtocol, train_linear
 from solo.eval.plots import plot_curves, plot_embedding
 from solo.eval.probe import topk_correct
 from solo.eval.zero_shot import class_embeddings, class_prompts
-from solo.text import ByteTokenizer
-from solo.train.metrics import MetricsLogger
+from solo.config import plain
+from solo.train.metrics import Loggers
 from solo.zoo.files import cache_dir
 from solo.zoo.pretrained import resolve
 
@@ -44,12 +44,13 @@ def _evaluate(cfg: DictConfig, run_dir: Path, env: DistEnv, device: torch.device
     torch.manual_seed(cfg.seed)  # random_init: the baseline's weights depend on the seed only
     backbone = pretrained.build_backbone(random_init=cfg.random_init).to(device)
     # Image data sets as images; csv (image-text) by its pairs, which index as (image, label) too.
-    train_base, val_base = (build_split(d, split, cfg.seed, pairs=d.name not in DATASETS) for split in ("train", "val"))
+    dataset = DATASETS[d.name]
+    train_base, val_base = (build_split(d, split, cfg.seed, pairs=not dataset.images) for split in ("train", "val"))
     if train_base is None or val_base is None or not train_base.classes:
         raise ValueError(f"linear evaluation needs labelled train and val splits; data={d.name} has none")
     classes = list(train_base.classes)
-    mean, std = dataset_stats(d.name)
-    transform = build_eval_transform(d.image_size, mean, std, resize=d.name in ANY_SIZE_DATASETS)
+    mean, std = dataset.stats
+    transform = build_eval_transform(d.image_size, mean, std, resize=dataset.any_size)
 
     cache = FeatureCache(cache_dir() / "features" if cfg.feature_cache else None)
     weights_id = state_fingerprint(backbone)
@@ -84,8 +85,8 @@ def _evaluate(cfg: DictConfig, run_dir: Path, env: DistEnv, device: torch.device
     logger = None
     if env.is_main:
         run_dir.mkdir(parents=True, exist_ok=True)
-        OmegaConf.save(cfg, run_dir / "config.yaml", resolve=True)
-        logger = MetricsLogger(run_dir, cfg.logger, OmegaConf.to_container(cfg, resolve=True), None)
+        OmegaConf.save(plain(cfg), run_dir / "config.yaml")
+        logger = Loggers(run_dir, cfg.logger, plain(cfg), None)
         protocol = LinearProtocol(**OmegaConf.to_container(cfg.linear, resolve=True))
         _, linear = train_linear(
             (train[0].to(device), train[1].to(device)), (val[0].to(device), val[1].to(device)), len(classes),
@@ -118,9 +119,8 @@ def _evaluate(cfg: DictConfig, run_dir: Path, env: DistEnv, device: torch.device
 @torch.no_grad()
 def _zero_shot(pretrained, val, classes, data_name: str, device) -> dict:
     model = pretrained.build_model().to(device).eval()
-    tokenizer = ByteTokenizer(model.context_length)
     prompts = class_prompts(data_name, classes)
-    classifier = class_embeddings(model, prompts, tokenizer, device, torch.float32)
+    classifier = class_embeddings(model, prompts, model.tokenizer, device, torch.float32)
     image = F.normalize(model.image_projection(val[0].to(device)), dim=-1)
     c1, c5 = topk_correct((image @ classifier.T).cpu(), val[1])
     n = len(val[1])

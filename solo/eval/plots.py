@@ -37,7 +37,7 @@ def plot_curves(metrics_file: str | Path, out: str | Path) -> Path:
             continue
         event = json.loads(line)
         for key, value in event.items():
-            if key not in ("step", "epoch") and isinstance(value, (int, float)):
+            if key not in ("step", "epoch", "time") and isinstance(value, (int, float)):
                 steps, values = series.setdefault(key, ([], []))
                 steps.append(event["step"])
                 values.append(value)

@@ -6,6 +6,7 @@ import torch
 import torch.distributed as dist
 
 from solo.distributed import world_size
+from solo.eval.mode import eval_mode
 
 
 def topk_correct(logits: torch.Tensor, labels: torch.Tensor, ks=(1, 5)) -> list[int]:
@@ -18,19 +19,15 @@ def topk_correct(logits: torch.Tensor, labels: torch.Tensor, ks=(1, 5)) -> list[
 @torch.no_grad()
 def evaluate(backbone, probe, loader, device, autocast) -> dict:
     """Top-1/top-5 accuracy over the whole val split: counts summed over ranks, so shards may differ in size."""
-    modes = [(m, m.training) for m in (backbone, probe)]
-    for m, _ in modes:
-        m.eval()
     dtype = next(probe.parameters()).dtype
     counts = torch.zeros(3, dtype=torch.float64)
-    for batch in loader:
-        images = batch["image"].to(device, dtype, non_blocking=True)
-        with autocast():
-            logits = probe(backbone(images)).float()
-        c1, c5 = topk_correct(logits.cpu(), batch["label"])
-        counts += torch.tensor([c1, c5, len(images)], dtype=torch.float64)
-    for m, mode in modes:
-        m.train(mode)
+    with eval_mode(backbone, probe):
+        for batch in loader:
+            images = batch["image"].to(device, dtype, non_blocking=True)
+            with autocast():
+                logits = probe(backbone(images)).float()
+            c1, c5 = topk_correct(logits.cpu(), batch["label"])
+            counts += torch.tensor([c1, c5, len(images)], dtype=torch.float64)
     if world_size() > 1:
         counts = counts.to(device)
         dist.all_reduce(counts)

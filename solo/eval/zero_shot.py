@@ -8,6 +8,7 @@ import torch.nn.functional as F
 
 from solo.data import DIGIT_TEMPLATES, digit_caption
 from solo.distributed import gather, world_size
+from solo.eval.mode import eval_mode
 from solo.eval.probe import topk_correct
 
 
@@ -39,30 +40,24 @@ def _recall(queries, keys, query_ids, key_ids, ks=(1, 5)) -> torch.Tensor:
 def evaluate_image_text(method, probe, classifier, loader, device, autocast) -> dict:
     """One pass over the val pairs: zero-shot top-1/5 (when `classifier` is given), retrieval recall@1/5
     both ways over the whole val set (embeddings gathered from all ranks), and the online probe."""
-    modules = [m for m in (method, probe) if m is not None]
-    modes = [(m, m.training) for m in modules]
-    for m in modules:
-        m.eval()
     dtype = method.log_logit_scale.dtype
     images, texts, ids = [], [], []
     counts = torch.zeros(5, dtype=torch.float64)  # zero-shot top1, top5, probe top1, top5, samples
-    for batch in loader:
-        with autocast():
-            features, image = method.encode_image(batch["image"].to(device, dtype, non_blocking=True))
-            text = method.encode_text(batch["text"].to(device, non_blocking=True))
-        labels = batch["label"]
-        if classifier is not None:
-            counts[0:2] += torch.tensor(topk_correct((image.to(classifier.dtype) @ classifier.T).float().cpu(), labels))
-        if probe is not None:
+    with eval_mode(method, probe):
+        for batch in loader:
             with autocast():
-                logits = probe(features).float()
-            counts[2:4] += torch.tensor(topk_correct(logits.cpu(), labels))
-        counts[4] += len(labels)
-        images.append(image.float())
-        texts.append(text.float())
-        ids.append(batch["index"].to(device))
-    for m, mode in modes:
-        m.train(mode)
+                features, image = method.encode_image(batch["image"].to(device, dtype, non_blocking=True))
+                text = method.encode_text(batch["text"].to(device, non_blocking=True))
+                logits = probe(features).float() if probe is not None else None
+            labels = batch["label"]
+            if classifier is not None:
+                counts[0:2] += torch.tensor(topk_correct((image.to(classifier.dtype) @ classifier.T).float().cpu(), labels))
+            if logits is not None:
+                counts[2:4] += torch.tensor(topk_correct(logits.cpu(), labels))
+            counts[4] += len(labels)
+            images.append(image.float())
+            texts.append(text.float())
+            ids.append(batch["index"].to(device))
 
     image, text, index = torch.cat(images), torch.cat(texts), torch.cat(ids)
     all_image, all_text, all_index = gather(image), gather(text), gather(index)

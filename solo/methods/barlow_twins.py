@@ -2,20 +2,29 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from solo.losses import barlow_twins_loss
-from solo.methods.base import Method, mlp, register, two_view_features
+from solo.methods.base import Method, mlp, register_method, two_view_features
 
 
-@register("barlow_twins")
+@dataclass
+class BarlowTwinsConfig:
+    name: str = "barlow_twins"
+    proj_hidden_dim: int = 2048
+    proj_output_dim: int = 2048
+    lambd: float = 0.0051
+    scale_loss: float = 1.0
+
+
+@register_method("barlow_twins", schema=BarlowTwinsConfig)
 class BarlowTwins(Method):
-    def __init__(
-        self, backbone, feature_dim: int, *, proj_hidden_dim: int, proj_output_dim: int, lambd: float, scale_loss: float
-    ):
+    def __init__(self, backbone, feature_dim: int, cfg: BarlowTwinsConfig):
         super().__init__(backbone, feature_dim)
-        self.projector = mlp([feature_dim, proj_hidden_dim, proj_hidden_dim, proj_output_dim])
-        self.lambd, self.scale_loss = lambd, scale_loss
+        self.projector = mlp([feature_dim, cfg.proj_hidden_dim, cfg.proj_hidden_dim, cfg.proj_output_dim])
+        self.lambd, self.scale_loss = cfg.lambd, cfg.scale_loss
 
     def forward(self, batch: dict) -> dict:
         f1, f2 = two_view_features(self.backbone, batch["views"])

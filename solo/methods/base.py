@@ -1,19 +1,40 @@
-"""What a pretraining method is: an nn.Module from a batch to its loss and the features a probe needs."""
+"""What a pretraining method is, and the lifecycle the trainer runs it through.
+
+A method is an nn.Module from a batch to its loss. Besides `forward`, it tells the trainer:
+- which of its submodules are *teachers* (`teachers`): not trained by the optimizer, updated by the
+  method itself in `after_optimizer_step`, saved in checkpoints, and left out of SyncBatchNorm
+  conversion unless `sync_teacher_batchnorm`;
+- its parameter groups (`param_groups`), e.g. a predictor with its own learning rate;
+- what it needs from the data (`inputs`, `check_data`): augmented views, or image-text pairs;
+- the metrics it logs besides the loss (`metrics`), and how it is validated (`evaluate`).
+"""
 
 from __future__ import annotations
 
-from typing import Callable
+import copy
+from typing import Callable, ClassVar
 
 import torch
 import torch.nn as nn
+from hydra.core.config_store import ConfigStore
 
-METHODS: dict[str, Callable[..., "Method"]] = {}
+from solo.errors import ConfigError
+from solo.registry import Registry
+
+METHODS = Registry("method", "method")
 
 
-def register(name: str):
+def register_method(name: str, schema: type) -> Callable:
+    """Class decorator: the method `name`, configured by the dataclass `schema` (the `method` config group).
+
+    The schema is also stored for Hydra as `/schema/method/<name>`: a method YAML that lists it in its
+    defaults is typed while the config is composed; every method config is checked against it after.
+    """
+
     def add(cls):
-        METHODS[name] = cls
-        return cls
+        cls.name = name
+        ConfigStore.instance().store(group="schema/method", name=name, node=schema)
+        return METHODS.register(name, schema=schema)(cls)
 
     return add
 
@@ -27,12 +48,63 @@ class Method(nn.Module):
     solo's distributed convention (the mean over ranks is the global-batch loss).
     """
 
-    inputs = "views"  # what the data pipeline must give: "views" (augmented views) or "image_text" (pairs)
+    name: ClassVar[str] = ""
+    inputs: ClassVar[str] = "views"  # "views" (augmented views of images) or "image_text" (pairs)
+    num_views: ClassVar[int] = 2  # how many views of one size forward expects
+    teachers: ClassVar[tuple[str, ...]] = ()  # names of submodules that the optimizer does not train
+    sync_teacher_batchnorm: ClassVar[bool] = False
 
     def __init__(self, backbone: nn.Module, feature_dim: int):
         super().__init__()
         self.backbone = backbone
         self.feature_dim = feature_dim
+
+    @classmethod
+    def check_data(cls, view_sizes: list[int], dataset) -> None:
+        """Raise ConfigError when the augmentation's views (their sizes) or the dataset cannot feed this method."""
+        if cls.inputs == "image_text" and not dataset.pairs:
+            raise ConfigError(f"method={cls.name} trains on image-text pairs; data={dataset.name} has none (try data=digits or data=csv)")
+        if cls.inputs == "views" and not dataset.images:
+            raise ConfigError(f"method={cls.name} trains on images; data={dataset.name} holds image-text pairs only")
+        if len(view_sizes) != cls.num_views or len(set(view_sizes)) != 1:
+            raise ConfigError(
+                f"method={cls.name} compares {cls.num_views} view(s) of one size, but augmentation.views gives sizes "
+                f"{view_sizes}: use an augmentation with {cls.num_views} view(s) of one size (multi-crop needs a method that uses it)"
+            )
+
+    def param_groups(self, weight_decay: float, exclude_bias_and_norm: bool) -> list[dict]:
+        """The optimizer's groups over the trained parameters (teachers excluded by having no gradient)."""
+        from solo.train.optim import param_groups
+
+        return param_groups(self, weight_decay, exclude_bias_and_norm=exclude_bias_and_norm)
+
+    def after_optimizer_step(self, step: int, total_steps: int) -> None:
+        """Called after every optimizer step (`step` is the number of steps done): EMA teachers, schedules."""
+
+    def metrics(self) -> dict[str, torch.Tensor]:
+        """Scalars to log besides the loss, as tensors (read at the logging interval, not every step)."""
+        return {}
+
+    def evaluate(self, probe, loader, device, autocast) -> dict:
+        """Validation metrics on `loader` (the val split): the online probe's accuracy by default."""
+        from solo.eval.probe import evaluate
+
+        return evaluate(self.backbone, probe, loader, device, autocast) if probe is not None else {}
+
+
+def make_teacher(module: nn.Module) -> nn.Module:
+    """A copy of `module` that no optimizer trains: the start of an EMA teacher."""
+    teacher = copy.deepcopy(module)
+    teacher.requires_grad_(False)
+    return teacher
+
+
+@torch.no_grad()
+def ema_update(teacher: nn.Module, student: nn.Module, momentum: float) -> None:
+    """teacher <- momentum * teacher + (1 - momentum) * student, for the parameters (buffers such as
+    BatchNorm statistics are the teacher's own, updated by its forward)."""
+    for t, s in zip(teacher.parameters(), student.parameters()):
+        t.lerp_(s.detach(), 1.0 - momentum)
 
 
 def mlp(dims: list[int], *, last_bn: bool = False) -> nn.Sequential:

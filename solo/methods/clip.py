@@ -3,46 +3,62 @@
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from solo.eval.zero_shot import class_embeddings, evaluate_image_text
 from solo.losses import clip_loss
-from solo.methods.base import Method, register
-from solo.text import VOCAB_SIZE
+from solo.methods.base import Method, register_method
+from solo.text import VOCAB_SIZE, ByteTokenizer
 from solo.text.encoder import TextTransformer
 
 
-@register("clip")
+@dataclass
+class TextConfig:
+    """CLIP's text tower: a Transformer over byte tokens, pooled at the end-of-text token."""
+
+    width: int = 512
+    depth: int = 12
+    heads: int = 8
+    context_length: int = 77  # tokens, start and end included; longer captions are truncated (and counted)
+    causal: bool = True
+
+
+@dataclass
+class CLIPConfig:
+    name: str = "clip"
+    embed_dim: int = 512
+    init_logit_scale: float = 14.285714285714286  # 1 / 0.07, as in CLIP
+    max_logit_scale: float = 100.0
+    text: TextConfig = field(default_factory=TextConfig)
+
+
+@register_method("clip", schema=CLIPConfig)
 class CLIP(Method):
     inputs = "image_text"
+    num_views = 1  # one augmented image per pair
 
-    def __init__(
-        self,
-        backbone,
-        feature_dim: int,
-        *,
-        embed_dim: int,
-        text: dict,
-        init_logit_scale: float,
-        max_logit_scale: float,
-    ):
+    def __init__(self, backbone, feature_dim: int, cfg: CLIPConfig):
         super().__init__(backbone, feature_dim)
-        self.image_projection = nn.Linear(feature_dim, embed_dim, bias=False)
+        text = cfg.text
+        self.image_projection = nn.Linear(feature_dim, cfg.embed_dim, bias=False)
         self.text_tower = TextTransformer(
             vocab_size=VOCAB_SIZE,
-            context_length=text["context_length"],
-            width=text["width"],
-            depth=text["depth"],
-            heads=text["heads"],
-            causal=text["causal"],
+            context_length=text.context_length,
+            width=text.width,
+            depth=text.depth,
+            heads=text.heads,
+            causal=text.causal,
         )
-        self.text_projection = nn.Linear(text["width"], embed_dim, bias=False)
-        self.context_length = text["context_length"]
+        self.text_projection = nn.Linear(text.width, cfg.embed_dim, bias=False)
+        self.context_length = text.context_length
+        self.tokenizer = ByteTokenizer(text.context_length)
         # Learnt in log space, as in CLIP, so the scale stays positive.
-        self.log_logit_scale = nn.Parameter(torch.tensor(math.log(init_logit_scale)))
-        self.max_logit_scale = max_logit_scale
+        self.log_logit_scale = nn.Parameter(torch.tensor(math.log(cfg.init_logit_scale)))
+        self.max_logit_scale = cfg.max_logit_scale
 
     def logit_scale(self) -> torch.Tensor:
         # Clamped at max_logit_scale (CLIP: 100) to keep training stable; no gradient past the clamp.
@@ -60,4 +76,15 @@ class CLIP(Method):
         features, image = self.encode_image(batch["image"])
         text = self.encode_text(batch["text"])
         loss = clip_loss(image, text, self.logit_scale())
-        return {"loss": loss, "features": features, "labels": batch["label"], "logit_scale": self.logit_scale().detach()}
+        return {"loss": loss, "features": features, "labels": batch["label"]}
+
+    def metrics(self) -> dict[str, torch.Tensor]:
+        return {"train/logit_scale": self.logit_scale().detach()}
+
+    def evaluate(self, probe, loader, device, autocast) -> dict:
+        """Retrieval recall both ways, zero-shot accuracy when the val pairs have class prompts, the probe."""
+        prompts = loader.dataset.prompts
+        classifier = None
+        if prompts:
+            classifier = class_embeddings(self, prompts, self.tokenizer, device, self.log_logit_scale.dtype)
+        return evaluate_image_text(self, probe, classifier, loader, device, autocast)

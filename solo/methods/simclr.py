@@ -2,18 +2,28 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from solo.losses import nt_xent_loss
-from solo.methods.base import Method, mlp, register, two_view_features
+from solo.methods.base import Method, mlp, register_method, two_view_features
 
 
-@register("simclr")
+@dataclass
+class SimCLRConfig:
+    name: str = "simclr"
+    proj_hidden_dim: int = 2048
+    proj_output_dim: int = 128
+    temperature: float = 0.2
+
+
+@register_method("simclr", schema=SimCLRConfig)
 class SimCLR(Method):
-    def __init__(self, backbone, feature_dim: int, *, proj_hidden_dim: int, proj_output_dim: int, temperature: float):
+    def __init__(self, backbone, feature_dim: int, cfg: SimCLRConfig):
         super().__init__(backbone, feature_dim)
-        self.projector = mlp([feature_dim, proj_hidden_dim, proj_output_dim])
-        self.temperature = temperature
+        self.projector = mlp([feature_dim, cfg.proj_hidden_dim, cfg.proj_output_dim])
+        self.temperature = cfg.temperature
 
     def forward(self, batch: dict) -> dict:
         f1, f2 = two_view_features(self.backbone, batch["views"])

@@ -23,6 +23,10 @@ class ByteTokenizer:
             raise ValueError(f"context_length must be >= 3 (start, one byte, end), got {context_length}")
         self.context_length = context_length
 
+    def truncates(self, text: str) -> bool:
+        """Whether `encode(text)` cuts the text: cheap, for counting at start without tokenising."""
+        return len(text.encode("utf-8")) > self.context_length - 2
+
     def encode(self, text: str) -> tuple[torch.Tensor, bool]:
         data = text.encode("utf-8")
         room = self.context_length - 2

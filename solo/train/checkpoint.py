@@ -1,12 +1,17 @@
-"""Checkpoints that are never half-written: temp file + fsync + rename, last.pt as a hard link."""
+"""Checkpoints that are never half-written (temp file + fsync + rename, last.pt as a hard link), holding
+the state of every stateful component of the trainer."""
 
 from __future__ import annotations
 
 import os
+import random
 import re
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
+
+from solo.errors import CheckpointError
 
 STEP_FILE = re.compile(r"step-(\d+)\.pt$")
 
@@ -44,15 +49,50 @@ class Checkpoints:
         try:
             return torch.load(path, map_location=map_location, weights_only=True)
         except Exception as e:
-            raise RuntimeError(
+            raise CheckpointError(
                 f"cannot load checkpoint {path}: {e}. Delete it to fall back to an older step-*.pt in {self.dir}, "
                 "or set trainer.resume=false with a new hydra.run.dir"
-            ) from e
+            ) from None
 
     def _prune(self) -> None:
         steps = sorted(p for p in self.dir.iterdir() if STEP_FILE.search(p.name))
         for old in steps[: -self.keep]:
             old.unlink()
+
+
+class RNGState:
+    """The process's global random generators (torch CPU and CUDA, Python's), as a checkpoint component."""
+
+    def state_dict(self) -> dict:
+        cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []
+        return {"torch": torch.get_rng_state(), "cuda": cuda, "python": random.getstate()}
+
+    def load_state_dict(self, state: dict) -> None:
+        torch.set_rng_state(state["torch"])
+        if torch.cuda.is_available() and state["cuda"]:
+            torch.cuda.set_rng_state_all(state["cuda"])
+        random.setstate(state["python"])
+
+
+class Checkpointer:
+    """Saves and restores `components` (name -> object with state_dict/load_state_dict) with the step and
+    `info` (e.g. the config) alongside. Rank 0 writes; every rank waits until the file is complete."""
+
+    def __init__(self, checkpoints: Checkpoints, components: dict, info: dict, is_main: bool):
+        self.checkpoints, self.components, self.info, self.is_main = checkpoints, components, info, is_main
+
+    def save(self, step: int) -> None:
+        if self.is_main:
+            state = {name: c.state_dict() for name, c in self.components.items()}
+            self.checkpoints.save(state | self.info | {"step": step}, step)
+        if dist.is_initialized():
+            dist.barrier()  # nobody runs ahead (or exits) while the checkpoint is still being written
+
+    def restore(self, state: dict) -> int:
+        """Load every component from `state` (a loaded checkpoint); returns its step."""
+        for name, component in self.components.items():
+            component.load_state_dict(state[name])
+        return state["step"]
 
 
 def _atomic_write(path: Path, write) -> None:

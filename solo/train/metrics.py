@@ -1,23 +1,39 @@
-"""Where metrics go: metrics.jsonl in the run directory (always) and Weights & Biases (logger=wandb)."""
+"""Where metrics go: metrics.jsonl in the run directory (always), and the configured logger (`logger=`)."""
 
 from __future__ import annotations
 
 import json
 import os
+import time
 import uuid
 from pathlib import Path
 
+from solo.registry import Registry
+
+# Each entry: a MetricsLogger class built as `cls(run_dir, logger config, config as a dict, resume_step)`.
+LOGGERS = Registry("logger", "logger.name")
+
 
 class MetricsLogger:
-    """Rank 0 only. One JSON object per event in <run dir>/metrics.jsonl."""
+    """Rank 0 only. `log` takes one event: a dict with "step" and scalar metrics."""
 
-    def __init__(self, run_dir: Path, cfg, config_dict: dict, resume_step: int | None):
-        self.path = run_dir / "metrics.jsonl"
+    def log(self, metrics: dict) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        pass
+
+
+@LOGGERS.register("jsonl")
+class JsonlLogger(MetricsLogger):
+    """One JSON object per event in <run dir>/metrics.jsonl, with the wall-clock `time` it was logged."""
+
+    def __init__(self, run_dir: Path, cfg=None, config: dict | None = None, resume_step: int | None = None):
+        self.path = Path(run_dir) / "metrics.jsonl"
         if resume_step is None:
             self.path.unlink(missing_ok=True)
         else:
             self._truncate_after(resume_step)
-        self.wandb = _start_wandb(run_dir, cfg, config_dict) if cfg.name == "wandb" else None
 
     def _truncate_after(self, step: int) -> None:
         # Events logged after the checkpoint we resume from will be logged again: drop them.
@@ -30,31 +46,46 @@ class MetricsLogger:
 
     def log(self, metrics: dict) -> None:
         with open(self.path, "a") as f:
-            f.write(json.dumps(metrics) + "\n")
-        if self.wandb is not None:
-            self.wandb.log({k: v for k, v in metrics.items() if k != "step"}, step=metrics["step"])
+            f.write(json.dumps(metrics | {"time": round(time.time(), 3)}) + "\n")
+
+
+@LOGGERS.register("wandb")
+class WandbLogger(MetricsLogger):
+    """A Weights & Biases run whose id lives in the run directory, so a resumed (or requeued) job continues it."""
+
+    def __init__(self, run_dir: Path, cfg, config: dict, resume_step: int | None = None):
+        import wandb
+
+        id_file = Path(run_dir) / "wandb_run_id"
+        if not id_file.exists():
+            id_file.write_text(uuid.uuid4().hex[:16])
+        mode = str(cfg.mode)
+        if mode == "auto":
+            mode = "online" if os.environ.get("WANDB_API_KEY") or (Path.home() / ".netrc").exists() else "offline"
+        self.run = wandb.init(
+            project=cfg.project, entity=cfg.entity, id=id_file.read_text().strip(), resume="allow",
+            dir=str(run_dir), config=config, mode=mode,
+        )
+
+    def log(self, metrics: dict) -> None:
+        self.run.log({k: v for k, v in metrics.items() if k != "step"}, step=metrics["step"])
 
     def close(self) -> None:
-        if self.wandb is not None:
-            self.wandb.finish()
+        self.run.finish()
 
 
-def _start_wandb(run_dir: Path, cfg, config_dict: dict):
-    import wandb
+class Loggers(MetricsLogger):
+    """metrics.jsonl plus the configured logger, as one."""
 
-    # The run id lives in the run directory, so a resumed (or requeued) job continues the same wandb run.
-    id_file = run_dir / "wandb_run_id"
-    if not id_file.exists():
-        id_file.write_text(uuid.uuid4().hex[:16])
-    mode = cfg.mode
-    if mode == "auto":
-        mode = "online" if os.environ.get("WANDB_API_KEY") or (Path.home() / ".netrc").exists() else "offline"
-    return wandb.init(
-        project=cfg.project,
-        entity=cfg.entity,
-        id=id_file.read_text().strip(),
-        resume="allow",
-        dir=str(run_dir),
-        config=config_dict,
-        mode=mode,
-    )
+    def __init__(self, run_dir: Path, cfg, config: dict, resume_step: int | None):
+        self.loggers = [JsonlLogger(run_dir, cfg, config, resume_step)]
+        if cfg.name != "jsonl":
+            self.loggers.append(LOGGERS[cfg.name].target(run_dir, cfg, config, resume_step))
+
+    def log(self, metrics: dict) -> None:
+        for logger in self.loggers:
+            logger.log(metrics)
+
+    def close(self) -> None:
+        for logger in self.loggers:
+            logger.close()

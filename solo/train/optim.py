@@ -16,7 +16,10 @@ import math
 import torch
 from torch import nn
 
-OPTIMIZERS = ("sgd", "lars", "adamw")
+from solo.registry import Registry
+
+# Each entry: `(param groups, lr, weight_decay, momentum, betas, eta) -> torch.optim.Optimizer`.
+OPTIMIZERS = Registry("optimizer", "optim.name")
 
 
 def param_groups(model: nn.Module, weight_decay: float, *, exclude_bias_and_norm: bool = True) -> list[dict]:
@@ -90,20 +93,39 @@ class LARS(torch.optim.Optimizer):
         return loss
 
 
+@OPTIMIZERS.register("sgd")
+def _sgd(groups, lr, weight_decay, momentum, betas, eta):
+    return torch.optim.SGD(groups, lr=lr, momentum=momentum, weight_decay=weight_decay)
+
+
+@OPTIMIZERS.register("lars")
+def _lars(groups, lr, weight_decay, momentum, betas, eta):
+    return LARS(groups, lr=lr, momentum=momentum, weight_decay=weight_decay, eta=eta)
+
+
+@OPTIMIZERS.register("adamw")
+def _adamw(groups, lr, weight_decay, momentum, betas, eta):
+    return torch.optim.AdamW(groups, lr=lr, betas=tuple(betas), weight_decay=weight_decay)
+
+
 def build_optimizer(name: str, groups: list[dict], *, lr: float, weight_decay: float, momentum: float = 0.9,
                     betas: tuple[float, float] = (0.9, 0.999), eta: float = 0.02) -> torch.optim.Optimizer:
-    """name in {"sgd", "lars", "adamw"}; group-level weight_decay/lars_exclude keys from param_groups win over the
-    defaults. SGD and AdamW ignore lars_exclude (torch keeps unknown group keys, so it just rides along)."""
+    """The registered optimizer `name`; group-level weight_decay/lars_exclude keys from param_groups win over
+    the defaults. SGD and AdamW ignore lars_exclude (torch keeps unknown group keys, so it just rides along)."""
     # Shallow copies: torch fills defaults into the group dicts in place, which would leak one
     # optimizer's lr/momentum into another built from the same groups.
     groups = [dict(g) for g in groups]
-    if name == "sgd":
-        return torch.optim.SGD(groups, lr=lr, momentum=momentum, weight_decay=weight_decay)
-    if name == "lars":
-        return LARS(groups, lr=lr, momentum=momentum, weight_decay=weight_decay, eta=eta)
-    if name == "adamw":
-        return torch.optim.AdamW(groups, lr=lr, betas=betas, weight_decay=weight_decay)
-    raise ValueError(f"unknown optimizer {name!r}; valid names: {', '.join(OPTIMIZERS)}")
+    return OPTIMIZERS[name].target(groups, lr, weight_decay, momentum, betas, eta)
+
+
+def scaled_lr(optim_cfg, global_batch: int) -> float:
+    """optim.lr scaled to the global batch by optim.lr_scaling (the papers' lr are for a batch of 256)."""
+    rule = str(optim_cfg.lr_scaling)
+    if rule == "linear":
+        return optim_cfg.lr * global_batch / 256
+    if rule == "sqrt":
+        return optim_cfg.lr * math.sqrt(global_batch / 256)
+    return optim_cfg.lr
 
 
 def warmup_cosine(step: int, *, total_steps: int, warmup_steps: int, base_lr: float,

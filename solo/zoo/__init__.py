@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch.nn as nn
 
-from solo.data import ANY_SIZE_DATASETS, build_eval_transform
+from solo.data import DATASETS, build_eval_transform
 from solo.zoo.files import ChecksumError, entry_file
 from solo.zoo.manifest import ManifestError, find_entry, read_manifest
 from solo.zoo.pretrained import export_backbone, resolve
@@ -55,4 +55,4 @@ def load(name: str, *, cache: str | None = None, offline: bool | None = None) ->
 def eval_transform(name: str):
     """The deterministic preprocessing the entry's weights were evaluated with (PIL image -> normalised tensor)."""
     d = find_entry(name)["data"]
-    return build_eval_transform(d["image_size"], d["mean"], d["std"], resize=d["name"] in ANY_SIZE_DATASETS)
+    return build_eval_transform(d["image_size"], d["mean"], d["std"], resize=d["name"] in DATASETS and DATASETS[d["name"]].any_size)

@@ -64,8 +64,7 @@ class Pretrained:
             raise ValueError(f"{self.source} holds only a backbone ({self.method['name']}); use build_backbone()")
         b = self.backbone
         backbone, width = create_backbone(b["name"], small_stem=b["small_stem"], pretrained=False, **b["kwargs"])
-        hparams = {k: v for k, v in self.method.items() if k != "name"}
-        model = build_method(self.method["name"], backbone, width, **hparams)
+        model = build_method(self.method, backbone, width)
         load_strict(model, self.state, f"the {self.method['name']} model in {self.source}")
         return model
 
@@ -148,8 +147,8 @@ def read_training_checkpoint(path: str | Path, contents: str | None = None) -> P
         )
     cfg = ckpt["config"]
     if contents is None:
-        method = METHODS.get(cfg["method"]["name"])
-        contents = "model" if method is not None and method.inputs == "image_text" else "backbone"
+        name = cfg["method"]["name"]
+        contents = "model" if name in METHODS and METHODS[name].target.inputs == "image_text" else "backbone"
     prefix = BACKBONE_PREFIX if contents == "backbone" else METHOD_PREFIX
     state = {k.removeprefix(prefix): v for k, v in ckpt["model"].items() if k.startswith(prefix)}
     if not state:

@@ -1,0 +1,55 @@
+"""Stateful data sources: where the trainer reads its batches from, and where it stands in the data.
+
+A source yields, for this rank, its share of each global batch, from its current position to the end of
+the current epoch; `state_dict()` is that position, so a resumed run reads exactly the batches that
+were not trained on yet, on any world size that keeps the global batch.
+"""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+from torch.utils.data import DataLoader
+
+from solo.data.sampler import GlobalBatchSampler
+
+
+class DataSource:
+    """The interface the trainer uses. `steps_per_epoch` is None for a stream without epochs."""
+
+    global_batch: int
+    steps_per_epoch: int | None
+    epoch: int = 0
+    batch_in_epoch: int = 0
+
+    def __iter__(self) -> Iterator[dict]:
+        raise NotImplementedError
+
+    @property
+    def epoch_done(self) -> bool:
+        return self.steps_per_epoch is not None and self.batch_in_epoch == self.steps_per_epoch
+
+    def next_epoch(self) -> None:
+        self.epoch, self.batch_in_epoch = self.epoch + 1, 0
+
+    def state_dict(self) -> dict:
+        return {"epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.epoch, self.batch_in_epoch = state["epoch"], state["batch_in_epoch"]
+
+
+class MapDataSource(DataSource):
+    """A map-style dataset keyed by (epoch, index), read through the global-batch sampler and a DataLoader."""
+
+    def __init__(self, dataset, batch_size: int, rank: int, world_size: int, seed: int, **loader_args):
+        self.sampler = GlobalBatchSampler(len(dataset), batch_size, rank, world_size, seed)
+        self.loader = DataLoader(dataset, batch_sampler=self.sampler, **loader_args)
+        self.global_batch = self.sampler.global_batch
+        self.steps_per_epoch = len(dataset) // self.global_batch
+
+    def __iter__(self) -> Iterator[dict]:
+        self.sampler.set_epoch(self.epoch, self.batch_in_epoch)
+        for batch in self.loader:
+            self.batch_in_epoch += 1  # counted before the step runs: a checkpoint after it resumes past it
+            yield batch

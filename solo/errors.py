@@ -1,0 +1,21 @@
+"""solo's own error types: the entry points print their message alone, without a traceback."""
+
+
+class SoloError(Exception):
+    """An error the user can act on; its message says what was wrong and what to do."""
+
+
+class ConfigError(SoloError, ValueError):
+    """A configuration value, key or combination that cannot work."""
+
+
+class DataError(SoloError):
+    """Data that cannot be read: a missing folder, an unreadable image, too few samples."""
+
+
+class CheckpointError(SoloError, RuntimeError):
+    """A checkpoint that cannot be resumed from in this run."""
+
+
+class TrainingDiverged(SoloError, RuntimeError):
+    """The loss or the features became non-finite; no checkpoint of that step was written."""

@@ -1,0 +1,41 @@
+"""Validation at the end of each epoch, and the pictures at the end of a run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from solo.eval.features import extract_features
+from solo.eval.knn import knn_accuracy
+from solo.eval.plots import plot_curves, plot_embedding
+
+
+class Evaluator:
+    """What the method reports on the val split (`Method.evaluate`: the online probe, or zero-shot and
+    retrieval for CLIP), and a weighted k-NN on backbone features when `knn_k > 0` and the data has labels."""
+
+    def __init__(self, model, loaders, num_classes: int | None, *, knn_k: int, knn_temperature: float, device, autocast):
+        self.model, self.loaders, self.num_classes = model, loaders, num_classes
+        self.knn_k, self.knn_temperature = knn_k, knn_temperature
+        self.device, self.autocast = device, autocast
+
+    def __call__(self) -> dict:
+        if self.loaders.val is None:
+            return {}
+        method = self.model.method
+        metrics = method.evaluate(self.model.probe, self.loaders.val, self.device, self.autocast)
+        if self.knn_k > 0 and self.loaders.train_eval is not None:
+            train = extract_features(method.backbone, self.loaders.train_eval, self.device, self.autocast)
+            val = extract_features(method.backbone, self.loaders.val, self.device, self.autocast)
+            knn = knn_accuracy(*train, *val, self.num_classes, self.knn_k, self.knn_temperature)
+            metrics |= {"val/knn_acc1": knn["top1"], "val/knn_acc5": knn["top5"]}
+        return metrics
+
+    def plot(self, run_dir: Path, is_main: bool) -> None:
+        """curves.png from metrics.jsonl and, with labelled val data, embedding.png of the val features."""
+        val = self.loaders.val
+        if val is not None and self.num_classes:
+            features, labels = extract_features(self.model.method.backbone, val, self.device, self.autocast)  # all ranks
+            if is_main:
+                plot_embedding(features.numpy(), labels.numpy(), run_dir / "embedding.png", val.dataset.classes, title=run_dir.name)
+        if is_main and (run_dir / "metrics.jsonl").exists():
+            plot_curves(run_dir / "metrics.jsonl", run_dir / "curves.png")

@@ -1,0 +1,79 @@
+"""The pretraining data: a train source of per-sample seeded views (or pairs), and the evaluation loaders."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch.distributed as dist
+from torch.utils.data import DataLoader
+
+from solo.data import (
+    DATASETS,
+    EvalDataset,
+    ImageTextDataset,
+    MultiViewDataset,
+    ZeroShotEvalDataset,
+    build_eval_transform,
+    build_split,
+    build_view_transforms,
+)
+from solo.data.source import DataSource, MapDataSource
+from solo.distributed import DistEnv
+from solo.eval.zero_shot import class_prompts
+
+
+@dataclass
+class Splits:
+    train: object  # base dataset (image, label) or image-text pairs
+    val: object | None
+    pairs: bool
+
+    @property
+    def num_classes(self) -> int | None:
+        return len(self.train.classes) if self.train.classes else None
+
+
+@dataclass
+class Loaders:
+    train: DataSource
+    val: DataLoader | None  # the val split with the eval transform, sharded over ranks
+    train_eval: DataLoader | None  # the train split with the eval transform (the online k-NN's memory bank)
+
+
+def build_splits(d, env: DistEnv, seed: int, pairs: bool) -> Splits:
+    """The train and val base datasets of data config `d`; rank 0 downloads first, the others read what it wrote."""
+    if d.download and env.world_size > 1 and not env.is_main:
+        dist.barrier()
+    train, val = (build_split(d, split, seed, pairs=pairs) for split in ("train", "val"))
+    if d.download and env.world_size > 1 and env.is_main:
+        dist.barrier()
+    return Splits(train, val, pairs)
+
+
+def build_loaders(splits: Splits, d, views, env: DistEnv, *, seed: int, tokenizer, knn: bool, pin_memory: bool) -> Loaders:
+    """`views`: the augmentation's view recipes; `tokenizer`: for image-text pairs; `knn`: build the train_eval loader."""
+    entry = DATASETS[d.name]
+    mean, std = entry.stats
+    transforms = build_view_transforms(views, d.image_size, mean, std)
+    eval_transform = build_eval_transform(d.image_size, mean, std, resize=entry.any_size)
+    if splits.pairs:
+        train_set = ImageTextDataset(splits.train, transforms[0], tokenizer, seed=seed)
+    else:
+        train_set = MultiViewDataset(splits.train, transforms, seed=seed)
+    loader_args = dict(num_workers=d.num_workers, pin_memory=pin_memory, persistent_workers=d.num_workers > 0)
+    source = MapDataSource(train_set, d.batch_size, env.rank, env.world_size, seed, **loader_args)
+
+    def sharded(dataset) -> DataLoader:
+        shard = list(range(env.rank, len(dataset), env.world_size))
+        return DataLoader(dataset, batch_size=d.batch_size, sampler=shard, **loader_args)
+
+    val = train_eval = None
+    if splits.val is not None and splits.pairs:  # retrieval needs no labels; zero-shot and the probe do
+        classes = splits.val.classes
+        prompts = class_prompts(d.name, classes) if classes else None
+        val = sharded(ZeroShotEvalDataset(splits.val, eval_transform, tokenizer, prompts))
+    elif splits.val is not None and splits.num_classes:
+        val = sharded(EvalDataset(splits.val, eval_transform))
+    if knn and val is not None and splits.num_classes:  # the k-NN's train features: no augmentation
+        train_eval = sharded(EvalDataset(splits.train, eval_transform))
+    return Loaders(source, val, train_eval)

@@ -1,0 +1,267 @@
+"""Pretraining: build the components (model, data, step, evaluator, checkpointer, logger), then run the loop."""
+
+from __future__ import annotations
+
+import random
+import time
+from functools import partial
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+from omegaconf import DictConfig, OmegaConf
+from tqdm import tqdm
+
+from solo.backbones import create_backbone
+from solo.config import plain, validate_pretrain
+from solo.distributed import DistEnv
+from solo.distributed.env import process_group
+from solo.errors import CheckpointError
+from solo.losses._checks import full_precision
+from solo.methods import build_method
+from solo.train.checkpoint import Checkpointer, Checkpoints, RNGState
+from solo.train.distribute import distribute
+from solo.train.evaluator import Evaluator
+from solo.train.loaders import build_loaders, build_splits
+from solo.train.metrics import Loggers
+from solo.train.optim import build_optimizer, scaled_lr, warmup_cosine
+from solo.train.preemption import Preemption, requeue_slurm_job
+from solo.train.step import TrainStep
+
+
+class PretrainModel(nn.Module):
+    """The method and its online linear probe, trained together under one DDP wrapper."""
+
+    def __init__(self, method: nn.Module, num_classes: int | None):
+        super().__init__()
+        self.method = method
+        self.probe = None
+        if num_classes:
+            # Standardised features, as for MAE's linear probing: the probe's lr need not track the feature scale.
+            self.probe = nn.Sequential(
+                nn.BatchNorm1d(method.feature_dim, affine=False), nn.Linear(method.feature_dim, num_classes)
+            )
+
+    def forward(self, batch: dict) -> dict:
+        out = self.method(batch)
+        if self.probe is not None:
+            logits = self.probe(out["features"].detach())  # the probe must not shape the representation
+            out["probe_loss"] = F.cross_entropy(full_precision(logits), out["labels"])
+        return out
+
+    def teachers(self) -> tuple[nn.Module, ...]:
+        return tuple(getattr(self.method, name) for name in self.method.teachers)
+
+
+def build_model(cfg: DictConfig, num_classes: int | None) -> PretrainModel:
+    b = cfg.backbone
+    backbone, width = create_backbone(b.name, small_stem=b.small_stem, pretrained=b.pretrained, **b.kwargs)
+    return PretrainModel(build_method(cfg.method, backbone, width), num_classes)
+
+
+def build_optimizer_for(model: PretrainModel, optim_cfg, lr: float):
+    """The method's parameter groups, and the probe's with its own lr (no weight decay, no LARS adaptation)."""
+    groups = model.method.param_groups(optim_cfg.weight_decay, optim_cfg.exclude_bias_and_norm)
+    if model.probe is not None:
+        groups.append({"params": list(model.probe.parameters()), "weight_decay": 0.0, "lars_exclude": True,
+                       "lr_scale": optim_cfg.probe_lr / optim_cfg.lr})
+    o = optim_cfg
+    return build_optimizer(o.name, groups, lr=lr, weight_decay=o.weight_decay, momentum=o.momentum, betas=tuple(o.betas), eta=o.eta)
+
+
+def pretrain(cfg: DictConfig, run_dir: str | Path) -> dict:
+    """Run (or resume) the pretraining described by `cfg` in `run_dir`; returns the last metrics."""
+    cfg = validate_pretrain(cfg)
+    with process_group() as (env, device):
+        return Trainer(cfg, Path(run_dir), env, device).fit()
+
+
+class Trainer:
+    def __init__(self, cfg: DictConfig, run_dir: Path, env: DistEnv, device: torch.device):
+        t = self.t = cfg.trainer
+        self.cfg, self.run_dir, self.env, self.device = cfg, run_dir, env, device
+        self.say = print if env.is_main else (lambda *a, **k: None)
+        torch.manual_seed(t.seed)
+        random.seed(t.seed)
+        splits = build_splits(cfg.data, env, t.seed, pairs=self._pairs(cfg))
+        self.model = model = build_model(cfg, splits.num_classes if t.probe else None)
+        self.channels_last = t.channels_last and device.type == "cuda"
+        self.dtype = torch.float64 if str(t.precision) == "64" else torch.float32
+        model.to(device, dtype=self.dtype, memory_format=torch.channels_last if self.channels_last else torch.preserve_format)
+        keep_local = () if model.method.sync_teacher_batchnorm else model.teachers()
+        forward = distribute(model, device, sync_batchnorm=t.sync_batchnorm, keep_local=keep_local)
+
+        self.loaders = build_loaders(splits, cfg.data, cfg.augmentation.views, env, seed=t.seed, knn=t.knn_k > 0,
+                                     tokenizer=getattr(model.method, "tokenizer", None), pin_memory=device.type == "cuda")
+        self.source = source = self.loaders.train
+        self.lr = scaled_lr(cfg.optim, source.global_batch)
+        optimizer = build_optimizer_for(model, cfg.optim, self.lr)
+        self.total_steps = t.max_steps if t.max_steps > 0 else t.max_epochs * source.steps_per_epoch
+        warmup_steps = min(round(cfg.optim.warmup_epochs * source.steps_per_epoch), self.total_steps)
+        self.schedule = partial(warmup_cosine, total_steps=self.total_steps, warmup_steps=warmup_steps, base_lr=self.lr,
+                                warmup_start_lr=cfg.optim.warmup_start_lr, final_lr=cfg.optim.final_lr)
+        self.train_step = TrainStep(forward, model, optimizer, precision=str(t.precision), device=device,
+                                    schedule=self.schedule, total_steps=self.total_steps, grad_clip=cfg.optim.grad_clip)
+        self.evaluator = Evaluator(model, self.loaders, splits.num_classes, knn_k=t.knn_k, knn_temperature=t.knn_temperature,
+                                   device=device, autocast=self.train_step.autocast)
+        components = {"model": model, "optimizer": optimizer, "scaler": self.train_step, "data": source, "rng": RNGState()}
+        info = {"global_batch": source.global_batch, "config": plain(cfg)}
+        self.checkpointer = Checkpointer(Checkpoints(run_dir / "checkpoints", t.keep_checkpoints), components, info, env.is_main)
+        self.preemption = Preemption(list(t.preempt_signals), device)
+        self.step, self.logger, self.last_metrics = 0, None, {}
+
+    @staticmethod
+    def _pairs(cfg) -> bool:
+        from solo.methods import METHODS
+
+        return METHODS[cfg.method.name].target.inputs == "image_text"
+
+    def _resume(self) -> bool:
+        """Restore every component from last.pt when there is one (and trainer.resume); True if resumed."""
+        checkpoints = self.checkpointer.checkpoints
+        if not self.t.resume:
+            if checkpoints.last.exists():
+                raise CheckpointError(
+                    f"{checkpoints.last} exists and trainer.resume=false: choose a new hydra.run.dir or delete {self.run_dir}"
+                )
+            return False
+        state = checkpoints.load()
+        if state is None:
+            return False
+        check_resumable(state, self.cfg, self.source.global_batch)
+        self.step = self.checkpointer.restore(state)
+        data = state["data"]
+        self.say(f"resuming from {checkpoints.last} at step {self.step} (epoch {data['epoch']}, batch {data['batch_in_epoch']})")
+        return True
+
+    def _start(self) -> None:
+        resumed = self._resume()
+        if self.env.is_main:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            OmegaConf.save(self.checkpointer.info["config"], self.run_dir / "config.yaml")
+            self.logger = Loggers(self.run_dir, self.cfg.logger, self.checkpointer.info["config"], self.step if resumed else None)
+        o, d = self.cfg.optim, self.cfg.data
+        self.say(
+            f"world size {self.env.world_size}, global batch {self.source.global_batch} ({d.batch_size} per process), "
+            f"lr {o.lr} x {o.lr_scaling} scaling = {self.lr:.4g}, {self.source.steps_per_epoch} steps per epoch, "
+            f"{self.total_steps} steps, run dir {self.run_dir}"
+        )
+
+    def fit(self) -> dict:
+        self._start()
+        start_step = self.step
+        bar = tqdm(total=self.total_steps, initial=self.step, disable=not (self.env.is_main and self.t.progress_bar), dynamic_ncols=True)
+        window = MetricsWindow(self.device)
+        while self.step < self.total_steps:
+            for batch in self.source:
+                out = self.train_step(self._to_device(batch), self.step)
+                self.step += 1
+                window.add(out)
+                bar.update(1)
+                if self.step % self.t.log_every_steps == 0 or self.step == self.total_steps:
+                    self._log(window.flush(), bar)
+                if self.preemption.requested() and self.step < self.total_steps:
+                    bar.close()
+                    return self._stop_for_preemption()
+                every = self.t.checkpoint_every_steps
+                if every and self.step % every == 0 and not self.source.epoch_done:
+                    self.checkpointer.save(self.step)
+                if self.step == self.total_steps:
+                    break
+            self._end_epoch()
+        bar.close()
+        if self.t.plots:
+            self.evaluator.plot(self.run_dir, self.env.is_main)
+        if start_step == self.total_steps:
+            self.say(f"nothing to do: {self.checkpointer.checkpoints.last} already holds the finished run ({self.total_steps} steps)")
+        self._close()
+        return self.last_metrics
+
+    def _log(self, window: dict, bar) -> None:
+        losses, steps, elapsed = window["losses"], window["steps"], window["seconds"]
+        metrics = {"step": self.step, "epoch": self.source.epoch, "train/loss": losses[0], "lr": self.schedule(self.step - 1),
+                   "train/img_per_s": self.source.global_batch * steps / elapsed}
+        if self.model.probe is not None:
+            metrics["train/probe_loss"] = losses[1]
+        metrics |= {k: float(v) for k, v in self.model.method.metrics().items()}
+        self.last_metrics = metrics
+        if self.logger:
+            self.logger.log(metrics)
+        bar.set_postfix(loss=f"{losses[0]:.4f}", img_s=f"{metrics['train/img_per_s']:.0f}")
+
+    def _end_epoch(self) -> None:
+        """At an epoch's end (or the last step): validate, log, move to the next epoch, checkpoint."""
+        val = self.evaluator()
+        if val:
+            self.last_metrics = {"step": self.step, "epoch": self.source.epoch, **val}
+            if self.logger:
+                self.logger.log(self.last_metrics)
+            if self.env.is_main:  # on its own line, not glued onto the progress bar
+                tqdm.write(f"epoch {self.source.epoch}: " + ", ".join(f"{k} {v:.4f}" for k, v in val.items()))
+        if self.source.epoch_done:
+            self.source.next_epoch()
+        self.checkpointer.save(self.step)
+
+    def _stop_for_preemption(self) -> dict:
+        self.checkpointer.save(self.step)
+        self.say(f"{self.preemption.received or 'a signal on another rank'}: checkpoint written at step {self.step}")
+        if self.env.is_main and self.t.requeue:
+            self.say(requeue_slurm_job() or "not under SLURM: restart the same command to resume")
+        self._close()
+        return self.last_metrics
+
+    def _close(self) -> None:
+        if self.logger:
+            self.logger.close()
+
+    def _to_device(self, batch: dict) -> dict:
+        fmt = torch.channels_last if self.channels_last else torch.preserve_format
+
+        def move(x):
+            if isinstance(x, list):
+                return [move(v) for v in x]
+            if x.is_floating_point():
+                return x.to(self.device, self.dtype, non_blocking=True, memory_format=fmt if x.dim() == 4 else torch.preserve_format)
+            return x.to(self.device, non_blocking=True)
+
+        return {k: move(v) for k, v in batch.items()}
+
+
+class MetricsWindow:
+    """Training losses summed on the device between two logging steps: read (one sync) only when logged."""
+
+    def __init__(self, device: torch.device):
+        self.losses = torch.zeros(2, dtype=torch.float64, device=device)
+        self.steps, self.start = 0, time.perf_counter()
+
+    def add(self, out: dict) -> None:
+        loss = out["loss"].detach()
+        self.losses += torch.stack([loss, out.get("probe_loss", loss).detach()]).double()
+        self.steps += 1
+
+    def flush(self) -> dict:
+        losses = self.losses / self.steps
+        if dist.is_initialized():
+            dist.all_reduce(losses)
+            losses /= dist.get_world_size()
+        window = {"losses": losses.tolist(), "steps": self.steps, "seconds": time.perf_counter() - self.start}
+        self.losses.zero_()
+        self.steps, self.start = 0, time.perf_counter()
+        return window
+
+
+def check_resumable(state: dict, cfg: DictConfig, global_batch: int) -> None:
+    """The checkpoint must have been trained with the same optimizer and global batch as this run."""
+    trained = state["config"]["optim"]["name"]
+    if trained != cfg.optim.name:
+        raise CheckpointError(
+            f"the checkpoint was trained with optim={trained}, this run asks for optim={cfg.optim.name}: "
+            "resume with the same optimizer, or start a new run dir"
+        )
+    if state["global_batch"] != global_batch:
+        raise CheckpointError(
+            f"the checkpoint was trained with a global batch of {state['global_batch']}, this run has {global_batch}: "
+            "keep data.batch_size x world size the same to resume (any world size works), or start a new run dir"
+        )
