@@ -11,22 +11,33 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from solo.distributed import gather
-from solo.distributed.check import REGISTERED, TOLERANCE, run_check
+from solo.distributed.check import TOLERANCE, _layouts, _reference, resolve, run_check
 from solo.distributed.env import detect, first_host, slurm_port
+from solo.errors import ConfigError
+from solo.losses import LOSSES
+from tests.checker_user_losses import SPECS as USER_SPECS
 from tests.wrong_losses import WRONG
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# solo's own entries: the test helpers imported above register theirs in the same LOSSES.
+BUILTIN = [name for name in LOSSES.names() if LOSSES[name].target.__module__.startswith("solo.")]
+
+
+def test_builtin_losses_are_registered_next_to_their_losses():
+    assert BUILTIN == ["barlow_twins", "clip", "nt_xent"]
+    assert resolve("clip").learnable == {"logit_scale": pytest.approx(1 / 0.07)}
+    assert resolve("nt_xent").learnable == resolve("barlow_twins").learnable == {}
 
 
 @pytest.fixture(scope="module", params=[1, 2, 3, 4], ids=lambda w: f"W{w}")
 def registered_results(request):
-    return run_check(list(REGISTERED), request.param)
+    return run_check(BUILTIN, request.param)
 
 
 def test_registered_losses_are_exact(registered_results):
     world = registered_results[0].world_size
     checked = {(r.spec, r.layout) for r in registered_results}
-    assert len(checked) == len(REGISTERED) * (1 if world == 1 else 2)  # even and uneven layouts
+    assert len(checked) == len(BUILTIN) * (1 if world == 1 else 2)  # even and uneven layouts
     for r in registered_results:
         assert r.loss_error <= TOLERANCE, r
         assert r.grad_error <= TOLERANCE, r
@@ -79,19 +90,79 @@ def test_gather_uneven_forward_and_reduce_scatter_backward():
         offset += s
 
 
-def _run_cli(*args):
+def _run_cli(*args, timeout=300):
     return subprocess.run(
-        [sys.executable, "-m", "solo.distributed.check", *args], cwd=REPO, capture_output=True, text=True, timeout=300
+        [sys.executable, "-m", "solo.distributed.check", *args], cwd=REPO, capture_output=True, text=True, timeout=timeout
     )
 
 
 def test_cli_passes_registered_and_fails_a_wrong_loss():
     good = _run_cli("--world-sizes", "2")
     assert good.returncode == 0, good.stdout + good.stderr
-    assert "all exact" in good.stdout and good.stdout.count(" ok") == 2 * len(REGISTERED)
+    assert "all exact" in good.stdout and good.stdout.count(" ok") == 2 * len(BUILTIN)
     bad = _run_cli("--world-sizes", "2", "--only", "--even-only", "tests.wrong_losses:barlow_twins_plain_all_reduce")
     assert bad.returncode == 1
     assert "MISMATCH" in bad.stdout and "1 mismatches" in bad.stdout
+
+
+@pytest.mark.parametrize(
+    "args, n_losses",
+    [(["nt_xent", "clip"], len(BUILTIN)), (["--only", *USER_SPECS], len(USER_SPECS))],
+    ids=["registered", "dozen_user_losses"],
+)
+def test_cli_with_many_results_does_not_deadlock(args, n_losses):
+    # The parent used to join the workers before reading their results: once these outgrew the pipe
+    # (~64 KiB; the dozen's 96 results of ~1.7 KB do) every worker blocked in put(), the parent in join().
+    run = _run_cli(*args, "--world-sizes", "4", timeout=240)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "all exact" in run.stdout and run.stdout.count(" ok") == 2 * n_losses
+
+
+def test_a_worker_that_raises_is_an_error_not_a_hang():
+    run = _run_cli("--only", "tests.wrong_losses:raises_on_last_rank", "--world-sizes", "3", timeout=120)
+    assert run.returncode != 0
+    assert "ProcessRaisedException" in run.stderr and "boom on the last rank" in run.stderr
+
+
+# --- user losses with learnable scalars ------------------------------------------------------------
+
+
+def test_user_loss_specs_resolve_with_their_learnable_scalars():
+    assert resolve("tests.checker_user_losses:siglip").learnable == {"logit_scale": 10.0, "bias": -10.0}
+    assert resolve("user_siglip").target is resolve("tests.checker_user_losses:siglip").target  # once imported
+    assert resolve("tests.checker_user_losses:barlow_twins_diagonal").learnable == {}  # registered, no scalar
+    assert resolve("tests.checker_user_losses:alignment").learnable == {}  # a plain function
+    with pytest.raises(ConfigError, match="unknown loss 'no_such_loss'.*nt_xent.*module:function"):
+        resolve("no_such_loss")
+
+
+def test_a_learnable_scalar_the_loss_ignores_is_refused_before_any_worker_starts():
+    with pytest.raises(ConfigError, match="does not depend on scalars.logit_scale"):
+        run_check(["tests.wrong_losses:ignores_its_scalar"], 2)
+
+
+SIGLIP = "tests.checker_user_losses:siglip"
+SIGLIP_WRONG = ["tests.wrong_losses:siglip_bias_from_local_pairs", "tests.wrong_losses:siglip_bias_gradient_summed"]
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_learnable_scalar_gradients_are_checked(world):
+    results = run_check([SIGLIP, "user_siglip", *SIGLIP_WRONG], world)
+    by_spec = {}
+    for r in results:
+        by_spec.setdefault(r.spec, []).append(r)
+    for r in by_spec[SIGLIP] + by_spec["user_siglip"]:  # by module:function and by registered name
+        assert r.ok and set(r.param_errors) >= {"scalars.logit_scale", "scalars.bias"}, r
+    # The wrong variants differ from siglip in the bias's gradient alone: the checker must blame it.
+    for r in by_spec[SIGLIP_WRONG[0]] + by_spec[SIGLIP_WRONG[1]]:
+        assert not r.ok and r.worst == "scalars.bias" and r.param_errors["scalars.bias"] > 1e-3, r
+        assert r.loss_error <= TOLERANCE, r
+        assert all(e <= TOLERANCE for name, e in r.param_errors.items() if name != "scalars.bias"), r
+    # Summed instead of averaged over ranks: off by exactly (W - 1) times the true bias gradient.
+    for r, layout in zip(by_spec[SIGLIP_WRONG[1]], _layouts(world, uneven=True)):
+        _, grads = _reference(SIGLIP, layout, seed=0)
+        scale = max(abs(g).max() for g in grads.values())
+        assert r.param_errors["scalars.bias"] == pytest.approx((world - 1) * abs(grads["scalars.bias"]) / scale, rel=1e-9)
 
 
 # --- environment detection -------------------------------------------------------------------------

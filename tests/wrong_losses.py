@@ -1,14 +1,17 @@
 """The popular ways of distributing contrastive losses that give wrong gradients.
 
-Used to show that the gradient checker rejects them: a check that cannot fail proves nothing.
+Used to show that the gradient checker rejects them: a check that cannot fail proves nothing. At the
+end, two losses for the checker's error paths: one that raises on one rank, one that ignores its scalar.
 """
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from solo.distributed import rank, world_size
+from solo.distributed import batch_sizes, rank, world_size
+from solo.losses import LOSSES, nt_xent_loss
 from solo.losses.barlow_twins import _standardise
+from tests.checker_user_losses import siglip_terms
 
 
 class GatherRankOnly(torch.autograd.Function):
@@ -64,6 +67,55 @@ def barlow_twins_plain_all_reduce(z1, z2, lambd=0.05):
     c = local + (summed - local.detach())  # the global value, with the gradient of the local term only
     diagonal = torch.diagonal(c)
     return (1 - diagonal).pow(2).sum() + lambd * (c - torch.diag(diagonal)).pow(2).sum()
+
+
+# --- learnable scalars: the forward and the encoders' gradients are right, only the bias's gradient is wrong ---
+
+
+@LOSSES.register("wrong_siglip_bias_from_local_pairs", learnable={"logit_scale": 10.0, "bias": -10.0})
+def siglip_bias_from_local_pairs(z1, z2, logit_scale, bias):
+    """The bias learns from the pairs within this rank's batch only (against the other ranks' texts it
+    is detached): its gradient misses the cross-rank pairs."""
+    sizes = batch_sizes(z1.shape[0])
+    offset = sum(sizes[: rank()])
+    columns = torch.arange(sum(sizes))
+    own_texts = (columns >= offset) & (columns < offset + z1.shape[0])
+    bias_per_pair = torch.where(own_texts.expand(z1.shape[0], -1), bias, bias.detach())
+    terms, total = siglip_terms(z1, z2, logit_scale, bias_per_pair)
+    return terms.sum() * (world_size() / total)
+
+
+class _ScaleGradient(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, factor):
+        ctx.factor = factor
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad * ctx.factor, None
+
+
+@LOSSES.register("wrong_siglip_bias_gradient_summed", learnable={"logit_scale": 10.0, "bias": -10.0})
+def siglip_bias_gradient_summed(z1, z2, logit_scale, bias):
+    """The bias's gradient summed over ranks instead of averaged (as when one all-reduces a scalar's
+    gradient by hand on top of DDP): W times the true one."""
+    terms, total = siglip_terms(z1, z2, logit_scale, _ScaleGradient.apply(bias, world_size()))
+    return terms.sum() * (world_size() / total)
+
+
+# --- not a gradient bug: a loss that fails on one rank, while the others wait in a collective ---
+
+
+def raises_on_last_rank(z1, z2):
+    if world_size() > 1 and rank() == world_size() - 1:
+        raise RuntimeError("boom on the last rank")
+    return nt_xent_loss(z1, z2, temperature=0.3)
+
+
+@LOSSES.register("wrong_ignores_its_scalar", learnable={"logit_scale": 10.0})
+def ignores_its_scalar(z1, z2, logit_scale):
+    return nt_xent_loss(z1, z2, temperature=0.3)
 
 
 WRONG = [

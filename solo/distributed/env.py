@@ -51,20 +51,18 @@ def slurm_port(job_id: str) -> int:
     return 15000 + int(digits[-8:]) % 20000
 
 
-def _missing(env: Mapping[str, str], names: tuple[str, ...]) -> list[str]:
-    return [n for n in names if n not in env]
+def _require(env: Mapping[str, str], names: tuple[str, ...], what: str, hint: str) -> None:
+    missing = [n for n in names if n not in env]
+    if missing:
+        raise RuntimeError(f"half-set {what} {', '.join(missing)} missing. {hint}")
 
 
 def detect(env: Mapping[str, str] = os.environ) -> DistEnv:
     """Read the launcher's variables. torchrun's win over SLURM's (torchrun inside an srun step)."""
     if any(n in env for n in TORCHRUN_VARS):
-        missing = _missing(env, TORCHRUN_VARS)
-        if missing:
-            present = [n for n in TORCHRUN_VARS if n in env]
-            raise RuntimeError(
-                f"half-set torchrun environment: {', '.join(present)} set but {', '.join(missing)} missing. "
-                "Launch with torchrun, or unset these variables to run as one process."
-            )
+        present = [n for n in TORCHRUN_VARS if n in env]
+        _require(env, TORCHRUN_VARS, f"torchrun environment: {', '.join(present)} set but",
+                 "Launch with torchrun, or unset these variables to run as one process.")
         return DistEnv(
             rank=int(env["RANK"]),
             local_rank=int(env["LOCAL_RANK"]),
@@ -76,12 +74,7 @@ def detect(env: Mapping[str, str] = os.environ) -> DistEnv:
     # SLURM_PROCID alone is also set in the batch script itself (one process); only an srun step
     # with several tasks is a process group of our own.
     if "SLURM_PROCID" in env and "SLURM_STEP_ID" in env:
-        missing = _missing(env, SLURM_VARS)
-        if missing:
-            raise RuntimeError(
-                f"half-set SLURM environment: {', '.join(missing)} missing. Launch with srun inside an allocation, "
-                "or use torchrun."
-            )
+        _require(env, SLURM_VARS, "SLURM environment:", "Launch with srun inside an allocation, or use torchrun.")
         return DistEnv(
             rank=int(env["SLURM_PROCID"]),
             local_rank=int(env["SLURM_LOCALID"]),

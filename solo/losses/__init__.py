@@ -3,5 +3,6 @@
 from solo.losses._checks import NonFiniteError
 from solo.losses.barlow_twins import barlow_twins_loss
 from solo.losses.contrastive import clip_loss, nt_xent_loss
+from solo.losses.registry import LOSSES
 
-__all__ = ["NonFiniteError", "barlow_twins_loss", "clip_loss", "nt_xent_loss"]
+__all__ = ["LOSSES", "NonFiniteError", "barlow_twins_loss", "clip_loss", "nt_xent_loss"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from solo.distributed import all_reduce, batch_sizes
+from solo.losses.registry import LOSSES
 from solo.losses._checks import check_non_negative, check_pair, full_precision
 
 BN_EPS = 1e-5
@@ -37,3 +38,8 @@ def barlow_twins_loss(z1: torch.Tensor, z2: torch.Tensor, lambd: float) -> torch
         on_diagonal = (1 - diagonal).pow(2).sum()
         off_diagonal = (c - torch.diag(diagonal)).pow(2).sum()  # no cancellation against the ~1 diagonal
         return on_diagonal + lambd * off_diagonal
+
+
+@LOSSES.register("barlow_twins")  # a case for the gradient checker (python -m solo.distributed.check)
+def barlow_twins_check(z1: torch.Tensor, z2: torch.Tensor) -> torch.Tensor:
+    return barlow_twins_loss(z1, z2, lambd=0.05)

@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from solo.distributed import batch_sizes, gather, rank, world_size
+from solo.losses.registry import LOSSES
 from solo.losses._checks import check_pair, check_positive, full_precision
 
 
@@ -67,3 +68,16 @@ def clip_loss(
             text_to_image, rows, reduction="sum"
         )
         return loss_sum * (world_size() / (2 * sum(sizes)))
+
+
+# Cases for the gradient checker (python -m solo.distributed.check): the losses at fixed settings.
+
+
+@LOSSES.register("nt_xent")
+def nt_xent_check(z1: torch.Tensor, z2: torch.Tensor) -> torch.Tensor:
+    return nt_xent_loss(z1, z2, temperature=0.3)
+
+
+@LOSSES.register("clip", learnable={"logit_scale": 1 / 0.07})  # the temperature is learnt, as in CLIP
+def clip_check(z1: torch.Tensor, z2: torch.Tensor, logit_scale: torch.Tensor) -> torch.Tensor:
+    return clip_loss(F.normalize(z1, dim=1), F.normalize(z2, dim=1), logit_scale)
