@@ -104,3 +104,14 @@ def test_multicrop_views_have_their_sizes_and_are_the_same_on_any_world_size():
 def test_a_method_refuses_views_it_cannot_use():
     with pytest.raises(ConfigError, match=r"simclr compares 2 view\(s\) of one size.*\[16, 16, 8, 8, 8, 8\]"):
         compose_cfg(["augmentation=multicrop_digits"])
+
+
+def test_a_dataset_from_its_own_file_trains(tmp_path):
+    from solo.train.trainer import pretrain
+
+    overrides = [o for o in TINY if not o.startswith("data.num_samples")]
+    cfg = compose_cfg(overrides + ["data.name=toy_stripes", "imports=[tests.toy_dataset]", "data.batch_size=16", "trainer.max_steps=3"])
+    final = pretrain(cfg, tmp_path)
+    assert final["val/acc1"] >= 0.0 and len(metrics(tmp_path)) == 4  # 3 training steps and one validation
+    with pytest.raises(ConfigError, match="unknown dataset data.name='no_such_data'; available: cifar10, .*toy_stripes"):
+        compose_cfg(overrides + ["data.name=no_such_data"])

@@ -426,14 +426,3 @@ def build_image_text_pairs(name: str, split: str, *, root: Optional[str], file: 
     d = SimpleNamespace(name=name, root=root, file=file, image_size=image_size)
     return build_split(d, split, seed=0, pairs=True)
 
-
-__all__ = [
-    "DIGIT_TEMPLATES",
-    "CsvPairs",
-    "DigitsPairs",
-    "ImageTextDataset",
-    "ImageTextPairs",
-    "ZeroShotEvalDataset",
-    "build_image_text_pairs",
-    "digit_caption",
-]

@@ -49,54 +49,18 @@ def _evaluate(cfg: DictConfig, run_dir: Path, env: DistEnv, device: torch.device
     if train_base is None or val_base is None or not train_base.classes:
         raise ValueError(f"linear evaluation needs labelled train and val splits; data={d.name} has none")
     classes = list(train_base.classes)
-    mean, std = dataset.stats
-    transform = build_eval_transform(d.image_size, mean, std, resize=dataset.any_size)
+    transform = build_eval_transform(d.image_size, *dataset.stats, resize=dataset.any_size)
 
-    cache = FeatureCache(cache_dir() / "features" if cfg.feature_cache else None)
-    weights_id = state_fingerprint(backbone)
-    data_id = json.dumps(
-        {k: d[k] for k in ("name", "root", "file", "image_size", "num_samples", "num_classes")}
-        | {"mean": mean, "std": std, "seed": cfg.seed}, sort_keys=True
-    )
-
-    def features(base, split: str):
-        """(features, labels) on rank 0; on the other ranks None when rank 0 found them in its cache."""
-        key = f"{weights_id}|{data_id}|{split}"
-        hit = cache.get(key) if env.is_main else None
-        if env.world_size > 1:  # all ranks extract together, or none does
-            found = torch.tensor([int(hit is not None)], device=device)
-            dist.broadcast(found, 0)
-            if found.item() and not env.is_main:
-                return None
-        if hit is not None:
-            say(f"{split} features from the cache {cache.path(key)}")
-            return hit
-        shard = list(range(env.rank, len(base), env.world_size))
-        loader = DataLoader(EvalDataset(base, transform), batch_size=d.batch_size, sampler=shard, num_workers=d.num_workers)
-        x, y = extract_features(backbone, loader, device)
-        if env.is_main:
-            cache.put(key, x, y)
-        return x, y
-
-    train, val = features(train_base, "train"), features(val_base, "val")
-    if env.is_main:
-        say(f"features: train {tuple(train[0].shape)}, val {tuple(val[0].shape)}")
+    extractor = CachedFeatures(cfg, backbone, transform, env, device)
+    train, val = extractor(train_base, "train"), extractor(val_base, "val")
     summary = {"pretrained": cfg.pretrained, "random_init": cfg.random_init, "data": d.name, "num_classes": len(classes)}
     logger = None
     if env.is_main:
+        say(f"features: train {tuple(train[0].shape)}, val {tuple(val[0].shape)}")
         run_dir.mkdir(parents=True, exist_ok=True)
         OmegaConf.save(plain(cfg), run_dir / "config.yaml")
         logger = Loggers(run_dir, cfg.logger, plain(cfg), None)
-        protocol = LinearProtocol(**OmegaConf.to_container(cfg.linear, resolve=True))
-        _, linear = train_linear(
-            (train[0].to(device), train[1].to(device)), (val[0].to(device), val[1].to(device)), len(classes),
-            protocol, log=lambda m: logger.log({k.replace("val/", "linear/"): v for k, v in m.items()}),
-        )
-        summary["linear"] = {"top1": linear["val/acc1"], "top5": linear["val/acc5"], "protocol": protocol.describe()}
-        knn = knn_accuracy(*train, *val, len(classes), cfg.knn.k, cfg.knn.temperature)
-        summary["knn"] = knn | {"protocol": f"weighted k-NN on cosine similarity, k={cfg.knn.k}, temperature {cfg.knn.temperature}"}
-        if pretrained.contents == "model" and not cfg.random_init:
-            summary["zero_shot"] = _zero_shot(pretrained, val, classes, d.name, device)
+        summary |= _frozen_results(cfg, pretrained, train, val, classes, logger, device)
         if cfg.plots:
             title = f"{cfg.pretrained}{' (random init)' if cfg.random_init else ''} on {d.name}"
             plot_embedding(val[0].numpy(), val[1].numpy(), run_dir / "embedding.png", classes, title=title)
@@ -114,6 +78,56 @@ def _evaluate(cfg: DictConfig, run_dir: Path, env: DistEnv, device: torch.device
             plot_curves(run_dir / "metrics.jsonl", run_dir / "curves.png")
         say(_format_summary(summary, run_dir))
     return summary
+
+
+class CachedFeatures:
+    """Frozen-backbone features of a split, from the feature cache or extracted in shards over the ranks."""
+
+    def __init__(self, cfg: DictConfig, backbone, transform, env: DistEnv, device: torch.device):
+        d = cfg.data
+        self.backbone, self.transform, self.env, self.device, self.data = backbone, transform, env, device, d
+        self.cache = FeatureCache(cache_dir() / "features" if cfg.feature_cache else None)
+        mean, std = DATASETS[d.name].stats
+        data_id = json.dumps(
+            {k: d[k] for k in ("name", "root", "file", "image_size", "num_samples", "num_classes")}
+            | {"mean": mean, "std": std, "seed": cfg.seed}, sort_keys=True
+        )
+        self.key_prefix = f"{state_fingerprint(backbone)}|{data_id}"
+
+    def __call__(self, base, split: str):
+        """(features, labels) on rank 0; on the other ranks None when rank 0 found them in its cache."""
+        env, key = self.env, f"{self.key_prefix}|{split}"
+        hit = self.cache.get(key) if env.is_main else None
+        if env.world_size > 1:  # all ranks extract together, or none does
+            found = torch.tensor([int(hit is not None)], device=self.device)
+            dist.broadcast(found, 0)
+            if found.item() and not env.is_main:
+                return None
+        if hit is not None:
+            print(f"{split} features from the cache {self.cache.path(key)}")
+            return hit
+        shard = list(range(env.rank, len(base), env.world_size))
+        d = self.data
+        loader = DataLoader(EvalDataset(base, self.transform), batch_size=d.batch_size, sampler=shard, num_workers=d.num_workers)
+        x, y = extract_features(self.backbone, loader, self.device)
+        if env.is_main:
+            self.cache.put(key, x, y)
+        return x, y
+
+
+def _frozen_results(cfg: DictConfig, pretrained, train, val, classes, logger, device) -> dict:
+    """Linear (logged per epoch), k-NN and, for image-text models, zero-shot results on frozen features."""
+    protocol = LinearProtocol(**OmegaConf.to_container(cfg.linear, resolve=True))
+    _, linear = train_linear(
+        (train[0].to(device), train[1].to(device)), (val[0].to(device), val[1].to(device)), len(classes),
+        protocol, log=lambda m: logger.log({k.replace("val/", "linear/"): v for k, v in m.items()}),
+    )
+    results = {"linear": {"top1": linear["val/acc1"], "top5": linear["val/acc5"], "protocol": protocol.describe()}}
+    knn = knn_accuracy(*train, *val, len(classes), cfg.knn.k, cfg.knn.temperature)
+    results["knn"] = knn | {"protocol": f"weighted k-NN on cosine similarity, k={cfg.knn.k}, temperature {cfg.knn.temperature}"}
+    if pretrained.contents == "model" and not cfg.random_init:
+        results["zero_shot"] = _zero_shot(pretrained, val, classes, cfg.data.name, device)
+    return results
 
 
 @torch.no_grad()

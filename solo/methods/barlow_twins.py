@@ -4,10 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
-
 from solo.losses import barlow_twins_loss
-from solo.methods.base import Method, mlp, register_method, two_view_features
+from solo.methods.base import TwoViewMethod, mlp, register_method
 
 
 @dataclass
@@ -20,13 +18,11 @@ class BarlowTwinsConfig:
 
 
 @register_method("barlow_twins", schema=BarlowTwinsConfig)
-class BarlowTwins(Method):
+class BarlowTwins(TwoViewMethod):
     def __init__(self, backbone, feature_dim: int, cfg: BarlowTwinsConfig):
         super().__init__(backbone, feature_dim)
         self.projector = mlp([feature_dim, cfg.proj_hidden_dim, cfg.proj_hidden_dim, cfg.proj_output_dim])
         self.lambd, self.scale_loss = cfg.lambd, cfg.scale_loss
 
-    def forward(self, batch: dict) -> dict:
-        f1, f2 = two_view_features(self.backbone, batch["views"])
-        loss = self.scale_loss * barlow_twins_loss(self.projector(f1), self.projector(f2), self.lambd)
-        return {"loss": loss, "features": torch.cat([f1, f2]), "labels": batch["label"].repeat(2)}
+    def loss(self, z1, z2):
+        return self.scale_loss * barlow_twins_loss(z1, z2, self.lambd)

@@ -118,6 +118,14 @@ def mlp(dims: list[int], *, last_bn: bool = False) -> nn.Sequential:
     return nn.Sequential(*layers)
 
 
-def two_view_features(backbone: nn.Module, views: list[torch.Tensor]) -> list[torch.Tensor]:
-    # One backbone call per view: BatchNorm statistics stay per view, as in the SimCLR/Barlow Twins papers.
-    return [backbone(v) for v in views]
+class TwoViewMethod(Method):
+    """Two views through the backbone and `self.projector`; subclasses give `loss(z1, z2)`."""
+
+    def loss(self, z1: torch.Tensor, z2: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def forward(self, batch: dict) -> dict:
+        # One backbone call per view: BatchNorm statistics stay per view, as in the SimCLR/Barlow Twins papers.
+        f1, f2 = (self.backbone(v) for v in batch["views"])
+        loss = self.loss(self.projector(f1), self.projector(f2))
+        return {"loss": loss, "features": torch.cat([f1, f2]), "labels": batch["label"].repeat(2)}

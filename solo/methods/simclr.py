@@ -4,10 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
-
 from solo.losses import nt_xent_loss
-from solo.methods.base import Method, mlp, register_method, two_view_features
+from solo.methods.base import TwoViewMethod, mlp, register_method
 
 
 @dataclass
@@ -19,13 +17,11 @@ class SimCLRConfig:
 
 
 @register_method("simclr", schema=SimCLRConfig)
-class SimCLR(Method):
+class SimCLR(TwoViewMethod):
     def __init__(self, backbone, feature_dim: int, cfg: SimCLRConfig):
         super().__init__(backbone, feature_dim)
         self.projector = mlp([feature_dim, cfg.proj_hidden_dim, cfg.proj_output_dim])
         self.temperature = cfg.temperature
 
-    def forward(self, batch: dict) -> dict:
-        f1, f2 = two_view_features(self.backbone, batch["views"])
-        loss = nt_xent_loss(self.projector(f1), self.projector(f2), self.temperature)
-        return {"loss": loss, "features": torch.cat([f1, f2]), "labels": batch["label"].repeat(2)}
+    def loss(self, z1, z2):
+        return nt_xent_loss(z1, z2, self.temperature)
