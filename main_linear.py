@@ -8,6 +8,7 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
+from solo.cli import friendly_errors
 from solo.config import register_configs
 from solo.eval.offline import evaluate_pretrained
 
@@ -15,6 +16,7 @@ register_configs()
 
 
 @hydra.main(config_path="configs", config_name="linear", version_base="1.3")
+@friendly_errors
 def main(cfg: DictConfig) -> None:
     evaluate_pretrained(cfg, HydraConfig.get().runtime.output_dir)
 

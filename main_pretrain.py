@@ -4,6 +4,7 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
+from solo.cli import friendly_errors
 from solo.config import register_configs
 from solo.train.trainer import pretrain
 
@@ -11,6 +12,7 @@ register_configs()
 
 
 @hydra.main(config_path="configs", config_name="pretrain", version_base="1.3")
+@friendly_errors
 def main(cfg: DictConfig) -> None:
     pretrain(cfg, HydraConfig.get().runtime.output_dir)
 

@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import functools
+import logging
 import os
+import re
 import sys
+from pathlib import Path
+
+from tqdm import tqdm
 
 from omegaconf.errors import OmegaConfBaseException
 
@@ -38,3 +43,18 @@ def friendly_errors(main):
             sys.exit(2)
 
     return run
+
+
+class ProgressBarSafeHandler(logging.StreamHandler):
+    """Console log lines written with tqdm.write: on a line of their own, the progress bar redrawn below."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        tqdm.write(self.format(record), file=sys.stdout)
+
+
+def eval_name(pretrained: str, random_init: bool) -> str:
+    """A run-directory name for evaluating `pretrained`: a zoo name, or the run (and step) a path points to."""
+    path = Path(str(pretrained))
+    parts = [path.parent.parent.name, path.stem] if path.parent.name == "checkpoints" else [path.stem if path.suffix else path.name]
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "_", "-".join(p for p in parts if p))
+    return name + ("-random_init" if random_init else "")

@@ -18,9 +18,12 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from solo.cli import eval_name
 from solo.data.transforms import ViewAugmentation
+from solo.distributed.env import detect
 from solo.errors import ConfigError
 from solo.eval.linear import LinearProtocol
+from solo.schema import AT_LEAST_ONE, MOMENTUM, NON_NEGATIVE, POSITIVE, check_values, ruled
 
 
 class Choice(str, Enum):
@@ -44,6 +47,8 @@ Precision = choices("Precision", "32", "bf16", "16", "64")
 LRScaling = choices("LRScaling", "linear", "sqrt", "none")
 # auto: online with credentials, else offline.
 WandbMode = choices("WandbMode", "auto", "online", "offline")
+# error: an unreadable image stops the run, naming it; skip: the next readable sample takes its place, counted.
+OnBadImage = choices("OnBadImage", "error", "skip")
 
 
 @dataclass
@@ -60,11 +65,13 @@ class DataConfig:
     root: Optional[str] = None
     file: Optional[str] = None  # csv only: the captions file, may contain {split}, relative paths from root
     download: bool = False
-    image_size: int = 16  # the size of every view that sets no size of its own, and of evaluation images
-    batch_size: int = 128  # per process; the global batch is batch_size x world size
-    num_workers: int = 2
-    num_samples: int = 1000  # synthetic only
-    num_classes: int = 10  # synthetic only
+    image_size: int = ruled(16, AT_LEAST_ONE)  # the size of every view that sets no size of its own, and of evaluation images
+    batch_size: int = ruled(128, AT_LEAST_ONE)  # per process; the global batch is batch_size x world size
+    num_workers: Optional[int] = ruled(None, NON_NEGATIVE)  # DataLoader workers per process; None: what the machine has
+    on_bad_image: OnBadImage = OnBadImage("error")
+    check_images: int = ruled(100, NON_NEGATIVE)  # decoded at start, to find unreadable files before training
+    num_samples: int = ruled(1000, AT_LEAST_ONE)  # synthetic only
+    num_classes: int = ruled(10, AT_LEAST_ONE)  # synthetic only
 
 
 @dataclass
@@ -76,37 +83,38 @@ class AugmentationConfig:
 @dataclass
 class OptimConfig:
     name: str = "lars"  # a registered optimizer: lars | sgd | adamw
-    lr: float = 0.3  # for a global batch of 256 under lr_scaling=linear
+    lr: float = ruled(0.3, POSITIVE)  # for a global batch of 256 under lr_scaling=linear
     lr_scaling: LRScaling = LRScaling("linear")
-    weight_decay: float = 1e-6
-    momentum: float = 0.9
-    eta: float = 0.02  # LARS trust coefficient
+    weight_decay: float = ruled(1e-6, NON_NEGATIVE)
+    momentum: float = ruled(0.9, MOMENTUM)
+    eta: float = ruled(0.02, POSITIVE)  # LARS trust coefficient
     betas: List[float] = field(default_factory=lambda: [0.9, 0.999])  # AdamW
     exclude_bias_and_norm: bool = True
-    warmup_epochs: float = 1.0
-    warmup_start_lr: float = 0.0
-    final_lr: float = 0.0
-    grad_clip: Optional[float] = None  # max global gradient norm
-    probe_lr: float = 0.1  # online linear probe (no weight decay, not LARS-adapted)
+    warmup_epochs: float = ruled(1.0, NON_NEGATIVE)
+    warmup_start_lr: float = ruled(0.0, NON_NEGATIVE)
+    final_lr: float = ruled(0.0, NON_NEGATIVE)
+    grad_clip: Optional[float] = ruled(None, POSITIVE)  # max global gradient norm
+    probe_lr: float = ruled(0.1, POSITIVE)  # online linear probe (no weight decay, not LARS-adapted)
 
 
 @dataclass
 class TrainerConfig:
-    max_epochs: int = 10
+    max_epochs: int = ruled(10, AT_LEAST_ONE)
     max_steps: int = -1  # > 0 stops there (and sets the schedule's length)
     seed: int = 0
     precision: Precision = Precision("32")
     sync_batchnorm: bool = True  # global-batch BatchNorm statistics when W > 1
     channels_last: bool = True  # CUDA only
     resume: bool = True  # continue from <run dir>/checkpoints/last.pt when it exists
-    checkpoint_every_steps: int = 0  # 0: only at epoch ends
-    preempt_signals: List[str] = field(default_factory=lambda: ["SIGUSR1", "SIGTERM"])  # checkpoint, requeue, exit
+    checkpoint_every_steps: int = ruled(0, NON_NEGATIVE)  # 0: only at epoch ends
+    # Finish the step, checkpoint, (under SLURM) requeue, exit; a second SIGINT (Ctrl-C) exits at once.
+    preempt_signals: List[str] = field(default_factory=lambda: ["SIGUSR1", "SIGTERM", "SIGINT"])
     requeue: bool = True  # under SLURM, `scontrol requeue` the job after a preemption checkpoint
-    keep_checkpoints: int = 2
-    log_every_steps: int = 10
+    keep_checkpoints: int = ruled(2, AT_LEAST_ONE)
+    log_every_steps: int = ruled(10, AT_LEAST_ONE)
     probe: bool = True  # online linear probe on detached backbone features (needs labels)
-    knn_k: int = 0  # > 0: online weighted k-NN val accuracy each epoch (cosine, k neighbours; needs labels)
-    knn_temperature: float = 0.07
+    knn_k: int = ruled(0, NON_NEGATIVE)  # > 0: online weighted k-NN val accuracy each epoch (cosine, k neighbours; needs labels)
+    knn_temperature: float = ruled(0.07, POSITIVE)
     plots: bool = True  # at the end: curves.png from metrics.jsonl, embedding.png of val features (labels)
     progress_bar: bool = True
 
@@ -162,9 +170,40 @@ class LinearEvalConfig:
 
 
 def register_configs() -> None:
+    import solo.methods  # noqa: F401  (stores each method's schema as /schema/method/<name>)
+
     cs = ConfigStore.instance()
     cs.store(name="pretrain_schema", node=PretrainConfig)
     cs.store(name="linear_schema", node=LinearEvalConfig)
+    # For the default run directory's name: data.batch_size x the processes the launcher starts.
+    OmegaConf.register_new_resolver("solo.global_batch", lambda batch_size: int(batch_size) * detect().world_size, replace=True)
+    OmegaConf.register_new_resolver("solo.eval_name", eval_name, replace=True)
+
+
+# What may differ between a checkpoint's run and the run that resumes it: how long, how often, where,
+# how it is logged and evaluated. data.batch_size too, as long as the global batch stays (checked apart).
+SAFE_TO_CHANGE = (
+    "trainer.max_epochs", "trainer.max_steps", "trainer.resume", "trainer.checkpoint_every_steps",
+    "trainer.keep_checkpoints", "trainer.preempt_signals", "trainer.requeue", "trainer.log_every_steps",
+    "trainer.knn_k", "trainer.knn_temperature", "trainer.plots", "trainer.progress_bar", "trainer.channels_last",
+    "data.batch_size", "data.num_workers", "data.root", "data.file", "data.download", "logger", "imports",
+)
+
+
+def changed_keys(trained: dict, now: dict) -> list[tuple[str, object, object]]:
+    """(key, trained value, new value) for every training-relevant key whose value differs; keys that only
+    one side has (added by a newer solo) are not compared."""
+    old, new = _flatten(trained), _flatten(now)
+    safe = tuple(SAFE_TO_CHANGE) + tuple(k + "." for k in SAFE_TO_CHANGE)
+    return [(k, old[k], new[k]) for k in sorted(old.keys() & new.keys()) if old[k] != new[k] and not k.startswith(safe)]
+
+
+def _flatten(value, key: str = "") -> dict:
+    if isinstance(value, dict):
+        return {k: v for name, item in value.items() for k, v in _flatten(item, f"{key}.{name}" if key else name).items()}
+    if isinstance(value, list) and any(isinstance(item, dict) for item in value):
+        return {k: v for i, item in enumerate(value) for k, v in _flatten(item, f"{key}[{i}]").items()}
+    return {key: value}
 
 
 def validate_pretrain(cfg: DictConfig) -> DictConfig:
@@ -186,6 +225,7 @@ def validate_pretrain(cfg: DictConfig) -> DictConfig:
         checked = OmegaConf.merge(schema, cfg)
     except OmegaConfBaseException as e:
         raise ConfigError(f"invalid config: {e}") from None
+    check_values(checked)
     DATASETS[checked.data.name], OPTIMIZERS[checked.optim.name], LOGGERS[checked.logger.name]  # noqa: B018
     method.target.check_data(view_sizes(checked.augmentation.views, checked.data.image_size), DATASETS[checked.data.name])
     return checked

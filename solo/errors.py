@@ -9,8 +9,12 @@ class ConfigError(SoloError, ValueError):
     """A configuration value, key or combination that cannot work."""
 
 
-class DataError(SoloError):
-    """Data that cannot be read: a missing folder, an unreadable image, too few samples."""
+class NotFound(SoloError, FileNotFoundError):
+    """A file or folder that the configuration names does not exist."""
+
+
+class DataError(SoloError, ValueError):
+    """Data that exists but cannot be used: wrong columns, empty captions, too few samples."""
 
 
 class CheckpointError(SoloError, RuntimeError):

@@ -3,7 +3,6 @@
 import csv
 
 import pytest
-import torch
 from PIL import Image
 
 from solo.train.trainer import pretrain
@@ -24,7 +23,7 @@ TINY_CLIP = [
 ]
 
 
-@pytest.mark.parametrize("world", [2, 3])
+@pytest.mark.parametrize("world", [2, pytest.param(3, marks=pytest.mark.slow)])
 def test_clip_step_is_world_size_invariant(tmp_path, world):
     """One step of the whole model (image tower, text tower, logit scale) on W processes == one process."""
     common = TINY_CLIP + ["trainer.max_steps=1", "trainer.precision=64"]
@@ -37,6 +36,7 @@ def test_clip_step_is_world_size_invariant(tmp_path, world):
     assert worst <= 1e-10 * max(moved.values()), f"{name} differs by {worst}"
 
 
+@pytest.mark.slow
 def test_clip_learns_zero_shot_on_digits(tmp_path):
     final = pretrain(compose_cfg(["method=clip", "trainer.max_epochs=3", "trainer.progress_bar=false"]), tmp_path)
     assert final["val/zeroshot_acc1"] >= 0.3  # chance is 0.1

@@ -107,7 +107,7 @@ def test_cli_passes_registered_and_fails_a_wrong_loss():
 
 @pytest.mark.parametrize(
     "args, n_losses",
-    [(["nt_xent", "clip"], len(BUILTIN)), (["--only", *USER_SPECS], len(USER_SPECS))],
+    [pytest.param(["nt_xent", "clip"], len(BUILTIN), marks=pytest.mark.slow), (["--only", *USER_SPECS], len(USER_SPECS))],
     ids=["registered", "dozen_user_losses"],
 )
 def test_cli_with_many_results_does_not_deadlock(args, n_losses):
@@ -122,6 +122,14 @@ def test_a_worker_that_raises_is_an_error_not_a_hang():
     run = _run_cli("--only", "tests.wrong_losses:raises_on_last_rank", "--world-sizes", "3", timeout=120)
     assert run.returncode != 0
     assert "ProcessRaisedException" in run.stderr and "boom on the last rank" in run.stderr
+
+
+def test_a_loss_that_needs_equal_batches_is_told_to_use_even_only():
+    run = _run_cli("--only", "tests.wrong_losses:needs_equal_batches", "--world-sizes", "2", timeout=120)
+    assert run.returncode == 2 and "Traceback" not in run.stderr, run.stderr
+    assert "uneven per-rank batches [2, 5] at W=2" in run.stderr and "--even-only" in run.stderr
+    run = _run_cli("--only", "tests.wrong_losses:needs_equal_batches", "--world-sizes", "2", "--even-only", timeout=120)
+    assert run.returncode == 0 and "all exact" in run.stdout, run.stdout + run.stderr
 
 
 # --- user losses with learnable scalars ------------------------------------------------------------

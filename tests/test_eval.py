@@ -72,6 +72,7 @@ def _looks_drawn(path, min_colours=4):
     assert len(np.unique(image.reshape(-1, 3), axis=0)) >= min_colours  # not blank: axes, points, several colours
 
 
+@pytest.mark.slow
 def test_online_knn_equals_offline_knn_and_plots_are_written(tmp_path, monkeypatch):
     """2-process pretraining with the online k-NN; main_linear on its checkpoint (1 process) gets the same k-NN."""
     monkeypatch.setenv("SOLO_CACHE", str(tmp_path / "cache"))

@@ -1,6 +1,5 @@
 """Tests for solo.train.optim, checked against hand-computed numbers and torch's own optimizers."""
 
-import copy
 import math
 
 import pytest

@@ -12,7 +12,9 @@ import pytest
 import torch
 
 from solo.train.checkpoint import Checkpoints
-from tests.test_train import REPO, TINY, kill_processes_mentioning, launch, metrics, run, weights
+from tests.test_train import REPO, TINY, launch, metrics, run, weights
+
+pytestmark = pytest.mark.slow  # launches and restarts of 2-process jobs: minutes; `pytest -m slow`
 
 COMMON = TINY + ["data.num_samples=128", "data.batch_size=8", "trainer.max_steps=48", "trainer.checkpoint_every_steps=5"]
 

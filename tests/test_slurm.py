@@ -14,6 +14,8 @@ import torch
 from tests.test_restarts import _free_port
 from tests.test_train import REPO, TINY
 
+pytestmark = pytest.mark.slow  # a real SLURM cluster and several jobs: minutes; `pytest -m slow`
+
 DAEMONS = ("munged", "munge", "slurmctld", "slurmd", "sbatch", "scontrol", "scancel", "sinfo")
 
 

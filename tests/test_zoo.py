@@ -38,7 +38,7 @@ def test_every_entry_loads_verified_and_runs():
         images = torch.stack([solo.zoo.eval_transform(name)(image) for image, _ in digits])
         with torch.no_grad():
             if entry["contents"] == "model":
-                features, embedding = module.encode_image(images)
+                features, embedding = module.image_features(images), module.encode_image(images)
                 assert embedding.norm(dim=1).allclose(torch.ones(4), atol=1e-5)
                 assert hasattr(module, "encode_text")
             else:

@@ -123,3 +123,13 @@ WRONG = [
     "tests.wrong_losses:nt_xent_full_loss_rank_only_gather",
     "tests.wrong_losses:barlow_twins_plain_all_reduce",
 ]
+
+
+def needs_equal_batches(z1, z2):
+    """Exact on equal per-rank batches, but its plain all_gather of local-shaped tensors cannot take uneven ones."""
+    n = z1.shape[0]
+    if world_size() > 1:
+        out = [torch.empty_like(z1) for _ in range(world_size())]
+        dist.all_gather(out, z1.detach().contiguous())
+        n = sum(o.shape[0] for o in out)
+    return (z1 * z2).sum() * world_size() / n

@@ -7,6 +7,8 @@ import torch
 import torchvision
 from torch import nn
 
+from solo.errors import ConfigError
+
 TORCHVISION_PREFIX = "torchvision."
 # Only the ResNet family: they all expose `fc` as the head and `conv1`/`maxpool` as the stem.
 TORCHVISION_RESNETS = tuple(
@@ -26,7 +28,7 @@ def create_backbone(
     """
     if name.startswith(TORCHVISION_PREFIX):
         if name not in TORCHVISION_RESNETS:
-            raise ValueError(
+            raise ConfigError(
                 f"unsupported torchvision backbone '{name}'; only the ResNet family is: "
                 + ", ".join(TORCHVISION_RESNETS)
             )
@@ -42,7 +44,7 @@ def create_backbone(
     else:
         matches = difflib.get_close_matches(name, timm.list_models() + list(TORCHVISION_RESNETS))
         hint = f"did you mean: {', '.join(matches)}? " if matches else ""
-        raise ValueError(
+        raise ConfigError(
             f"unknown backbone '{name}'; {hint}timm models are named as-is, torchvision "
             f"models take the '{TORCHVISION_PREFIX}' prefix (e.g. '{TORCHVISION_PREFIX}resnet50')"
         )
@@ -58,7 +60,7 @@ def _use_small_stem(model: nn.Module, name: str) -> None:
     # timm's deep stems (e.g. resnet18d) are a Sequential; only its first conv has the stride.
     first = conv1[0] if isinstance(conv1, nn.Sequential) else conv1
     if not isinstance(first, nn.Conv2d) or not hasattr(model, "maxpool"):
-        raise ValueError(
+        raise ConfigError(
             f"small_stem applies to ResNet-style stems (conv1 + maxpool), which '{name}' lacks; "
             "for ViTs pass e.g. img_size=32, patch_size=4 via model_kwargs instead"
         )

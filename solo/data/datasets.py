@@ -14,7 +14,7 @@ from typing import List, Optional, Tuple
 import numpy as np
 from PIL import Image
 
-from solo.errors import ConfigError
+from solo.errors import ConfigError, DataError, NotFound, SoloError
 from solo.registry import Registry
 
 # (mean, std) per RGB channel, in [0, 1] units, used by the Normalize transform.
@@ -44,7 +44,7 @@ IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".pgm", ".bmp", ".tif", ".tif
 
 def _check_split(split: str, dataset: str) -> None:
     if split not in SPLITS:
-        raise ValueError(f"{dataset}: unknown split {split!r}; expected one of {list(SPLITS)}")
+        raise DataError(f"{dataset}: unknown split {split!r}; expected one of {list(SPLITS)}")
 
 
 def _check_index(index: int, length: int, dataset: str) -> int:
@@ -53,7 +53,7 @@ def _check_index(index: int, length: int, dataset: str) -> int:
     return index
 
 
-class ImageReadError(RuntimeError):
+class ImageReadError(SoloError, RuntimeError):
     """An image file exists but cannot be decoded."""
 
 
@@ -119,7 +119,7 @@ class SyntheticDataset:
         split: str = "train",
     ):
         if num_samples < 1 or image_size < 1 or num_classes < 1:
-            raise ValueError(
+            raise DataError(
                 "SyntheticDataset needs positive sizes, got "
                 f"num_samples={num_samples}, image_size={image_size}, num_classes={num_classes}"
             )
@@ -178,7 +178,7 @@ class _CIFARBase:
             self._download(root)
             missing = [p for p in missing if not os.path.isfile(p)]
         if missing:
-            raise FileNotFoundError(
+            raise NotFound(
                 f"{self.name}: expected the python-pickle layout at {base}, missing {missing}. "
                 "Set data.download=true to download it, or point data.root at the folder "
                 f"that contains {self.folder}/."
@@ -190,7 +190,7 @@ class _CIFARBase:
             entry = _load_pickle(path)
             data = np.asarray(_get(entry, "data", path), dtype=np.uint8)
             if data.ndim != 2 or data.shape[1] != 3 * 32 * 32:
-                raise ValueError(f"{path}: 'data' should have shape (N, 3072), got {data.shape}")
+                raise DataError(f"{path}: 'data' should have shape (N, 3072), got {data.shape}")
             images.append(data.reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1))  # to (N, H, W, C)
             labels.extend(int(t) for t in _get(entry, self.label_key, path))
         self.images = np.ascontiguousarray(np.concatenate(images))
@@ -276,14 +276,14 @@ class ImageFolderDataset:
         _check_split(split, "imagefolder")
         self.split_dir = os.path.join(root, split)
         if not os.path.isdir(self.split_dir):
-            raise FileNotFoundError(
+            raise NotFound(
                 f"imagefolder: no folder {self.split_dir}; expected {root}/{split}/<class>/<image> "
                 f"or unlabeled images directly in {root}/{split}/. Check data.root."
             )
         class_dirs = _list_class_dirs(self.split_dir)
         loose = sorted(f for f in os.listdir(self.split_dir) if _is_image(f))
         if class_dirs and loose:
-            raise ValueError(
+            raise DataError(
                 f"imagefolder: {self.split_dir} has both class folders and loose images "
                 f"(e.g. {loose[0]}); use one layout: all images in class folders, or none"
             )
@@ -294,7 +294,7 @@ class ImageFolderDataset:
             class_to_idx = {c: i for i, c in enumerate(self.classes)}
             unknown = [c for c in class_dirs if c not in class_to_idx]
             if unknown:
-                raise ValueError(
+                raise DataError(
                     f"imagefolder: class folders {unknown} in {self.split_dir} are not among "
                     f"the {len(self.classes)} known classes (e.g. those of the train split)"
                 )
@@ -305,7 +305,7 @@ class ImageFolderDataset:
             self.classes = None
             self.samples = [(os.path.join(self.split_dir, f), -1) for f in loose]
         if not self.samples:
-            raise FileNotFoundError(
+            raise NotFound(
                 f"imagefolder: no images ({', '.join(IMG_EXTENSIONS)}) found under {self.split_dir}"
             )
 

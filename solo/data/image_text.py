@@ -28,8 +28,8 @@ import torch
 from PIL import Image
 
 from solo.data.datasets import DigitsDataset, ImageReadError, build_split, register_dataset
-from solo.errors import ConfigError
-from solo.data.multiview import epoch_and_index
+from solo.errors import ConfigError, DataError, NotFound
+from solo.data.multiview import epoch_and_index, read_or_skip
 from solo.data.seeding import sample_seed, seeded_rng
 
 # ------------------------------------------------------------------------- captions
@@ -50,7 +50,7 @@ def digit_caption(template: str, label: int) -> str:
     """Fill ``template``: ``{word}`` -> class name ("seven"), ``{numeral}`` -> "7"."""
     label = operator.index(label)
     if not 0 <= label < len(DigitsDataset.classes):
-        raise ValueError(f"digit label must be in 0..9, got {label}")
+        raise DataError(f"digit label must be in 0..9, got {label}")
     return template.format(word=DigitsDataset.classes[label], numeral=str(label))
 
 
@@ -97,7 +97,7 @@ class DigitsPairs(ImageTextPairs):
 
     def __init__(self, split: str, image_size: int, templates: Sequence[str] = DIGIT_TEMPLATES):
         if len(templates) == 0:
-            raise ValueError("DigitsPairs needs at least one caption template")
+            raise DataError("DigitsPairs needs at least one caption template")
         self.base = DigitsDataset(split, image_size)
         self.templates = list(templates)
         self.classes = list(DigitsDataset.classes)
@@ -150,14 +150,14 @@ class CsvPairs(ImageTextPairs):
         self.file = os.fspath(file)
         ext = os.path.splitext(self.file)[1].lower()
         if ext not in (".csv", ".jsonl"):
-            raise ValueError(f"{self.file}: unsupported caption file type {ext!r}; use .csv or .jsonl")
+            raise DataError(f"{self.file}: unsupported caption file type {ext!r}; use .csv or .jsonl")
         if not os.path.isfile(self.file):
-            raise FileNotFoundError(f"caption file {self.file} does not exist")
+            raise NotFound(f"caption file {self.file} does not exist")
         self.root = os.fspath(root) if root is not None else os.path.dirname(os.path.abspath(self.file))
 
         rows = self._read_csv() if ext == ".csv" else self._read_jsonl()
         if not rows:
-            raise ValueError(f"{self.file}: no data rows")
+            raise DataError(f"{self.file}: no data rows")
 
         self.paths: List[str] = []
         self.captions: List[str] = []
@@ -171,7 +171,7 @@ class CsvPairs(ImageTextPairs):
         if missing:
             listed = ", ".join(f"row {r}: {p}" for r, p in missing[:_MAX_LISTED])
             more = f", ... ({len(missing) - _MAX_LISTED} more)" if len(missing) > _MAX_LISTED else ""
-            raise FileNotFoundError(
+            raise NotFound(
                 f"{self.file}: {len(missing)} of {len(self.paths)} image files do not exist "
                 f"({self._row_note}; relative paths are under {self.root}): {listed}{more}"
             )
@@ -204,7 +204,7 @@ class CsvPairs(ImageTextPairs):
                 problems.append(f"unknown {unknown}")
             if duplicated:
                 problems.append(f"duplicated {duplicated}")
-            raise ValueError(
+            raise DataError(
                 f"{where}: wrong columns ({'; '.join(problems)}): expected {expected}, found {list(found)}"
             )
 
@@ -214,7 +214,7 @@ class CsvPairs(ImageTextPairs):
             reader = csv.reader(f)
             header = next(reader, None)
             if header is None:
-                raise ValueError(
+                raise DataError(
                     f"{self.file}: empty file; expected a header row with the columns "
                     f"{list(self.REQUIRED + self.OPTIONAL)} ('label' optional)"
                 )
@@ -223,7 +223,7 @@ class CsvPairs(ImageTextPairs):
             for row_no, values in enumerate((v for v in reader if v), start=1):
                 # Fully blank lines come back as [] and are skipped above; anything else is a row.
                 if len(values) != len(header):
-                    raise ValueError(
+                    raise DataError(
                         f"{self._where(row_no, reader.line_num)}: {len(values)} values for "
                         f"{len(header)} columns {header}: {values}"
                     )
@@ -244,13 +244,13 @@ class CsvPairs(ImageTextPairs):
                 try:
                     obj = json.loads(line)
                 except json.JSONDecodeError as e:
-                    raise ValueError(f"{where}: not valid JSON ({e}): {line.strip()[:200]!r}") from None
+                    raise DataError(f"{where}: not valid JSON ({e}): {line.strip()[:200]!r}") from None
                 if not isinstance(obj, dict):
-                    raise ValueError(f"{where}: expected a JSON object, got {type(obj).__name__}: {obj!r}")
+                    raise DataError(f"{where}: expected a JSON object, got {type(obj).__name__}: {obj!r}")
                 self._check_fields(list(obj), where)
                 for key in self.REQUIRED:
                     if not isinstance(obj[key], str):
-                        raise ValueError(
+                        raise DataError(
                             f"{where}: {key!r} must be a string, got {type(obj[key]).__name__} {obj[key]!r}"
                         )
                 rows.append((row_no, line_no, obj["image"], obj["caption"], obj.get("label")))
@@ -261,13 +261,13 @@ class CsvPairs(ImageTextPairs):
     def _resolve(self, image: str, row_no: int, line_no: int) -> str:
         image = image.strip()
         if not image:
-            raise ValueError(f"{self._where(row_no, line_no)}: empty image path")
+            raise DataError(f"{self._where(row_no, line_no)}: empty image path")
         return image if os.path.isabs(image) else os.path.join(self.root, image)
 
     def _check_caption(self, caption: str, row_no: int, line_no: int) -> str:
         text = caption.strip()
         if not text:
-            raise ValueError(f"{self._where(row_no, line_no)}: empty caption {caption!r}")
+            raise DataError(f"{self._where(row_no, line_no)}: empty caption {caption!r}")
         return text
 
     def _check_label(self, label, row_no: int, line_no: int) -> int:
@@ -280,7 +280,7 @@ class CsvPairs(ImageTextPairs):
             value = label
         if value is not None and value >= -1:
             return value
-        raise ValueError(
+        raise DataError(
             f"{self._where(row_no, line_no)}: bad label {label!r}; expected a non-negative integer "
             "class id (empty or -1 for unknown)"
         )
@@ -325,13 +325,14 @@ class ImageTextDataset:
     at start from their lengths alone, and a single UserWarning reports it.
     """
 
-    def __init__(self, pairs: ImageTextPairs, transform: Callable, tokenizer, seed: int):
+    def __init__(self, pairs: ImageTextPairs, transform: Callable, tokenizer, seed: int, skip_bad: bool = False):
         if len(pairs) == 0:
-            raise ValueError(f"{type(pairs).__name__} is empty: no image-text pairs")
+            raise DataError(f"{type(pairs).__name__} is empty: no image-text pairs")
         self.pairs = pairs
         self.transform = transform
         self.tokenizer = tokenizer
         self.seed = seed
+        self.skip_bad = skip_bad  # an unreadable image: the next readable pair (see read_or_skip)
         distinct = {caption for index in range(len(pairs)) for caption in pairs.caption_options(index)}
         truncated = sorted(c for c in distinct if tokenizer.truncates(c))
         self.truncated_captions = len(truncated)
@@ -355,9 +356,9 @@ class ImageTextDataset:
         return len(self.pairs)
 
     def __getitem__(self, key: Tuple[int, int]) -> Dict:
-        epoch, index = epoch_and_index(key, len(self), type(self).__name__)
-        image = self.pairs.image(index)
-        with seeded_rng(sample_seed(self.seed, epoch, index, 0)):
+        epoch, key_index = epoch_and_index(key, len(self), type(self).__name__)
+        image, index = read_or_skip(self.pairs.image, key_index, len(self), self.skip_bad)
+        with seeded_rng(sample_seed(self.seed, epoch, key_index, 0)):
             image = self.transform(image)
         options = self.pairs.caption_options(index)
         choice = 0
@@ -365,7 +366,8 @@ class ImageTextDataset:
             g = torch.Generator().manual_seed(sample_seed(self.seed, epoch, index, 1))
             choice = int(torch.randint(len(options), (1,), generator=g))
         text, _ = self.tokenizer.encode(options[choice])
-        return {"image": image, "text": text, "label": int(self.pairs.label(index)), "index": index}
+        label = int(self.pairs.label(index))
+        return {"image": image, "text": text, "label": label, "index": key_index, "skipped": int(index != key_index)}
 
 
 class ZeroShotEvalDataset:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from solo.errors import ConfigError
+
 
 class GlobalBatchSampler:
     """Yields, for one rank, its contiguous slice of each global batch as a list of (epoch, index) keys.
@@ -16,7 +18,7 @@ class GlobalBatchSampler:
     def __init__(self, num_samples: int, batch_size: int, rank: int, world_size: int, seed: int):
         self.global_batch = batch_size * world_size
         if self.global_batch > num_samples:
-            raise ValueError(
+            raise ConfigError(
                 f"the global batch ({batch_size} per process x {world_size} processes = {self.global_batch}) "
                 f"is larger than the dataset ({num_samples} samples); lower data.batch_size"
             )

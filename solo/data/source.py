@@ -7,11 +7,20 @@ were not trained on yet, on any world size that keeps the global batch.
 
 from __future__ import annotations
 
+import os
 from typing import Iterator
 
 from torch.utils.data import DataLoader
 
 from solo.data.sampler import GlobalBatchSampler
+
+
+def loader_workers(configured: int | None) -> int:
+    """data.num_workers, or when unset what the machine has: one less than its CPUs per local process, at most 8."""
+    if configured is not None:
+        return configured
+    per_process = len(os.sched_getaffinity(0)) // int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    return min(8, max(0, per_process - 1))
 
 
 class DataSource:

@@ -115,15 +115,18 @@ def build_view_transform(
 
 
 def build_eval_transform(
-    image_size: int, mean: Sequence[float], std: Sequence[float], *, resize: bool
+    image_size: int, mean: Sequence[float], std: Sequence[float], *, resize: bool, fit: bool = False
 ) -> v2.Compose:
     """Deterministic transform for validation / probing; uses no randomness.
 
     resize=True (large images such as ImageNet): shorter side to
     image_size * 256 / 224, then a center crop of image_size. resize=False:
-    images are already image_size (digits, CIFAR, synthetic), just to tensor + normalise.
+    images are already image_size (digits, CIFAR, synthetic), just to tensor + normalise;
+    fit=True resizes the whole image to image_size x image_size first (any image, to such a model).
     """
     ops = [v2.ToImage()]
+    if fit:
+        ops.append(v2.Resize((image_size, image_size), antialias=True))
     if resize:
         ops += [
             v2.Resize(int(round(image_size * 256 / 224)), antialias=True),

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 from solo.distributed.collectives import all_reduce
 from solo.distributed.env import world_size

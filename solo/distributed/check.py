@@ -111,7 +111,7 @@ def _rank_loss_and_grads(case: SimpleNamespace, layout: list[int], rank: int, se
     return loss.item(), {n: p.grad.numpy().copy() for n, p in model.named_parameters()}
 
 
-def _worker(rank: int, world: int, store_path: str, modules, specs, seed: int, uneven: bool, results) -> None:
+def _worker(rank: int, world: int, store_path: str, modules, specs, seed: int, layouts, results) -> None:
     torch.set_num_threads(1)
     # A fresh interpreter: import the modules whose decorators registered the losses named here.
     for module in modules:
@@ -119,7 +119,7 @@ def _worker(rank: int, world: int, store_path: str, modules, specs, seed: int, u
     dist.init_process_group("gloo", init_method=f"file://{store_path}", rank=rank, world_size=world)
     try:
         for spec in specs:
-            for layout in _layouts(world, uneven):
+            for layout in layouts:
                 loss, grads = _rank_loss_and_grads(resolve(spec), layout, rank, seed)
                 results.put((spec, tuple(layout), rank, loss, grads))
         dist.barrier()  # no rank tears the group down while another still talks to it
@@ -127,7 +127,7 @@ def _worker(rank: int, world: int, store_path: str, modules, specs, seed: int, u
         destroy_process_group()
 
 
-def _run_workers(world: int, specs: list[str], seed: int, uneven: bool) -> dict[tuple, list]:
+def _run_workers(world: int, specs: list[str], seed: int, layouts: list[list[int]]) -> dict[tuple, list]:
     """Every rank's (loss, gradients) per (spec, layout), from `world` spawned gloo processes.
 
     A worker that raises ends the run with torch's ProcessRaisedException (the others are terminated).
@@ -136,7 +136,7 @@ def _run_workers(world: int, specs: list[str], seed: int, uneven: bool) -> dict[
     queue = mp.get_context("spawn").SimpleQueue()
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        args = (world, os.path.join(tmp, "store"), modules, specs, seed, uneven, queue)
+        args = (world, os.path.join(tmp, "store"), modules, specs, seed, layouts, queue)
         context = mp.start_processes(_worker, args=args, nprocs=world, start_method="spawn", join=False)
         try:
             # Read while the workers run: put() blocks once the pipe is full, so a join before
@@ -197,7 +197,17 @@ def run_check(specs: list[str], world: int, seed: int = 0, uneven: bool = True) 
     specs = list(dict.fromkeys(specs))  # a loss named twice is checked once
     cases = [(spec, layout) for spec in specs for layout in _layouts(world, uneven)]
     references = {(spec, tuple(layout)): _reference(spec, layout, seed) for spec, layout in cases}
-    per_rank = _run_workers(world, specs, seed, uneven)
+    even, *uneven_layouts = _layouts(world, uneven)
+    per_rank = _run_workers(world, specs, seed, [even])
+    if uneven_layouts:  # in process groups of their own: a loss that needs equal batches fails alone
+        try:
+            per_rank |= _run_workers(world, specs, seed, uneven_layouts)
+        except (mp.ProcessRaisedException, mp.ProcessExitedException) as e:
+            last = str(e).strip().splitlines()[-1]
+            raise ConfigError(
+                f"with uneven per-rank batches {uneven_layouts[0]} at W={world} a worker failed ({last}): if your "
+                "loss needs equal per-rank batches, check it with --even-only"
+            ) from None
     return [_compare(s, world, lay, references[(s, tuple(lay))], per_rank[(s, tuple(lay))]) for s, lay in cases]
 
 

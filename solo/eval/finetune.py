@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
 from solo.data import EvalDataset, MultiViewDataset, ViewAugmentation, build_view_transform, dataset_stats
-from solo.data.source import MapDataSource
+from solo.data.source import MapDataSource, loader_workers
 from solo.eval.probe import evaluate
 from solo.train.distribute import distribute
 from solo.train.optim import warmup_cosine
@@ -36,7 +36,7 @@ def finetune(backbone, train_base, val_base, classes, eval_transform, cfg, env, 
     mean, std = dataset_stats(d.name)
     crops = ViewAugmentation(crop_scale=list(f.crop_scale), hflip_prob=f.hflip_prob, jitter_prob=0.0, grayscale_prob=0.0)
     train_set = MultiViewDataset(train_base, [build_view_transform(crops, d.image_size, mean, std)], seed=cfg.seed)
-    source = MapDataSource(train_set, d.batch_size, env.rank, env.world_size, cfg.seed, num_workers=d.num_workers)
+    source = MapDataSource(train_set, d.batch_size, env.rank, env.world_size, cfg.seed, num_workers=loader_workers(d.num_workers))
     shard = list(range(env.rank, len(val_base), env.world_size))
     val_loader = DataLoader(EvalDataset(val_base, eval_transform), batch_size=d.batch_size, sampler=shard)
 

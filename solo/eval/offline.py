@@ -8,14 +8,13 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.nn as nn
-import torch.nn.functional as F
 from omegaconf import DictConfig, OmegaConf
 from torch.utils.data import DataLoader
 
 from solo.data import DATASETS, EvalDataset, build_eval_transform, build_split
 from solo.distributed import DistEnv
 from solo.distributed.env import process_group
+from solo.data.source import loader_workers
 from solo.eval.features import FeatureCache, extract_features, state_fingerprint
 from solo.eval.finetune import finetune
 from solo.eval.knn import knn_accuracy
@@ -108,7 +107,7 @@ class CachedFeatures:
             return hit
         shard = list(range(env.rank, len(base), env.world_size))
         d = self.data
-        loader = DataLoader(EvalDataset(base, self.transform), batch_size=d.batch_size, sampler=shard, num_workers=d.num_workers)
+        loader = DataLoader(EvalDataset(base, self.transform), batch_size=d.batch_size, sampler=shard, num_workers=loader_workers(d.num_workers))
         x, y = extract_features(self.backbone, loader, self.device)
         if env.is_main:
             self.cache.put(key, x, y)
@@ -135,7 +134,7 @@ def _zero_shot(pretrained, val, classes, data_name: str, device) -> dict:
     model = pretrained.build_model().to(device).eval()
     prompts = class_prompts(data_name, classes)
     classifier = class_embeddings(model, prompts, model.tokenizer, device, torch.float32)
-    image = F.normalize(model.image_projection(val[0].to(device)), dim=-1)
+    image = model.embed_features(val[0].to(device))
     c1, c5 = topk_correct((image @ classifier.T).cpu(), val[1])
     n = len(val[1])
     return {"top1": c1 / n, "top5": c5 / n, "protocol": f"zero-shot with {len(prompts[0])} prompt(s) per class, averaged"}

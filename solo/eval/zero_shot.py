@@ -46,7 +46,8 @@ def evaluate_image_text(method, probe, classifier, loader, device, autocast) -> 
     with eval_mode(method, probe):
         for batch in loader:
             with autocast():
-                features, image = method.encode_image(batch["image"].to(device, dtype, non_blocking=True))
+                features = method.image_features(batch["image"].to(device, dtype, non_blocking=True))
+                image = method.embed_features(features)
                 text = method.encode_text(batch["text"].to(device, non_blocking=True))
                 logits = probe(features).float() if probe is not None else None
             labels = batch["label"]

@@ -5,16 +5,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from solo.losses import barlow_twins_loss
+from solo.schema import AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, ruled
 from solo.methods.base import TwoViewMethod, mlp, register_method
 
 
 @dataclass
 class BarlowTwinsConfig:
     name: str = "barlow_twins"
-    proj_hidden_dim: int = 2048
-    proj_output_dim: int = 2048
-    lambd: float = 0.0051
-    scale_loss: float = 1.0
+    proj_hidden_dim: int = ruled(2048, AT_LEAST_ONE)
+    proj_output_dim: int = ruled(2048, AT_LEAST_ONE)
+    lambd: float = ruled(0.0051, NON_NEGATIVE)
+    scale_loss: float = ruled(1.0, POSITIVE)
 
 
 @register_method("barlow_twins", schema=BarlowTwinsConfig)

@@ -11,6 +11,7 @@ import torch.nn.functional as F
 
 from solo.eval.zero_shot import class_embeddings, evaluate_image_text
 from solo.losses import clip_loss
+from solo.schema import AT_LEAST_ONE, POSITIVE, Rule, ruled
 from solo.methods.base import Method, register_method
 from solo.text import VOCAB_SIZE, ByteTokenizer
 from solo.text.encoder import TextTransformer
@@ -20,19 +21,19 @@ from solo.text.encoder import TextTransformer
 class TextConfig:
     """CLIP's text tower: a Transformer over byte tokens, pooled at the end-of-text token."""
 
-    width: int = 512
-    depth: int = 12
-    heads: int = 8
-    context_length: int = 77  # tokens, start and end included; longer captions are truncated (and counted)
+    width: int = ruled(512, AT_LEAST_ONE)
+    depth: int = ruled(12, AT_LEAST_ONE)
+    heads: int = ruled(8, AT_LEAST_ONE)
+    context_length: int = ruled(77, Rule("must be >= 3 (start, one byte, end)", lambda v: v >= 3))  # tokens, start and end included; longer captions are truncated (and counted)
     causal: bool = True
 
 
 @dataclass
 class CLIPConfig:
     name: str = "clip"
-    embed_dim: int = 512
-    init_logit_scale: float = 14.285714285714286  # 1 / 0.07, as in CLIP
-    max_logit_scale: float = 100.0
+    embed_dim: int = ruled(512, AT_LEAST_ONE)
+    init_logit_scale: float = ruled(14.285714285714286, POSITIVE)  # 1 / 0.07, as in CLIP
+    max_logit_scale: float = ruled(100.0, POSITIVE)
     text: TextConfig = field(default_factory=TextConfig)
 
 
@@ -64,16 +65,25 @@ class CLIP(Method):
         # Clamped at max_logit_scale (CLIP: 100) to keep training stable; no gradient past the clamp.
         return self.log_logit_scale.exp().clamp(max=self.max_logit_scale)
 
-    def encode_image(self, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(backbone features, L2-normalised embeddings)."""
-        features = self.backbone(images)
-        return features, F.normalize(self.image_projection(features), dim=-1)
+    def image_features(self, images: torch.Tensor) -> torch.Tensor:
+        """The image tower's backbone features (before the projection): what a linear probe reads."""
+        return self.backbone(images)
+
+    def embed_features(self, features: torch.Tensor) -> torch.Tensor:
+        """Backbone features -> L2-normalised image embeddings."""
+        return F.normalize(self.image_projection(features), dim=-1)
+
+    def encode_image(self, images: torch.Tensor) -> torch.Tensor:
+        """L2-normalised image embeddings, as open_clip's encode_image(normalize=True)."""
+        return self.embed_features(self.image_features(images))
 
     def encode_text(self, tokens: torch.Tensor) -> torch.Tensor:
+        """L2-normalised text embeddings of `tokens` (from `self.tokenizer(list of str)`)."""
         return F.normalize(self.text_projection(self.text_tower(tokens)), dim=-1)
 
     def forward(self, batch: dict) -> dict:
-        features, image = self.encode_image(batch["image"])
+        features = self.image_features(batch["image"])
+        image = self.embed_features(features)
         text = self.encode_text(batch["text"])
         loss = clip_loss(image, text, self.logit_scale())
         return {"loss": loss, "features": features, "labels": batch["label"]}

@@ -5,15 +5,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from solo.losses import nt_xent_loss
+from solo.schema import AT_LEAST_ONE, POSITIVE, ruled
 from solo.methods.base import TwoViewMethod, mlp, register_method
 
 
 @dataclass
 class SimCLRConfig:
     name: str = "simclr"
-    proj_hidden_dim: int = 2048
-    proj_output_dim: int = 128
-    temperature: float = 0.2
+    proj_hidden_dim: int = ruled(2048, AT_LEAST_ONE)
+    proj_output_dim: int = ruled(128, AT_LEAST_ONE)
+    temperature: float = ruled(0.2, POSITIVE)
 
 
 @register_method("simclr", schema=SimCLRConfig)

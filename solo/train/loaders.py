@@ -17,7 +17,8 @@ from solo.data import (
     build_split,
     build_view_transforms,
 )
-from solo.data.source import DataSource, MapDataSource
+from solo.data.multiview import check_images
+from solo.data.source import DataSource, MapDataSource, loader_workers
 from solo.distributed import DistEnv
 from solo.eval.zero_shot import class_prompts
 
@@ -38,6 +39,7 @@ class Loaders:
     train: DataSource
     val: DataLoader | None  # the val split with the eval transform, sharded over ranks
     train_eval: DataLoader | None  # the train split with the eval transform (the online k-NN's memory bank)
+    unreadable: list[str]  # among the first data.check_images train images (data.on_bad_image=skip)
 
 
 def build_splits(d, env: DistEnv, seed: int, pairs: bool) -> Splits:
@@ -56,11 +58,15 @@ def build_loaders(splits: Splits, d, views, env: DistEnv, *, seed: int, tokenize
     mean, std = entry.stats
     transforms = build_view_transforms(views, d.image_size, mean, std)
     eval_transform = build_eval_transform(d.image_size, mean, std, resize=entry.any_size)
+    skip = str(d.on_bad_image) == "skip"
+    read = splits.train.image if splits.pairs else splits.train.__getitem__
+    unreadable = check_images(read, min(d.check_images, len(splits.train)), skip)
     if splits.pairs:
-        train_set = ImageTextDataset(splits.train, transforms[0], tokenizer, seed=seed)
+        train_set = ImageTextDataset(splits.train, transforms[0], tokenizer, seed=seed, skip_bad=skip)
     else:
-        train_set = MultiViewDataset(splits.train, transforms, seed=seed)
-    loader_args = dict(num_workers=d.num_workers, pin_memory=pin_memory, persistent_workers=d.num_workers > 0)
+        train_set = MultiViewDataset(splits.train, transforms, seed=seed, skip_bad=skip)
+    workers = loader_workers(d.num_workers)
+    loader_args = dict(num_workers=workers, pin_memory=pin_memory, persistent_workers=workers > 0)
     source = MapDataSource(train_set, d.batch_size, env.rank, env.world_size, seed, **loader_args)
 
     def sharded(dataset) -> DataLoader:
@@ -76,4 +82,4 @@ def build_loaders(splits: Splits, d, views, env: DistEnv, *, seed: int, tokenize
         val = sharded(EvalDataset(splits.val, eval_transform))
     if knn and val is not None and splits.num_classes:  # the k-NN's train features: no augmentation
         train_eval = sharded(EvalDataset(splits.train, eval_transform))
-    return Loaders(source, val, train_eval)
+    return Loaders(source, val, train_eval, unreadable)

@@ -9,6 +9,8 @@ import subprocess
 import torch
 import torch.distributed as dist
 
+from solo.errors import ConfigError
+
 
 class Preemption:
     """Records the configured signals (SLURM's `--signal=USR1@90`, SIGTERM at the time limit or on
@@ -24,11 +26,13 @@ class Preemption:
         for name in signal_names:
             sig = getattr(signal, name, None)
             if not isinstance(sig, signal.Signals):
-                raise ValueError(f"trainer.preempt_signals: unknown signal {name!r}; use names such as SIGUSR1, SIGTERM")
+                raise ConfigError(f"trainer.preempt_signals: unknown signal {name!r}; use names such as SIGUSR1, SIGTERM")
             signal.signal(sig, self._record)
 
     def _record(self, signum, frame) -> None:
         self.received = signal.Signals(signum).name
+        if signum == signal.SIGINT:  # Ctrl-C again: exit at once, without waiting for the checkpoint
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
 
     def requested(self) -> bool:
         flag = torch.tensor([1.0 if self.received else 0.0], device=self.device)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import random
 import time
 from functools import partial
@@ -15,7 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
 from solo.backbones import create_backbone
-from solo.config import plain, validate_pretrain
+from solo.config import changed_keys, plain, validate_pretrain
 from solo.distributed import DistEnv
 from solo.distributed.env import process_group
 from solo.errors import CheckpointError
@@ -29,6 +30,9 @@ from solo.train.metrics import Loggers
 from solo.train.optim import build_optimizer, scaled_lr, warmup_cosine
 from solo.train.preemption import Preemption, requeue_slurm_job
 from solo.train.step import TrainStep
+
+
+log = logging.getLogger("solo")
 
 
 class PretrainModel(nn.Module):
@@ -82,7 +86,7 @@ class Trainer:
     def __init__(self, cfg: DictConfig, run_dir: Path, env: DistEnv, device: torch.device):
         t = self.t = cfg.trainer
         self.cfg, self.run_dir, self.env, self.device = cfg, run_dir, env, device
-        self.say = print if env.is_main else (lambda *a, **k: None)
+        self.say = log.info if env.is_main else (lambda *a, **k: None)
         torch.manual_seed(t.seed)
         random.seed(t.seed)
         splits = build_splits(cfg.data, env, t.seed, pairs=self._pairs(cfg))
@@ -96,6 +100,9 @@ class Trainer:
         self.loaders = build_loaders(splits, cfg.data, cfg.augmentation.views, env, seed=t.seed, knn=t.knn_k > 0,
                                      tokenizer=getattr(model.method, "tokenizer", None), pin_memory=device.type == "cuda")
         self.source = source = self.loaders.train
+        if self.loaders.unreadable:
+            self.say(f"{len(self.loaders.unreadable)} of the first {cfg.data.check_images} train images cannot be read and "
+                     f"are skipped (data.on_bad_image=skip), e.g. {self.loaders.unreadable[0]}")
         self.lr = scaled_lr(cfg.optim, source.global_batch)
         optimizer = build_optimizer_for(model, cfg.optim, self.lr)
         self.total_steps = t.max_steps if t.max_steps > 0 else t.max_epochs * source.steps_per_epoch
@@ -130,7 +137,7 @@ class Trainer:
         state = checkpoints.load()
         if state is None:
             return False
-        check_resumable(state, self.cfg, self.source.global_batch)
+        check_resumable(state, self.cfg, self.source.global_batch, self.run_dir)
         self.step = self.checkpointer.restore(state)
         data = state["data"]
         self.say(f"resuming from {checkpoints.last} at step {self.step} (epoch {data['epoch']}, batch {data['batch_in_epoch']})")
@@ -151,14 +158,15 @@ class Trainer:
 
     def fit(self) -> dict:
         self._start()
-        start_step = self.step
+        start_step, started = self.step, time.perf_counter()
         bar = tqdm(total=self.total_steps, initial=self.step, disable=not (self.env.is_main and self.t.progress_bar), dynamic_ncols=True)
         window = MetricsWindow(self.device)
         while self.step < self.total_steps:
             for batch in self.source:
-                out = self.train_step(self._to_device(batch), self.step)
+                batch = self._to_device(batch)
+                out = self.train_step(batch, self.step)
                 self.step += 1
-                window.add(out)
+                window.add(out, batch)
                 bar.update(1)
                 if self.step % self.t.log_every_steps == 0 or self.step == self.total_steps:
                     self._log(window.flush(), bar)
@@ -176,8 +184,21 @@ class Trainer:
             self.evaluator.plot(self.run_dir, self.env.is_main)
         if start_step == self.total_steps:
             self.say(f"nothing to do: {self.checkpointer.checkpoints.last} already holds the finished run ({self.total_steps} steps)")
+        else:
+            self._summary(self.step - start_step, time.perf_counter() - started)
         self._close()
         return self.last_metrics
+
+    def _summary(self, steps: int, seconds: float) -> None:
+        """The end-of-run lines: what was trained, how fast, the final metrics, and where everything is."""
+        final = {k: v for k, v in self.last_metrics.items() if k.startswith("val/")}
+        pictures = [p.name for p in (self.run_dir / "curves.png", self.run_dir / "embedding.png") if p.exists()]
+        self.say(
+            f"done: {steps} steps in {seconds / 60:.1f} min ({self.source.global_batch * steps / seconds:.0f} img/s)"
+            + "".join(f", {k} {v:.4f}" for k, v in final.items())
+            + f"\n  checkpoint {self.checkpointer.checkpoints.last}\n  metrics {self.run_dir / 'metrics.jsonl'}"
+            + (f", plots {', '.join(pictures)}" if pictures else "")
+        )
 
     def _log(self, window: dict, bar) -> None:
         losses, steps, elapsed = window["losses"], window["steps"], window["seconds"]
@@ -185,6 +206,8 @@ class Trainer:
                    "train/img_per_s": self.source.global_batch * steps / elapsed}
         if self.model.probe is not None:
             metrics["train/probe_loss"] = losses[1]
+        if str(self.cfg.data.on_bad_image) == "skip":
+            metrics["data/skipped_images"] = window["skipped"]  # unreadable images read in this window, all ranks
         metrics |= {k: float(v) for k, v in self.model.method.metrics().items()}
         self.last_metrics = metrics
         if self.logger:
@@ -198,8 +221,7 @@ class Trainer:
             self.last_metrics = {"step": self.step, "epoch": self.source.epoch, **val}
             if self.logger:
                 self.logger.log(self.last_metrics)
-            if self.env.is_main:  # on its own line, not glued onto the progress bar
-                tqdm.write(f"epoch {self.source.epoch}: " + ", ".join(f"{k} {v:.4f}" for k, v in val.items()))
+            self.say(f"epoch {self.source.epoch}: " + ", ".join(f"{k} {v:.4f}" for k, v in val.items()))
         if self.source.epoch_done:
             self.source.next_epoch()
         self.checkpointer.save(self.step)
@@ -230,35 +252,39 @@ class Trainer:
 
 
 class MetricsWindow:
-    """Training losses summed on the device between two logging steps: read (one sync) only when logged."""
+    """Training losses (and skipped images) summed on the device between two logging steps: read (one sync)
+    only when logged."""
 
     def __init__(self, device: torch.device):
-        self.losses = torch.zeros(2, dtype=torch.float64, device=device)
+        self.sums = torch.zeros(3, dtype=torch.float64, device=device)  # loss, probe loss, skipped images
         self.steps, self.start = 0, time.perf_counter()
 
-    def add(self, out: dict) -> None:
+    def add(self, out: dict, batch: dict) -> None:
         loss = out["loss"].detach()
-        self.losses += torch.stack([loss, out.get("probe_loss", loss).detach()]).double()
+        skipped = batch["skipped"].sum() if "skipped" in batch else torch.zeros((), device=loss.device)
+        self.sums += torch.stack([loss.double(), out.get("probe_loss", loss).detach().double(), skipped.double()])
         self.steps += 1
 
     def flush(self) -> dict:
-        losses = self.losses / self.steps
+        sums = self.sums.clone()
         if dist.is_initialized():
-            dist.all_reduce(losses)
-            losses /= dist.get_world_size()
-        window = {"losses": losses.tolist(), "steps": self.steps, "seconds": time.perf_counter() - self.start}
-        self.losses.zero_()
+            dist.all_reduce(sums)
+        losses = (sums[:2] / (self.steps * (dist.get_world_size() if dist.is_initialized() else 1))).tolist()
+        window = {"losses": losses, "skipped": int(sums[2]), "steps": self.steps, "seconds": time.perf_counter() - self.start}
+        self.sums.zero_()
         self.steps, self.start = 0, time.perf_counter()
         return window
 
 
-def check_resumable(state: dict, cfg: DictConfig, global_batch: int) -> None:
-    """The checkpoint must have been trained with the same optimizer and global batch as this run."""
-    trained = state["config"]["optim"]["name"]
-    if trained != cfg.optim.name:
+def check_resumable(state: dict, cfg: DictConfig, global_batch: int, run_dir: Path) -> None:
+    """The checkpoint must have been trained with this run's configuration (but for SAFE_TO_CHANGE keys)
+    and global batch (any world size)."""
+    changed = changed_keys(state["config"], plain(cfg))
+    if changed:
+        listed = ", ".join(f"{k}: {a!r} -> {b!r}" for k, a, b in changed)
         raise CheckpointError(
-            f"the checkpoint was trained with optim={trained}, this run asks for optim={cfg.optim.name}: "
-            "resume with the same optimizer, or start a new run dir"
+            f"{run_dir} holds a run trained with another configuration ({listed}). Resume it with the values in "
+            f"{run_dir / 'config.yaml'}, or start a new run in another directory (hydra.run.dir=...)"
         )
     if state["global_batch"] != global_batch:
         raise CheckpointError(

@@ -1,9 +1,10 @@
 """The pretrained checkpoint zoo: `solo.zoo.list()`, `solo.zoo.load(name)`.
 
     import solo.zoo
-    solo.zoo.list()                                   # names of the published checkpoints
-    backbone = solo.zoo.load("simclr-digits-resnet18")  # an nn.Module in eval mode, sha256-verified
-    transform = solo.zoo.eval_transform("simclr-digits-resnet18")  # the preprocessing it expects
+    solo.zoo.list()                                           # names of the published checkpoints
+    backbone = solo.zoo.load("simclr-digits-resnet18half")     # an nn.Module in eval mode, sha256-verified
+    transform = solo.zoo.eval_transform("simclr-digits-resnet18half")  # PIL image of any size -> its input
+    backbone = solo.zoo.load("outputs/my-run")                 # a run directory, checkpoint or .safetensors too
 
 Files live in the repository or at a URL (downloaded once into $SOLO_CACHE, default ~/.cache/solo;
 SOLO_OFFLINE=1 uses the cache only). A file whose size or sha256 differs from the manifest is refused.
@@ -14,7 +15,7 @@ from __future__ import annotations
 import torch.nn as nn
 
 from solo.data import DATASETS, build_eval_transform
-from solo.zoo.files import ChecksumError, entry_file
+from solo.zoo.files import ChecksumError
 from solo.zoo.manifest import ManifestError, find_entry, read_manifest
 from solo.zoo.pretrained import export_backbone, resolve
 from solo.zoo.weights import Pretrained, load_strict, read_training_checkpoint, read_weights
@@ -32,6 +33,7 @@ __all__ = [
     "read_training_checkpoint",
     "read_weights",
     "resolve",
+    "tokenizer",
 ]
 
 
@@ -45,14 +47,24 @@ def entry(name: str) -> dict:
     return find_entry(name)
 
 
-def load(name: str, *, cache: str | None = None, offline: bool | None = None) -> nn.Module:
-    """The backbone (image methods) or the whole model (CLIP: both towers) of a zoo entry, in eval mode."""
-    pretrained = read_weights(entry_file(find_entry(name), cache=cache, offline=offline))
+def load(source: str, *, cache: str | None = None, offline: bool | None = None) -> nn.Module:
+    """The backbone (image methods) or the whole model (CLIP: both towers, `encode_image`, `encode_text`,
+    `tokenizer`, `image_features`) in eval mode, from whatever main_linear.py's `pretrained=` takes: a zoo
+    name, a solo .safetensors file, a training checkpoint (.pt) or a pretraining run directory."""
+    pretrained = resolve(source, cache=cache, offline=offline)
     module = pretrained.build_model() if pretrained.contents == "model" else pretrained.build_backbone()
     return module.eval()
 
 
-def eval_transform(name: str):
-    """The deterministic preprocessing the entry's weights were evaluated with (PIL image -> normalised tensor)."""
-    d = find_entry(name)["data"]
-    return build_eval_transform(d["image_size"], d["mean"], d["std"], resize=d["name"] in DATASETS and DATASETS[d["name"]].any_size)
+def eval_transform(source: str, *, cache: str | None = None, offline: bool | None = None):
+    """PIL image -> the normalised tensor `source`'s weights expect (any source `load` takes): images of any
+    size are resized to the training size (shorter side, then a centre crop for any-size data sets such as
+    ImageNet; the whole image for data sets stored at one size, such as the digits or CIFAR)."""
+    d = resolve(source, cache=cache, offline=offline).data
+    any_size = d["name"] not in DATASETS or DATASETS[d["name"]].any_size
+    return build_eval_transform(d["image_size"], d["mean"], d["std"], resize=any_size, fit=not any_size)
+
+
+def tokenizer(source: str, *, cache: str | None = None, offline: bool | None = None):
+    """The tokenizer of an image-text model (`tokenizer(["a photo of a 7."])` -> token ids for encode_text)."""
+    return load(source, cache=cache, offline=offline).tokenizer

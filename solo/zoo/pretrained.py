@@ -7,6 +7,7 @@ from pathlib import Path
 
 import torch
 
+from solo.errors import NotFound
 from solo.zoo.files import entry_file
 from solo.zoo.manifest import find_entry, read_manifest
 from solo.zoo.weights import Pretrained, read_training_checkpoint, read_weights
@@ -17,19 +18,19 @@ def resolve(source: str | Path, *, cache: str | Path | None = None, offline: boo
     if path.is_dir():
         last = path / "checkpoints" / "last.pt"
         if not last.exists():
-            raise FileNotFoundError(f"{path} is a directory without checkpoints/last.pt: is it a pretraining run directory?")
+            raise NotFound(f"{path} is a directory without checkpoints/last.pt: is it a pretraining run directory?")
         path = last
     if path.suffix == ".safetensors":
         return read_weights(path)
     if path.suffix == ".pt":
         if not path.exists():
-            raise FileNotFoundError(f"training checkpoint {path} does not exist")
+            raise NotFound(f"training checkpoint {path} does not exist")
         return read_training_checkpoint(path)
     names = [e["name"] for e in read_manifest()]
     if str(source) in names:
         entry = find_entry(str(source))
         return read_weights(entry_file(entry, cache=cache, offline=offline))
-    raise FileNotFoundError(
+    raise NotFound(
         f"pretrained={source!r} is neither a zoo name ({', '.join(names)}) nor an existing .safetensors file, "
         ".pt training checkpoint or run directory"
     )

@@ -1,0 +1,64 @@
+"""Value rules for config schemas: `lr: float = ruled(0.3, POSITIVE)`, checked by `check_values` when a
+config is validated, with errors that name the key and the value typed (`optim.lr=-1: must be > 0`)."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from omegaconf import DictConfig, ListConfig, OmegaConf
+
+from solo.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Rule:
+    text: str  # what the value must be, e.g. "must be > 0"
+    ok: Callable[[Any], bool]
+
+
+POSITIVE = Rule("must be > 0", lambda v: v > 0)
+NON_NEGATIVE = Rule("must be >= 0", lambda v: v >= 0)
+AT_LEAST_ONE = Rule("must be >= 1", lambda v: v >= 1)
+PROBABILITY = Rule("must be in [0, 1]", lambda v: 0 <= v <= 1)
+MOMENTUM = Rule("must be in [0, 1)", lambda v: 0 <= v < 1)
+
+
+def ruled(default, rule: Rule):
+    """A dataclass field with a default and a rule its value must follow (None always passes: unset)."""
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda: type(default)(default), metadata={"rule": rule})
+    return field(default=default, metadata={"rule": rule})
+
+
+def check_values(node: DictConfig, key: str = "") -> None:
+    """Check the structured config `node` recursively (lists of them too): no key its schema lacks, every ruled
+    field's value, and a schema's `validate()` method if it has one. Unset (???) values are skipped.
+    Raises ConfigError naming the key."""
+    schema = OmegaConf.get_type(node)
+    if not dataclasses.is_dataclass(schema):
+        return
+    known = [f.name for f in dataclasses.fields(schema)]
+    unknown = [k for k in node.keys() if k not in known]
+    if unknown:  # added with `+`: Hydra opens the node for them, the schema still does not know them
+        full = f"{key}.{unknown[0]}" if key else unknown[0]
+        raise ConfigError(f"Key '{unknown[0]}' not in '{schema.__name__}' (full key {full}); its keys: {', '.join(known)}")
+    if hasattr(schema, "validate") and not OmegaConf.missing_keys(node):
+        try:
+            OmegaConf.to_object(node).validate()
+        except ValueError as e:
+            raise ConfigError(f"{key}: {e}") from None
+    for f in dataclasses.fields(schema):
+        name = f"{key}.{f.name}" if key else f.name
+        if OmegaConf.is_missing(node, f.name):
+            continue
+        value, rule = node[f.name], f.metadata.get("rule")
+        if rule is not None and value is not None and not rule.ok(value):
+            raise ConfigError(f"{name}={value}: {rule.text}")
+        if isinstance(value, DictConfig):
+            check_values(value, name)
+        elif isinstance(value, ListConfig):
+            for i, item in enumerate(value):
+                if isinstance(item, DictConfig):
+                    check_values(item, f"{name}[{i}]")

@@ -1,0 +1,143 @@
+"""A user's first hour: no silent wrong behaviour, errors of at most 3 lines, Ctrl-C safe, one zoo API."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from PIL import Image
+
+import solo.zoo
+from solo.errors import CheckpointError, ConfigError
+from solo.train.trainer import pretrain
+from tests.test_train import REPO, TINY, compose_cfg, launch, metrics, weights
+
+SHORT = TINY + ["data.batch_size=16", "trainer.max_steps=4"]
+
+
+def main_pretrain(overrides, run_dir, **env):
+    """`python main_pretrain.py ...` as a user runs it: (exit code, everything it printed)."""
+    result = subprocess.run(
+        [sys.executable, "main_pretrain.py", *overrides, f"hydra.run.dir={run_dir}"], cwd=REPO, capture_output=True,
+        text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1", **env},
+    )
+    return result.returncode, (result.stdout + result.stderr).strip()
+
+
+def test_rerun_with_other_hyperparameters_is_refused_and_config_kept(tmp_path):
+    pretrain(compose_cfg(SHORT), tmp_path)
+    before = (tmp_path / "config.yaml").read_text()
+    with pytest.raises(CheckpointError, match=r"optim.lr: 0.3 -> 1.0, method.temperature: 0.2 -> 0.5|method.temperature: 0.2 -> 0.5, optim.lr: 0.3 -> 1.0"):
+        pretrain(compose_cfg(SHORT + ["optim.lr=1.0", "method.temperature=0.5"]), tmp_path)
+    assert (tmp_path / "config.yaml").read_text() == before
+    # What is safe to change resumes: a longer run, other logging.
+    pretrain(compose_cfg(SHORT + ["trainer.max_steps=6", "trainer.log_every_steps=2"]), tmp_path)
+    assert [m["step"] for m in metrics(tmp_path) if "train/loss" in m] == [1, 2, 3, 4, 6]
+
+
+def test_choices_are_checked_when_the_config_is_composed():
+    with pytest.raises(Exception) as err:
+        compose_cfg(["trainer.precision=8"])
+    assert "Invalid value '8', expected one of [32, bf16, 16, 64]" in str(err.value) + str(err.value.__cause__)
+
+
+def test_unknown_keys_added_with_plus_are_refused():
+    with pytest.raises(ConfigError, match="Key 'max_epoch' not in 'TrainerConfig'"):
+        compose_cfg(["+trainer.max_epoch=3"])
+    with pytest.raises(ConfigError, match="Key 'lambda' not in 'SimCLRConfig'"):
+        compose_cfg(["+method.lambda=3"])
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["data=imagefolder", "data.root=/nowhere"], "error: imagefolder: no folder /nowhere/train"),
+        (["data.batch_size=128"], "error: the global batch (128 per process x 1 processes = 128) is larger than the dataset (64"),
+        (["method.temperature=0"], "error: method.temperature=0.0: must be > 0"),
+        (["optim.lr=-1"], "error: optim.lr=-1.0: must be > 0"),
+    ],
+)
+def test_bad_input_is_one_short_message(tmp_path, overrides, message):
+    code, out = main_pretrain(TINY + overrides, tmp_path)
+    assert code == 2 and out.splitlines()[0].startswith(message), out
+    assert len(out.splitlines()) <= 3 and "Traceback" not in out, out
+    if overrides == ["optim.lr=-1"]:  # once is enough: the whole traceback on demand
+        code, out = main_pretrain(TINY + overrides, tmp_path, SOLO_DEBUG="1")
+        assert code != 0 and "Traceback" in out
+
+
+def _images(root, bad=()):
+    for cls in ("a", "b"):
+        (root / "train" / cls).mkdir(parents=True)
+        for i in range(12):
+            Image.new("RGB", (20, 20), (i * 20, 0, 120 if cls == "a" else 0)).save(root / "train" / cls / f"{i}.png")
+    for name in bad:
+        (root / "train" / "b" / name).write_bytes(b"not a png at all")
+
+
+def test_a_corrupt_image_read_by_a_worker_is_named_in_one_message(tmp_path):
+    _images(tmp_path / "data", bad=["broken.png"])
+    data = ["data=imagefolder", f"data.root={tmp_path / 'data'}", "data.batch_size=8", "data.num_workers=1", "trainer.max_steps=2"]
+    code, out = main_pretrain(TINY + data + ["data.check_images=0"], tmp_path / "run")
+    error = out[out.index("error:"):]  # after the run's start line
+    assert code == 2 and len(error.splitlines()) <= 3 and "Traceback" not in out, out
+    assert error.startswith(f"error: cannot read image {tmp_path / 'data' / 'train' / 'b' / 'broken.png'}"), out
+    code, out = main_pretrain(TINY + data, tmp_path / "run2")  # found at start, before training
+    assert code == 2 and "1 of the first 25 images cannot be read" in out and "data.on_bad_image=skip" in out, out
+
+
+@pytest.mark.slow
+def test_skipped_images_are_the_same_on_every_world_size(tmp_path):
+    _images(tmp_path / "data", bad=["broken1.png", "broken2.png"])
+    data = TINY + ["data=imagefolder", f"data.root={tmp_path / 'data'}", "data.on_bad_image=skip", "trainer.max_steps=6",
+                   "trainer.log_every_steps=1", "trainer.precision=64"]
+    subprocess.run([sys.executable, "main_pretrain.py", *data, "data.batch_size=8", f"hydra.run.dir={tmp_path / 'w1'}"],
+                   cwd=REPO, check=True, capture_output=True, timeout=300)
+    launch(data + ["data.batch_size=4"], tmp_path / "w2", nproc=2, stdout=subprocess.DEVNULL).wait(timeout=300)
+    one, two = ([m.get("data/skipped_images") for m in metrics(tmp_path / w) if "train/loss" in m] for w in ("w1", "w2"))
+    assert one == two and sum(one) > 0, (one, two)
+    a, b = weights(tmp_path / "w1"), weights(tmp_path / "w2")
+    assert all(torch.allclose(a[k], b[k], rtol=0, atol=1e-10) for k in a)
+
+
+def test_ctrl_c_checkpoints_the_current_step_and_the_rerun_redoes_no_step(tmp_path):
+    overrides = TINY + ["data.num_samples=256", "data.batch_size=8", "trainer.max_steps=60"]
+    proc = launch(overrides, tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.time() + 120
+    while time.time() < deadline and not any("train/loss" in line for line in _lines(tmp_path / "metrics.jsonl")):
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 0 and "Traceback" not in out, out
+    state = torch.load(tmp_path / "checkpoints" / "last.pt", weights_only=True)
+    assert 0 < state["step"] < 60 and f"SIGINT: checkpoint written at step {state['step']}" in out
+    rerun = launch(overrides, tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    out, _ = rerun.communicate(timeout=300)
+    assert f"resuming from {tmp_path / 'checkpoints' / 'last.pt'} at step {state['step']}" in out
+    steps = [m["step"] for m in metrics(tmp_path) if "train/loss" in m]
+    assert steps == list(range(1, 61)), "every step trained exactly once"
+
+
+def _lines(path):
+    return path.read_text().splitlines() if path.exists() else []
+
+
+def test_zoo_load_takes_a_run_directory_and_resizes_any_image(tmp_path):
+    pretrain(compose_cfg(SHORT), tmp_path)
+    backbone, trained = solo.zoo.load(str(tmp_path)), weights(tmp_path)
+    assert not backbone.training
+    for key, value in backbone.state_dict().items():
+        assert not value.is_floating_point() or torch.equal(value, trained["method.backbone." + key]), key
+    transform = solo.zoo.eval_transform("simclr-digits-resnet18half")
+    for size in (8, 100):
+        assert transform(Image.new("RGB", (size, size))).shape == (3, 16, 16)
+    clip = solo.zoo.load("clip-digits-resnet18half")
+    tokens = solo.zoo.tokenizer("clip-digits-resnet18half")(["a handwritten 7."])
+    with torch.no_grad():
+        image = torch.stack([transform(Image.new("RGB", (8, 8)))])
+        embedding, text = clip.encode_image(image), clip.encode_text(tokens)
+        assert embedding.shape == text.shape == (1, clip.image_projection.out_features)
+        assert clip.image_features(image).shape == (1, clip.feature_dim)
