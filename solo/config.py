@@ -102,6 +102,8 @@ class TrainerConfig:
     max_epochs: int = ruled(10, AT_LEAST_ONE)
     max_steps: int = -1  # > 0 stops there (and sets the schedule's length)
     seed: int = 0
+    # Micro-batches per step: data.batch_size is split in `accumulate` parts, the gradient stays the whole batch's.
+    accumulate: int = ruled(1, AT_LEAST_ONE)
     precision: Precision = Precision("32")
     sync_batchnorm: bool = True  # global-batch BatchNorm statistics when W > 1
     channels_last: bool = True  # CUDA only
@@ -186,6 +188,7 @@ SAFE_TO_CHANGE = (
     "trainer.max_epochs", "trainer.max_steps", "trainer.resume", "trainer.checkpoint_every_steps",
     "trainer.keep_checkpoints", "trainer.preempt_signals", "trainer.requeue", "trainer.log_every_steps",
     "trainer.knn_k", "trainer.knn_temperature", "trainer.plots", "trainer.progress_bar", "trainer.channels_last",
+    "trainer.accumulate",
     "data.batch_size", "data.num_workers", "data.root", "data.file", "data.download", "logger", "imports",
 )
 
@@ -228,7 +231,22 @@ def validate_pretrain(cfg: DictConfig) -> DictConfig:
     check_values(checked)
     DATASETS[checked.data.name], OPTIMIZERS[checked.optim.name], LOGGERS[checked.logger.name]  # noqa: B018
     method.target.check_data(view_sizes(checked.augmentation.views, checked.data.image_size), DATASETS[checked.data.name])
+    _check_accumulation(checked, method.target)
     return checked
+
+
+def _check_accumulation(cfg: DictConfig, method) -> None:
+    k, batch = cfg.trainer.accumulate, cfg.data.batch_size
+    if k > 1 and not method.can_accumulate():
+        raise ConfigError(
+            f"trainer.accumulate={k}: method={method.name} cannot accumulate gradients exactly (it has no encode/head "
+            "split, see solo.methods.Method.encode); use trainer.accumulate=1"
+        )
+    if batch % k:
+        raise ConfigError(
+            f"trainer.accumulate={k} does not divide data.batch_size={batch}: each process splits its batch into "
+            f"{k} equal micro-batches; use a data.batch_size that is a multiple of {k}"
+        )
 
 
 def plain(cfg: DictConfig) -> dict:

@@ -6,7 +6,9 @@ A method is an nn.Module from a batch to its loss. Besides `forward`, it tells t
   conversion unless `sync_teacher_batchnorm`;
 - its parameter groups (`param_groups`), e.g. a predictor with its own learning rate;
 - what it needs from the data (`inputs`, `check_data`): augmented views, or image-text pairs;
-- the metrics it logs besides the loss (`metrics`), and how it is validated (`evaluate`).
+- the metrics it logs besides the loss (`metrics`), and how it is validated (`evaluate`);
+- optionally, its split into `encode` (per sample: the backbone) and `head` (what couples the samples:
+  projector BatchNorm, the loss), which gradient accumulation (`trainer.accumulate`) needs.
 """
 
 from __future__ import annotations
@@ -78,6 +80,23 @@ class Method(nn.Module):
 
         return param_groups(self, weight_decay, exclude_bias_and_norm=exclude_bias_and_norm)
 
+    def encode(self, batch: dict) -> dict:
+        """The per-sample part of forward (the encoders), as a dict of (batch, ...) tensors or lists of them.
+
+        Under trainer.accumulate=k it runs micro-batch by micro-batch; `head` then runs on all of them."""
+        raise NotImplementedError(f"method={self.name} has no encode/head split")
+
+    def head(self, encoded: dict, batch: dict) -> dict:
+        """What couples the samples (projector BatchNorm, the loss) on `encode`'s output for the whole batch."""
+        raise NotImplementedError(f"method={self.name} has no encode/head split")
+
+    def forward(self, batch: dict) -> dict:
+        return self.head(self.encode(batch), batch)
+
+    @classmethod
+    def can_accumulate(cls) -> bool:
+        return cls.encode is not Method.encode and cls.forward is Method.forward
+
     def after_optimizer_step(self, step: int, total_steps: int) -> None:
         """Called after every optimizer step (`step` is the number of steps done): EMA teachers, schedules."""
 
@@ -124,8 +143,11 @@ class TwoViewMethod(Method):
     def loss(self, z1: torch.Tensor, z2: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 
-    def forward(self, batch: dict) -> dict:
+    def encode(self, batch: dict) -> dict:
         # One backbone call per view: BatchNorm statistics stay per view, as in the SimCLR/Barlow Twins papers.
-        f1, f2 = (self.backbone(v) for v in batch["views"])
+        return {"features": [self.backbone(v) for v in batch["views"]]}
+
+    def head(self, encoded: dict, batch: dict) -> dict:
+        f1, f2 = encoded["features"]
         loss = self.loss(self.projector(f1), self.projector(f2))
         return {"loss": loss, "features": torch.cat([f1, f2]), "labels": batch["label"].repeat(2)}

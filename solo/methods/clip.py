@@ -81,12 +81,14 @@ class CLIP(Method):
         """L2-normalised text embeddings of `tokens` (from `self.tokenizer(list of str)`)."""
         return F.normalize(self.text_projection(self.text_tower(tokens)), dim=-1)
 
-    def forward(self, batch: dict) -> dict:
-        features = self.image_features(batch["image"])
-        image = self.embed_features(features)
-        text = self.encode_text(batch["text"])
+    def encode(self, batch: dict) -> dict:
+        return {"image": self.image_features(batch["image"]), "text": self.text_tower(batch["text"])}
+
+    def head(self, encoded: dict, batch: dict) -> dict:
+        image = self.embed_features(encoded["image"])
+        text = F.normalize(self.text_projection(encoded["text"]), dim=-1)
         loss = clip_loss(image, text, self.logit_scale())
-        return {"loss": loss, "features": features, "labels": batch["label"]}
+        return {"loss": loss, "features": encoded["image"], "labels": batch["label"]}
 
     def metrics(self) -> dict[str, torch.Tensor]:
         return {"train/logit_scale": self.logit_scale().detach()}

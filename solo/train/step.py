@@ -1,9 +1,18 @@
 """The training step: forward under autocast, backward, clipping, optimizer and scaler, then the method's
-post-step hook (EMA teachers). The learning rate of every group follows the schedule, times its `lr_scale`."""
+post-step hook (EMA teachers). The learning rate of every group follows the schedule, times its `lr_scale`.
+
+With `accumulate=k` the batch is split into k micro-batches and the step's gradient is still that of the
+whole batch (GradCache, Gao et al. 2021): the method's per-sample `encode` runs micro-batch by micro-batch
+without a graph; its `head` (projector, loss: what couples samples) runs once on all of them, giving the
+gradient of the loss with respect to every micro-batch's encoding; each micro-batch is then encoded again,
+with its graph and the random state of its first pass, and back-propagates that cached gradient. The last
+micro-batch runs `head` again with its own graph, so one backward reaches every parameter and DDP
+all-reduces once (`no_sync` before). Only BatchNorm inside `encode` (the backbone's) sees micro-batch
+statistics; the head's and the loss's statistics stay those of the global batch."""
 
 from __future__ import annotations
 
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from functools import partial
 from typing import Callable
 
@@ -33,15 +42,16 @@ class TrainStep:
     """
 
     def __init__(self, forward: nn.Module, model: nn.Module, optimizer, *, precision: str, device: torch.device,
-                 schedule: Callable[[int], float], total_steps: int, grad_clip: float | None = None):
+                 schedule: Callable[[int], float], total_steps: int, grad_clip: float | None = None, accumulate: int = 1):
         self.forward, self.model, self.optimizer = forward, model, optimizer
         self.autocast, self.scaler = precision_context(precision, device)
         self.schedule, self.total_steps, self.grad_clip = schedule, total_steps, grad_clip
+        self.accumulate = accumulate
 
     def __call__(self, batch: dict, index: int) -> dict:
         for group in self.optimizer.param_groups:
             group["lr"] = self.schedule(index) * group.get("lr_scale", 1.0)
-        out = self._forward_backward(batch)
+        out = self._forward_backward(batch) if self.accumulate == 1 else self._accumulated(batch)
         if self.grad_clip:
             self.scaler.unscale_(self.optimizer)
             nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)
@@ -53,16 +63,45 @@ class TrainStep:
             method.after_optimizer_step(index + 1, self.total_steps)
         return out
 
-    def _forward_backward(self, batch: dict) -> dict:
+    def _forward_backward(self, batch: dict, forward: Callable | None = None) -> dict:
+        out = self._loss(forward or self.forward, batch)
+        self.scaler.scale(out["total"]).backward()
+        return out
+
+    def _loss(self, forward: Callable, batch: dict, **kwargs) -> dict:
         try:
             with self.autocast():
-                out = self.forward(batch)
+                out = forward(batch, **kwargs)
         except NonFiniteError as e:
             raise TrainingDiverged(diverged_message(str(e))) from None
-        loss = out["loss"] + out.get("probe_loss", 0.0)
-        if not bool(torch.isfinite(loss)):
-            raise TrainingDiverged(diverged_message(f"the loss is {float(loss)}"))
-        self.scaler.scale(loss).backward()
+        out["total"] = out["loss"] + out.get("probe_loss", 0.0)
+        if not bool(torch.isfinite(out["total"])):
+            raise TrainingDiverged(diverged_message(f"the loss is {float(out['total'])}"))
+        return out
+
+    def _accumulated(self, batch: dict) -> dict:
+        micro = split_batch(batch, self.accumulate)
+        with kept_buffers(self.model):  # the first passes leave BatchNorm statistics as they were
+            states, encoded = [], []
+            with torch.no_grad(), self.autocast():
+                for part in micro:
+                    states.append(rng_state())
+                    encoded.append(self.model.method.encode(part))
+            after = rng_state()
+            leaves = [t.detach().requires_grad_() for t in flatten(merge_encoded(encoded))]
+            out = self._loss(self.model, batch, encoded=unflatten(merge_encoded(encoded), leaves))
+            grads = torch.autograd.grad(self.scaler.scale(out["total"]), leaves, allow_unused=True)
+        sizes = [len(flatten(e)[0]) for e in encoded]
+        for i, part in enumerate(micro[:-1]):
+            # Called past the DDP wrapper: its gradient hooks stay idle until the last, synced backward.
+            set_rng_state(states[i])
+            with self.autocast():
+                live = flatten(self.model.method.encode(part))
+            cached = [None if g is None else g.split(sizes)[i] for g in grads]
+            sum((t * g).sum() for t, g in zip(live, cached) if g is not None).backward()
+        set_rng_state(states[-1])
+        out = self._forward_backward(batch, partial(self.forward, encoded=merge_encoded(encoded[:-1]), last=micro[-1]))
+        set_rng_state(after)
         return out
 
     def state_dict(self) -> dict:
@@ -70,6 +109,55 @@ class TrainStep:
 
     def load_state_dict(self, state: dict) -> None:
         self.scaler.load_state_dict(state["scaler"])
+
+
+def split_batch(batch: dict, k: int) -> list[dict]:
+    """k micro-batches of equal size: every tensor (and every tensor of a list, e.g. the views) split on dim 0."""
+    def parts(x):
+        return [list(p) for p in zip(*(parts(v) for v in x))] if isinstance(x, list) else x.chunk(k)
+
+    split = {key: parts(value) for key, value in batch.items()}
+    return [{key: value[i] for key, value in split.items()} for i in range(k)]
+
+
+def merge_encoded(parts: list[dict]) -> dict:
+    """The micro-batches' encode outputs as one: tensors (and lists of them) concatenated on dim 0."""
+    def cat(values):
+        return [cat(v) for v in zip(*values)] if isinstance(values[0], list) else torch.cat(values)
+
+    return {key: cat([p[key] for p in parts]) for key in parts[0]}
+
+
+def flatten(encoded: dict) -> list[torch.Tensor]:
+    return [t for key in sorted(encoded) for t in (encoded[key] if isinstance(encoded[key], list) else [encoded[key]])]
+
+
+def unflatten(encoded: dict, tensors: list[torch.Tensor]) -> dict:
+    """`encoded`'s structure with `tensors` (in flatten's order) in place of its own."""
+    it = iter(tensors)
+    return {key: [next(it) for _ in encoded[key]] if isinstance(encoded[key], list) else next(it) for key in sorted(encoded)}
+
+
+def rng_state() -> tuple:
+    return torch.get_rng_state(), torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []
+
+
+def set_rng_state(state: tuple) -> None:
+    torch.set_rng_state(state[0])
+    if state[1]:
+        torch.cuda.set_rng_state_all(state[1])
+
+
+@contextmanager
+def kept_buffers(model: nn.Module):
+    """Buffers (BatchNorm running statistics, counters) restored on exit: passes that must leave no trace."""
+    saved = [b.clone() for b in model.buffers()]
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for b, s in zip(model.buffers(), saved):
+                b.copy_(s)
 
 
 def diverged_message(what: str) -> str:

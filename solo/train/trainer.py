@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import random
 import time
+import warnings
 from functools import partial
 from pathlib import Path
 
@@ -21,7 +22,7 @@ from solo.distributed import DistEnv
 from solo.distributed.env import process_group
 from solo.errors import CheckpointError
 from solo.losses._checks import full_precision
-from solo.methods import build_method
+from solo.methods import METHODS, build_method
 from solo.train.checkpoint import Checkpointer, Checkpoints, RNGState
 from solo.train.distribute import distribute
 from solo.train.evaluator import Evaluator
@@ -29,7 +30,7 @@ from solo.train.loaders import build_loaders, build_splits
 from solo.train.metrics import Loggers
 from solo.train.optim import build_optimizer, scaled_lr, warmup_cosine
 from solo.train.preemption import Preemption, requeue_slurm_job
-from solo.train.step import TrainStep
+from solo.train.step import TrainStep, merge_encoded
 
 
 log = logging.getLogger("solo")
@@ -48,8 +49,13 @@ class PretrainModel(nn.Module):
                 nn.BatchNorm1d(method.feature_dim, affine=False), nn.Linear(method.feature_dim, num_classes)
             )
 
-    def forward(self, batch: dict) -> dict:
-        out = self.method(batch)
+    def forward(self, batch: dict, *, encoded: dict | None = None, last: dict | None = None) -> dict:
+        """The method's outputs on `batch` and the probe's loss. Gradient accumulation calls it with the whole
+        batch's `encoded` (the method's encode output), or with `encoded` of all micro-batches but the `last`,
+        which is encoded here, with its graph (see solo.train.step)."""
+        if last is not None:
+            encoded = merge_encoded([encoded, self.method.encode(last)])
+        out = self.method(batch) if encoded is None else self.method.head(encoded, batch)
         if self.probe is not None:
             logits = self.probe(out["features"].detach())  # the probe must not shape the representation
             out["probe_loss"] = F.cross_entropy(full_precision(logits), out["labels"])
@@ -87,9 +93,11 @@ class Trainer:
         t = self.t = cfg.trainer
         self.cfg, self.run_dir, self.env, self.device = cfg, run_dir, env, device
         self.say = log.info if env.is_main else (lambda *a, **k: None)
+        if not env.is_main:  # every rank runs the same code: its warnings are rank 0's, printed once there
+            warnings.simplefilter("ignore")
         torch.manual_seed(t.seed)
         random.seed(t.seed)
-        splits = build_splits(cfg.data, env, t.seed, pairs=self._pairs(cfg))
+        splits = build_splits(cfg.data, env, t.seed, pairs=METHODS[cfg.method.name].target.inputs == "image_text")
         self.model = model = build_model(cfg, splits.num_classes if t.probe else None)
         self.channels_last = t.channels_last and device.type == "cuda"
         self.dtype = torch.float64 if str(t.precision) == "64" else torch.float32
@@ -110,7 +118,8 @@ class Trainer:
         self.schedule = partial(warmup_cosine, total_steps=self.total_steps, warmup_steps=warmup_steps, base_lr=self.lr,
                                 warmup_start_lr=cfg.optim.warmup_start_lr, final_lr=cfg.optim.final_lr)
         self.train_step = TrainStep(forward, model, optimizer, precision=str(t.precision), device=device,
-                                    schedule=self.schedule, total_steps=self.total_steps, grad_clip=cfg.optim.grad_clip)
+                                    schedule=self.schedule, total_steps=self.total_steps, grad_clip=cfg.optim.grad_clip,
+                                    accumulate=t.accumulate)
         self.evaluator = Evaluator(model, self.loaders, splits.num_classes, knn_k=t.knn_k, knn_temperature=t.knn_temperature,
                                    device=device, autocast=self.train_step.autocast)
         components = {"model": model, "optimizer": optimizer, "scaler": self.train_step, "data": source, "rng": RNGState()}
@@ -118,12 +127,6 @@ class Trainer:
         self.checkpointer = Checkpointer(Checkpoints(run_dir / "checkpoints", t.keep_checkpoints), components, info, env.is_main)
         self.preemption = Preemption(list(t.preempt_signals), device)
         self.step, self.logger, self.last_metrics = 0, None, {}
-
-    @staticmethod
-    def _pairs(cfg) -> bool:
-        from solo.methods import METHODS
-
-        return METHODS[cfg.method.name].target.inputs == "image_text"
 
     def _resume(self) -> bool:
         """Restore every component from last.pt when there is one (and trainer.resume); True if resumed."""
@@ -151,7 +154,9 @@ class Trainer:
             self.logger = Loggers(self.run_dir, self.cfg.logger, self.checkpointer.info["config"], self.step if resumed else None)
         o, d = self.cfg.optim, self.cfg.data
         self.say(
-            f"world size {self.env.world_size}, global batch {self.source.global_batch} ({d.batch_size} per process), "
+            f"world size {self.env.world_size}, global batch {self.source.global_batch} ({d.batch_size} per process"
+            + (f" in {self.t.accumulate} micro-batches of {d.batch_size // self.t.accumulate}" if self.t.accumulate > 1 else "")
+            + "), "
             f"lr {o.lr} x {o.lr_scaling} scaling = {self.lr:.4g}, {self.source.steps_per_epoch} steps per epoch, "
             f"{self.total_steps} steps, run dir {self.run_dir}"
         )

@@ -1,0 +1,107 @@
+"""Gradient accumulation (trainer.accumulate): one step on k micro-batches equals one step on the whole batch."""
+
+import pytest
+import torch
+import torch.nn as nn
+
+from solo.errors import ConfigError
+from solo.train.trainer import build_model, pretrain
+from tests.test_train import TINY, compose_cfg, run, weights
+
+VIT = ["backbone.name=vit_tiny_patch16_224", "backbone.small_stem=false",
+       "+backbone.kwargs.img_size=16", "+backbone.kwargs.patch_size=4", "+backbone.kwargs.embed_dim=32",
+       "+backbone.kwargs.depth=2", "+backbone.kwargs.num_heads=2"]
+ONE_STEP = ["trainer.max_steps=1", "trainer.precision=64", "optim.warmup_epochs=0"]
+CASES = {  # a LayerNorm image tower (timm's ViT), with SimCLR's BatchNorm projector, and CLIP's two towers
+    "simclr_vit": [o for o in TINY if not o.startswith("backbone")] + VIT + ONE_STEP,
+    "clip_vit": [o for o in TINY if not o.startswith(("backbone", "method", "data"))] + VIT + ONE_STEP
+    + ["method=clip", "data=digits", "method.embed_dim=16", "method.text.width=32", "method.text.depth=1", "method.text.heads=2"],
+}
+
+
+def moved(run_dir, overrides) -> tuple[dict, float]:
+    """The weights after the run, and how far training moved them from their initialisation."""
+    cfg = compose_cfg(overrides)
+    torch.manual_seed(cfg.trainer.seed)
+    start = {k: v.double() for k, v in build_model(cfg, 10).state_dict().items() if v.is_floating_point()}
+    after = weights(run_dir)
+    return after, max(float((after[k] - start[k]).abs().max()) for k in after)
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_accumulated_step_equals_the_whole_batch_step(tmp_path, case):
+    base = CASES[case] + ["data.batch_size=16"]
+    pretrain(compose_cfg(base), tmp_path / "whole")
+    pretrain(compose_cfg(base + ["trainer.accumulate=4"]), tmp_path / "k4")
+    whole, movement = moved(tmp_path / "whole", base)
+    other = weights(tmp_path / "k4")
+    worst, name = max((float((whole[k] - other[k]).abs().max()), k) for k in whole)
+    assert worst <= 1e-10 * movement, f"{name}: differs by {worst}, the step moved weights by {movement}"
+
+
+def test_two_processes_accumulating_equal_one_process_on_the_whole_batch(tmp_path):
+    base = CASES["simclr_vit"]
+    pretrain(compose_cfg(base + ["data.batch_size=16"]), tmp_path / "w1")
+    run(base + ["data.batch_size=8", "trainer.accumulate=2"], tmp_path / "w2", nproc=2)
+    whole, movement = moved(tmp_path / "w1", base + ["data.batch_size=16"])
+    other = weights(tmp_path / "w2")
+    worst, name = max((float((whole[k] - other[k]).abs().max()), k) for k in whole)
+    assert worst <= 1e-10 * movement, f"{name}: differs by {worst}, the step moved weights by {movement}"
+
+
+class GhostBatchNorm(nn.Module):
+    """The reference for a BatchNorm backbone: the same BatchNorm applied to each chunk of `chunk` samples."""
+
+    def __init__(self, bn: nn.BatchNorm2d, chunk: int):
+        super().__init__()
+        self.bn, self.chunk = bn, chunk
+
+    def forward(self, x):
+        return torch.cat([self.bn(part) for part in x.split(self.chunk)])
+
+
+def test_a_batchnorm_backbone_sees_micro_batch_statistics(tmp_path, monkeypatch):
+    """With BatchNorm in the backbone, accumulate=k equals the whole-batch step of a backbone whose BatchNorm
+    takes its statistics over each micro-batch (ghost batch norm); the projector's BatchNorm and the loss still
+    see the whole batch. It does not equal the plain whole-batch step."""
+    base = TINY + ONE_STEP + ["data.batch_size=16"]
+    pretrain(compose_cfg(base + ["trainer.accumulate=4"]), tmp_path / "k4")
+    pretrain(compose_cfg(base), tmp_path / "plain")
+    import solo.train.trainer as trainer
+
+    def ghost_model(cfg, num_classes):
+        model = build_model(cfg, num_classes)
+        for name, module in list(model.method.backbone.named_modules()):
+            for child_name, child in list(module.named_children()):
+                if isinstance(child, nn.BatchNorm2d):
+                    setattr(module, child_name, GhostBatchNorm(child, 4))
+        return model
+
+    monkeypatch.setattr(trainer, "build_model", ghost_model)
+    pretrain(compose_cfg(base), tmp_path / "ghost")
+    k4, plain, ghost = (weights(tmp_path / d) for d in ("k4", "plain", "ghost"))
+    ghost = {k.replace(".bn.", "."): v for k, v in ghost.items()}
+    _, movement = moved(tmp_path / "plain", base)
+    # The trained parameters; running statistics differ in update order (view by view, or micro-batch by micro-batch).
+    trained = [k for k in k4 if "running_" not in k]
+    assert max(float((k4[k] - ghost[k]).abs().max()) for k in trained) <= 1e-10 * movement
+    assert max(float((k4[k] - plain[k]).abs().max()) for k in trained) > 1e-6 * movement
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["trainer.accumulate=0"], "trainer.accumulate=0: must be >= 1"),
+        (["trainer.accumulate=3", "data.batch_size=16"], "trainer.accumulate=3 does not divide data.batch_size=16"),
+    ],
+)
+def test_bad_accumulation_settings_are_clear_errors(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        compose_cfg(TINY + overrides)
+
+
+def test_a_method_without_an_encode_head_split_refuses_to_accumulate():
+    from tests.test_lifecycle import TOY
+
+    with pytest.raises(ConfigError, match="method=toy_ema cannot accumulate gradients exactly"):
+        compose_cfg(TOY + ["trainer.accumulate=2"])
