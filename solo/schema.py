@@ -23,6 +23,8 @@ NON_NEGATIVE = Rule("must be >= 0", lambda v: v >= 0)
 AT_LEAST_ONE = Rule("must be >= 1", lambda v: v >= 1)
 PROBABILITY = Rule("must be in [0, 1]", lambda v: 0 <= v <= 1)
 MOMENTUM = Rule("must be in [0, 1)", lambda v: 0 <= v < 1)
+# A loss's tile (solo.losses.tiled): none (the whole logit matrix), auto (from a memory budget), or a count.
+TILE = Rule("must be none, auto or a positive number of candidates per tile", lambda v: v in ("none", "auto") or (v.isdigit() and int(v) > 0))
 
 
 def ruled(default, rule: Rule):

@@ -105,3 +105,15 @@ def test_a_method_without_an_encode_head_split_refuses_to_accumulate():
 
     with pytest.raises(ConfigError, match="method=toy_ema cannot accumulate gradients exactly"):
         compose_cfg(TOY + ["trainer.accumulate=2"])
+
+
+def test_a_tiled_loss_accumulated_equals_the_whole_untiled_batch(tmp_path):
+    """method.loss_tile streams the loss over candidate tiles; with accumulation on top, still the same step."""
+    base = CASES["simclr_vit"] + ["data.batch_size=16"]
+    pretrain(compose_cfg(base), tmp_path / "plain")
+    pretrain(compose_cfg(base + ["method.loss_tile=5", "trainer.accumulate=2"]), tmp_path / "tiled")
+    whole, movement = moved(tmp_path / "plain", base)
+    other = weights(tmp_path / "tiled")
+    assert max(float((whole[k] - other[k]).abs().max()) for k in whole) <= 1e-10 * movement
+    with pytest.raises(ConfigError, match="method.loss_tile=0: must be none, auto or a positive number"):
+        compose_cfg(base + ["method.loss_tile=0"])

@@ -24,7 +24,7 @@ BUILTIN = [name for name in LOSSES.names() if LOSSES[name].target.__module__.sta
 
 
 def test_builtin_losses_are_registered_next_to_their_losses():
-    assert BUILTIN == ["barlow_twins", "clip", "nt_xent"]
+    assert BUILTIN == ["barlow_twins", "clip", "clip_tiled", "nt_xent", "nt_xent_tiled"]
     assert resolve("clip").learnable == {"logit_scale": pytest.approx(1 / 0.07)}
     assert resolve("nt_xent").learnable == resolve("barlow_twins").learnable == {}
 

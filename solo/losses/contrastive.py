@@ -3,6 +3,11 @@
 Each rank scores only its own anchors (memory B_local x N), against candidates gathered with a
 reduce-scatter backward, and returns W/N times the sum of its anchors' losses. The sum over ranks is
 then W * L, which DDP's gradient mean turns into exactly grad L (see solo.distributed.collectives).
+
+With `tile=` (an int, or "auto") the losses stream over tiles of candidates instead (solo.losses.tiled):
+the same value and gradient to rounding, in memory B_local x tile, for global batches whose B_local x N
+logits would not fit. Each anchor's loss is lse_i - logit_i(positive): the log-sum-exp goes through the
+tiled function, the positive logit is a row-wise dot product through plain autograd.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ import torch.nn.functional as F
 from solo.distributed import batch_sizes, gather, rank, world_size
 from solo.losses.registry import LOSSES
 from solo.losses._checks import check_pair, check_positive, full_precision
+from solo.losses.tiled import resolve_tile, tiled_logsumexp
 
 
 def _global_rows(n_local: int, device: torch.device) -> tuple[list[int], torch.Tensor]:
@@ -22,20 +28,32 @@ def _global_rows(n_local: int, device: torch.device) -> tuple[list[int], torch.T
     return sizes, torch.arange(offset, offset + n_local, device=device)
 
 
-def nt_xent_loss(z1: torch.Tensor, z2: torch.Tensor, temperature: float | torch.Tensor) -> torch.Tensor:
+def _check_tile(tile: int | str | None) -> None:
+    if tile is not None:
+        resolve_tile(tile, 1, 1, torch.float32)  # raises on anything but a positive int or "auto"
+
+
+def nt_xent_loss(
+    z1: torch.Tensor, z2: torch.Tensor, temperature: float | torch.Tensor, *, tile: int | str | None = None
+) -> torch.Tensor:
     """SimCLR's NT-Xent over the global batch of N pairs.
 
     All 2N views are anchors; each anchor's positive is the other view of its sample and the other
     2N - 2 views are its negatives. Similarities are cosine (features are normalised here), divided by
     `temperature`. Returns this rank's share, scaled so that the mean over ranks is the global loss.
+    `tile` (candidates per tile, or "auto") streams the softmax over tiles in memory 2B_local x tile
+    instead of 2B_local x 2N; None (the default) materialises the logits.
     """
     check_pair(z1, z2, "z1", "z2")
     check_positive(temperature, "temperature")
+    _check_tile(tile)
     with torch.autocast(z1.device.type, enabled=False):
         z1 = F.normalize(full_precision(z1), dim=1)
         z2 = F.normalize(full_precision(z2), dim=1)
         sizes, rows = _global_rows(z1.shape[0], z1.device)
         total = sum(sizes)
+        if tile is not None:
+            return _nt_xent_tiled(z1, z2, temperature, sizes, rows, tile)
         candidates = torch.cat([gather(z1, sizes), gather(z2, sizes)])  # (2N, D): all first views, then all second
         anchors = torch.cat([z1, z2])  # (2n, D)
         logits = anchors @ candidates.T / temperature
@@ -47,21 +65,54 @@ def nt_xent_loss(z1: torch.Tensor, z2: torch.Tensor, temperature: float | torch.
         return loss_sum * (world_size() / (2 * total))
 
 
+def _nt_xent_tiled(z1, z2, temperature, sizes, rows, tile) -> torch.Tensor:
+    """nt_xent_loss's value on normalised views, with the log-sum-exp streamed over candidate tiles."""
+    total = sum(sizes)
+    anchors = torch.cat([z1, z2])  # (2n, D)
+    # In one process the anchors are all the candidates: one tensor for both saves a (2N, D) copy.
+    candidates = anchors if world_size() == 1 else torch.cat([gather(z1, sizes), gather(z2, sizes)])
+    # As untiled, where the float32 logits are divided by it: a bf16 temperature's reciprocal in float32.
+    scale = 1 / (full_precision(temperature) if isinstance(temperature, torch.Tensor) else temperature)
+    lse = tiled_logsumexp(anchors, candidates, scale, tile, exclude=torch.cat([rows, rows + total]))
+    # Anchor z1[i]'s positive is z2[i] and z2[i]'s is z1[i]: the same dot product, twice; a local one,
+    # so it needs no gather (its gradient is the one the untiled loss routes through gather to this rank).
+    positive = scale * torch.linalg.vecdot(z1, z2)
+    # Row by row, then summed: lse comes in float64 (see solo.losses.tiled), so the sum of the anchors'
+    # losses is not the float32 difference of two large sums. The loss in the features' dtype, as untiled.
+    loss_sum = (lse - torch.cat([positive, positive])).sum()
+    return (loss_sum * (world_size() / (2 * total))).to(z1.dtype)
+
+
 def clip_loss(
-    image_features: torch.Tensor, text_features: torch.Tensor, logit_scale: float | torch.Tensor
+    image_features: torch.Tensor,
+    text_features: torch.Tensor,
+    logit_scale: float | torch.Tensor,
+    *,
+    tile: int | str | None = None,
 ) -> torch.Tensor:
     """Symmetric InfoNCE of CLIP over the global batch: mean of image->text and text->image.
 
     Features are L2-normalised by the caller; `logit_scale` multiplies the cosine similarities and
-    may be a learnable tensor (its gradient is exact too).
+    may be a learnable tensor (its gradient is exact too). `tile` (candidates per tile, or "auto")
+    streams each direction's softmax over tiles in memory B_local x tile instead of B_local x N; None
+    (the default) materialises the logits.
     """
     check_pair(image_features, text_features, "image_features", "text_features")
     check_positive(logit_scale, "logit_scale")
+    _check_tile(tile)
     with torch.autocast(image_features.device.type, enabled=False):
         image = full_precision(image_features)
         text = full_precision(text_features)
         scale = full_precision(logit_scale) if isinstance(logit_scale, torch.Tensor) else logit_scale
         sizes, rows = _global_rows(image.shape[0], image.device)
+        if tile is not None:
+            # Both directions' positive logit of pair i is scale * <image[i], text[i]>; the rows' losses
+            # are summed in float64, lse's dtype (see _nt_xent_tiled).
+            positive = scale * torch.linalg.vecdot(image, text)
+            image_to_text = tiled_logsumexp(image, gather(text, sizes), scale, tile) - positive
+            text_to_image = tiled_logsumexp(text, gather(image, sizes), scale, tile) - positive
+            loss_sum = image_to_text.sum() + text_to_image.sum()
+            return (loss_sum * (world_size() / (2 * sum(sizes)))).to(image.dtype)
         image_to_text = scale * image @ gather(text, sizes).T
         text_to_image = scale * text @ gather(image, sizes).T
         loss_sum = F.cross_entropy(image_to_text, rows, reduction="sum") + F.cross_entropy(
@@ -81,3 +132,17 @@ def nt_xent_check(z1: torch.Tensor, z2: torch.Tensor) -> torch.Tensor:
 @LOSSES.register("clip", learnable={"logit_scale": 1 / 0.07})  # the temperature is learnt, as in CLIP
 def clip_check(z1: torch.Tensor, z2: torch.Tensor, logit_scale: torch.Tensor) -> torch.Tensor:
     return clip_loss(F.normalize(z1, dim=1), F.normalize(z2, dim=1), logit_scale)
+
+
+# The tiled paths at a tile of 3: with the checker's 2..6 samples per rank, N is rarely a multiple of 3,
+# so the last tile is short, and a rank's anchors' excluded columns fall in different tiles.
+
+
+@LOSSES.register("nt_xent_tiled")
+def nt_xent_tiled_check(z1: torch.Tensor, z2: torch.Tensor) -> torch.Tensor:
+    return nt_xent_loss(z1, z2, temperature=0.3, tile=3)
+
+
+@LOSSES.register("clip_tiled", learnable={"logit_scale": 1 / 0.07})
+def clip_tiled_check(z1: torch.Tensor, z2: torch.Tensor, logit_scale: torch.Tensor) -> torch.Tensor:
+    return clip_loss(F.normalize(z1, dim=1), F.normalize(z2, dim=1), logit_scale, tile=3)

@@ -11,7 +11,8 @@ import torch.nn.functional as F
 
 from solo.eval.zero_shot import class_embeddings, evaluate_image_text
 from solo.losses import clip_loss
-from solo.schema import AT_LEAST_ONE, POSITIVE, Rule, ruled
+from solo.losses.tiled import config_tile
+from solo.schema import AT_LEAST_ONE, POSITIVE, TILE, Rule, ruled
 from solo.methods.base import Method, register_method
 from solo.text import VOCAB_SIZE, ByteTokenizer
 from solo.text.encoder import TextTransformer
@@ -34,6 +35,7 @@ class CLIPConfig:
     embed_dim: int = ruled(512, AT_LEAST_ONE)
     init_logit_scale: float = ruled(14.285714285714286, POSITIVE)  # 1 / 0.07, as in CLIP
     max_logit_scale: float = ruled(100.0, POSITIVE)
+    loss_tile: str = ruled("none", TILE)  # none | auto | candidates per tile: the loss in memory B_local x tile
     text: TextConfig = field(default_factory=TextConfig)
 
 
@@ -60,6 +62,7 @@ class CLIP(Method):
         # Learnt in log space, as in CLIP, so the scale stays positive.
         self.log_logit_scale = nn.Parameter(torch.tensor(math.log(cfg.init_logit_scale)))
         self.max_logit_scale = cfg.max_logit_scale
+        self.tile = config_tile(cfg.loss_tile)
 
     def logit_scale(self) -> torch.Tensor:
         # Clamped at max_logit_scale (CLIP: 100) to keep training stable; no gradient past the clamp.
@@ -87,7 +90,7 @@ class CLIP(Method):
     def head(self, encoded: dict, batch: dict) -> dict:
         image = self.embed_features(encoded["image"])
         text = F.normalize(self.text_projection(encoded["text"]), dim=-1)
-        loss = clip_loss(image, text, self.logit_scale())
+        loss = clip_loss(image, text, self.logit_scale(), tile=self.tile)
         return {"loss": loss, "features": encoded["image"], "labels": batch["label"]}
 
     def metrics(self) -> dict[str, torch.Tensor]:

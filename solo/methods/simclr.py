@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from solo.losses import nt_xent_loss
-from solo.schema import AT_LEAST_ONE, POSITIVE, ruled
+from solo.losses.tiled import config_tile
+from solo.schema import AT_LEAST_ONE, POSITIVE, TILE, ruled
 from solo.methods.base import TwoViewMethod, mlp, register_method
 
 
@@ -15,6 +16,7 @@ class SimCLRConfig:
     proj_hidden_dim: int = ruled(2048, AT_LEAST_ONE)
     proj_output_dim: int = ruled(128, AT_LEAST_ONE)
     temperature: float = ruled(0.2, POSITIVE)
+    loss_tile: str = ruled("none", TILE)  # none | auto | candidates per tile: NT-Xent in memory B_local x tile
 
 
 @register_method("simclr", schema=SimCLRConfig)
@@ -23,6 +25,7 @@ class SimCLR(TwoViewMethod):
         super().__init__(backbone, feature_dim)
         self.projector = mlp([feature_dim, cfg.proj_hidden_dim, cfg.proj_output_dim])
         self.temperature = cfg.temperature
+        self.tile = config_tile(cfg.loss_tile)
 
     def loss(self, z1, z2):
-        return nt_xent_loss(z1, z2, self.temperature)
+        return nt_xent_loss(z1, z2, self.temperature, tile=self.tile)
