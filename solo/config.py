@@ -239,7 +239,7 @@ def _check_accumulation(cfg: DictConfig, method) -> None:
     k, batch = cfg.trainer.accumulate, cfg.data.batch_size
     if k > 1 and not method.can_accumulate():
         raise ConfigError(
-            f"trainer.accumulate={k}: method={method.name} cannot accumulate gradients exactly (it has no encode/head "
+            f"trainer.accumulate={k}: method={method.name} cannot accumulate gradients exactly (it has no encode/joint "
             "split, see solo.methods.Method.encode); use trainer.accumulate=1"
         )
     if batch % k:

@@ -7,7 +7,7 @@ A method is an nn.Module from a batch to its loss. Besides `forward`, it tells t
 - its parameter groups (`param_groups`), e.g. a predictor with its own learning rate;
 - what it needs from the data (`inputs`, `check_data`): augmented views, or image-text pairs;
 - the metrics it logs besides the loss (`metrics`), and how it is validated (`evaluate`);
-- optionally, its split into `encode` (per sample: the backbone) and `head` (what couples the samples:
+- optionally, its split into `encode` (per sample: the backbone) and `joint` (what couples the samples:
   projector BatchNorm, the loss), which gradient accumulation (`trainer.accumulate`) needs.
 """
 
@@ -83,15 +83,15 @@ class Method(nn.Module):
     def encode(self, batch: dict) -> dict:
         """The per-sample part of forward (the encoders), as a dict of (batch, ...) tensors or lists of them.
 
-        Under trainer.accumulate=k it runs micro-batch by micro-batch; `head` then runs on all of them."""
-        raise NotImplementedError(f"method={self.name} has no encode/head split")
+        Under trainer.accumulate=k it runs micro-batch by micro-batch; `joint` then runs on all of them."""
+        raise NotImplementedError(f"method={self.name} has no encode/joint split")
 
-    def head(self, encoded: dict, batch: dict) -> dict:
+    def joint(self, encoded: dict, batch: dict) -> dict:
         """What couples the samples (projector BatchNorm, the loss) on `encode`'s output for the whole batch."""
-        raise NotImplementedError(f"method={self.name} has no encode/head split")
+        raise NotImplementedError(f"method={self.name} has no encode/joint split")
 
     def forward(self, batch: dict) -> dict:
-        return self.head(self.encode(batch), batch)
+        return self.joint(self.encode(batch), batch)
 
     @classmethod
     def can_accumulate(cls) -> bool:
@@ -147,7 +147,7 @@ class TwoViewMethod(Method):
         # One backbone call per view: BatchNorm statistics stay per view, as in the SimCLR/Barlow Twins papers.
         return {"features": [self.backbone(v) for v in batch["views"]]}
 
-    def head(self, encoded: dict, batch: dict) -> dict:
+    def joint(self, encoded: dict, batch: dict) -> dict:
         f1, f2 = encoded["features"]
         loss = self.loss(self.projector(f1), self.projector(f2))
         return {"loss": loss, "features": torch.cat([f1, f2]), "labels": batch["label"].repeat(2)}

@@ -87,7 +87,7 @@ class CLIP(Method):
     def encode(self, batch: dict) -> dict:
         return {"image": self.image_features(batch["image"]), "text": self.text_tower(batch["text"])}
 
-    def head(self, encoded: dict, batch: dict) -> dict:
+    def joint(self, encoded: dict, batch: dict) -> dict:
         image = self.embed_features(encoded["image"])
         text = F.normalize(self.text_projection(encoded["text"]), dim=-1)
         loss = clip_loss(image, text, self.logit_scale(), tile=self.tile)

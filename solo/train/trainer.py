@@ -55,7 +55,7 @@ class PretrainModel(nn.Module):
         which is encoded here, with its graph (see solo.train.step)."""
         if last is not None:
             encoded = merge_encoded([encoded, self.method.encode(last)])
-        out = self.method(batch) if encoded is None else self.method.head(encoded, batch)
+        out = self.method(batch) if encoded is None else self.method.joint(encoded, batch)
         if self.probe is not None:
             logits = self.probe(out["features"].detach())  # the probe must not shape the representation
             out["probe_loss"] = F.cross_entropy(full_precision(logits), out["labels"])
