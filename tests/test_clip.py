@@ -23,7 +23,8 @@ TINY_CLIP = [
 ]
 
 
-@pytest.mark.parametrize("world", [2, pytest.param(3, marks=pytest.mark.slow)])
+@pytest.mark.slow  # CLIP exactness stays in the default suite through tests/test_accumulate.py
+@pytest.mark.parametrize("world", [2, 3])
 def test_clip_step_is_world_size_invariant(tmp_path, world):
     """One step of the whole model (image tower, text tower, logit scale) on W processes == one process."""
     common = TINY_CLIP + ["trainer.max_steps=1", "trainer.precision=64"]

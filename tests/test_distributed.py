@@ -29,7 +29,7 @@ def test_builtin_losses_are_registered_next_to_their_losses():
     assert resolve("nt_xent").learnable == resolve("barlow_twins").learnable == {}
 
 
-@pytest.fixture(scope="module", params=[1, 2, 3, 4], ids=lambda w: f"W{w}")
+@pytest.fixture(scope="module", params=[1, 2, pytest.param(3, marks=pytest.mark.slow), pytest.param(4, marks=pytest.mark.slow)], ids=lambda w: f"W{w}")
 def registered_results(request):
     return run_check(BUILTIN, request.param)
 
@@ -43,7 +43,7 @@ def test_registered_losses_are_exact(registered_results):
         assert r.grad_error <= TOLERANCE, r
 
 
-@pytest.mark.parametrize("world", [2, 3])
+@pytest.mark.parametrize("world", [2, pytest.param(3, marks=pytest.mark.slow)])
 def test_checker_rejects_the_popular_wrong_variants(world):
     results = run_check(WRONG, world, uneven=False)
     assert len(results) == len(WRONG)
@@ -96,6 +96,7 @@ def _run_cli(*args, timeout=300):
     )
 
 
+@pytest.mark.slow
 def test_cli_passes_registered_and_fails_a_wrong_loss():
     good = _run_cli("--world-sizes", "2")
     assert good.returncode == 0, good.stdout + good.stderr
@@ -153,7 +154,7 @@ SIGLIP = "tests.checker_user_losses:siglip"
 SIGLIP_WRONG = ["tests.wrong_losses:siglip_bias_from_local_pairs", "tests.wrong_losses:siglip_bias_gradient_summed"]
 
 
-@pytest.mark.parametrize("world", [2, 3])
+@pytest.mark.parametrize("world", [2, pytest.param(3, marks=pytest.mark.slow)])
 def test_learnable_scalar_gradients_are_checked(world):
     results = run_check([SIGLIP, "user_siglip", *SIGLIP_WRONG], world)
     by_spec = {}

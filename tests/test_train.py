@@ -78,7 +78,7 @@ def metrics(run_dir) -> list[dict]:
 
 
 @pytest.mark.parametrize("precision, tolerance", [("64", 1e-10), pytest.param("32", 1e-4, marks=pytest.mark.slow)])
-@pytest.mark.parametrize("method", ["simclr", "barlow_twins"])
+@pytest.mark.parametrize("method", ["simclr", pytest.param("barlow_twins", marks=pytest.mark.slow)])
 def test_world_size_invariance(tmp_path, method, precision, tolerance):
     """1 process with batch 16 and 2 processes with batch 8 end with the same weights (SyncBatchNorm on).
 
