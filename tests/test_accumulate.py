@@ -117,3 +117,12 @@ def test_a_tiled_loss_accumulated_equals_the_whole_untiled_batch(tmp_path):
     assert max(float((whole[k] - other[k]).abs().max()) for k in whole) <= 1e-10 * movement
     with pytest.raises(ConfigError, match="method.loss_tile=0: must be none, auto or a positive number"):
         compose_cfg(base + ["method.loss_tile=0"])
+
+
+def test_a_run_resumes_with_another_number_of_micro_batches(tmp_path):
+    base = TINY + ["data.batch_size=16", "trainer.log_every_steps=1"]
+    pretrain(compose_cfg(base + ["trainer.max_steps=2"]), tmp_path)
+    pretrain(compose_cfg(base + ["trainer.max_steps=4", "trainer.accumulate=4"]), tmp_path)  # same global batch
+    from tests.test_train import metrics
+
+    assert [m["step"] for m in metrics(tmp_path) if "train/loss" in m] == [1, 2, 3, 4]
