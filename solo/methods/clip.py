@@ -80,16 +80,20 @@ class CLIP(Method):
         """L2-normalised image embeddings, as open_clip's encode_image(normalize=True)."""
         return self.embed_features(self.image_features(images))
 
+    def embed_text(self, pooled: torch.Tensor) -> torch.Tensor:
+        """The text tower's pooled output -> L2-normalised text embeddings."""
+        return F.normalize(self.text_projection(pooled), dim=-1)
+
     def encode_text(self, tokens: torch.Tensor) -> torch.Tensor:
         """L2-normalised text embeddings of `tokens` (from `self.tokenizer(list of str)`)."""
-        return F.normalize(self.text_projection(self.text_tower(tokens)), dim=-1)
+        return self.embed_text(self.text_tower(tokens))
 
     def encode(self, batch: dict) -> dict:
         return {"image": self.image_features(batch["image"]), "text": self.text_tower(batch["text"])}
 
     def joint(self, encoded: dict, batch: dict) -> dict:
         image = self.embed_features(encoded["image"])
-        text = F.normalize(self.text_projection(encoded["text"]), dim=-1)
+        text = self.embed_text(encoded["text"])
         loss = clip_loss(image, text, self.logit_scale(), tile=self.tile)
         return {"loss": loss, "features": encoded["image"], "labels": batch["label"]}
 
