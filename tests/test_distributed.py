@@ -16,7 +16,7 @@ from solo.distributed.env import detect, first_host, slurm_port
 from solo.errors import ConfigError
 from solo.losses import LOSSES
 from tests.checker_user_losses import SPECS as USER_SPECS
-from tests.wrong_losses import WRONG
+from tests.wrong_losses import WRONG, WRONG_SSL
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # solo's own entries: the test helpers imported above register theirs in the same LOSSES.
@@ -24,9 +24,12 @@ BUILTIN = [name for name in LOSSES.names() if LOSSES[name].target.__module__.sta
 
 
 def test_builtin_losses_are_registered_next_to_their_losses():
-    assert BUILTIN == ["barlow_twins", "clip", "clip_tiled", "nt_xent", "nt_xent_tiled"]
+    assert BUILTIN == [
+        "barlow_twins", "byol", "clip", "clip_tiled", "dino", "mocov3", "nt_xent", "nt_xent_tiled", "siglip", "swav", "vicreg"
+    ]  # fmt: skip
     assert resolve("clip").learnable == {"logit_scale": pytest.approx(1 / 0.07)}
-    assert resolve("nt_xent").learnable == resolve("barlow_twins").learnable == {}
+    assert resolve("siglip").learnable == {"logit_scale": 10.0, "bias": -10.0}
+    assert resolve("nt_xent").learnable == resolve("barlow_twins").learnable == resolve("dino").learnable == {}
 
 
 @pytest.fixture(scope="module", params=[1, 2, pytest.param(3, marks=pytest.mark.slow), pytest.param(4, marks=pytest.mark.slow)], ids=lambda w: f"W{w}")
@@ -54,6 +57,40 @@ def test_checker_rejects_the_popular_wrong_variants(world):
     assert by_name["nt_xent_full_loss_rank_only_gather"].loss_error <= TOLERANCE
     assert by_name["nt_xent_full_loss_rank_only_gather"].grad_error == pytest.approx(1 - 1 / world, rel=1e-6)
     assert by_name["barlow_twins_plain_all_reduce"].grad_error == pytest.approx(1 - 1 / world, rel=1e-6)
+
+
+# Each wrong variant of a self-supervised loss and the registered loss it gets wrong in a process group only.
+WRONG_SSL_OF = {
+    "vicreg_per_gpu_statistics": "vicreg",
+    "vicreg_plain_all_reduce": "vicreg",
+    "siglip_local_negatives": "siglip",
+    "dino_per_gpu_centre": "dino",
+    "swav_per_gpu_sinkhorn": "swav",
+    "mocov3_local_keys": "mocov3",
+    "byol_mean_of_rank_means": "byol",
+}
+
+
+def test_wrong_self_supervised_variants_are_right_in_one_process():
+    # So that what the checker rejects below is their distribution, not another formula.
+    assert sorted(spec.split(":")[1] for spec in WRONG_SSL) == sorted(WRONG_SSL_OF)
+    for spec in WRONG_SSL:
+        loss, grads = _reference(spec, [9], seed=0)
+        right_loss, right_grads = _reference(WRONG_SSL_OF[spec.split(":")[1]], [9], seed=0)
+        assert loss == pytest.approx(right_loss, rel=1e-12), spec
+        for name, g in right_grads.items():
+            assert abs(grads[name] - g).max() <= 1e-12 * max(abs(r).max() for r in right_grads.values()), (spec, name)
+
+
+def test_checker_rejects_the_wrong_self_supervised_variants():
+    results = run_check(WRONG_SSL, 2)  # one process group with equal batches, one with [2, 5]
+    assert len(results) == 2 * len(WRONG_SSL)
+    for r in results:
+        name = r.spec.split(":")[1]
+        if name == "byol_mean_of_rank_means" and r.layout == (4, 4):
+            assert r.ok, r  # the mean of equal-sized ranks' means is the global mean
+        else:
+            assert not r.ok and max(r.grad_error, r.loss_error) > 1e-3, r
 
 
 def _gather_worker(rank, world, store, sizes, queue):

@@ -1,7 +1,9 @@
 """The popular ways of distributing contrastive losses that give wrong gradients.
 
-Used to show that the gradient checker rejects them: a check that cannot fail proves nothing. At the
-end, two losses for the checker's error paths: one that raises on one rank, one that ignores its scalar.
+Used to show that the gradient checker rejects them: a check that cannot fail proves nothing. Then the
+wrong variants of the self-supervised losses (VICReg, SigLIP, DINO, SwAV, MoCo v3, BYOL) that popular
+implementations ship (WRONG_SSL). At the end, two losses for the checker's error paths: one that raises
+on one rank, one that ignores its scalar.
 """
 
 import torch
@@ -9,7 +11,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from solo.distributed import batch_sizes, rank, world_size
-from solo.losses import LOSSES, nt_xent_loss
+from solo.losses import LOSSES, dino_loss, nt_xent_loss
 from solo.losses.barlow_twins import _standardise
 from tests.checker_user_losses import siglip_terms
 
@@ -102,6 +104,111 @@ def siglip_bias_gradient_summed(z1, z2, logit_scale, bias):
     gradient by hand on top of DDP): W times the true one."""
     terms, total = siglip_terms(z1, z2, logit_scale, _ScaleGradient.apply(bias, world_size()))
     return terms.sum() * (world_size() / total)
+
+
+# --- self-supervised losses: statistics per GPU, negatives per GPU, or a mean of the ranks' means ---
+
+
+def _vicreg_terms(z1, z2, cov1, cov2):
+    """VICReg (25, 25, 1) from given statistics, the invariance as this rank's mean (right for equal batches)."""
+    loss = 25.0 * F.mse_loss(z1, z2)
+    for cov in (cov1, cov2):
+        var = torch.diagonal(cov)
+        loss = loss + 25.0 * F.relu(1 - torch.sqrt(var + 1e-4)).mean() / 2
+        loss = loss + (cov - torch.diag(var)).pow(2).sum() / cov.shape[0]
+    return loss
+
+
+def vicreg_per_gpu_statistics(z1, z2):
+    """VICReg on this rank's batch alone, as most implementations compute it: per-GPU variance and covariance."""
+    covs = [torch.cov(z.T) for z in (z1, z2)]  # unbiased, over the local batch
+    return _vicreg_terms(z1, z2, *covs)
+
+
+def _summed_without_gradient(x):
+    """The sum over ranks by dist.all_reduce, which autograd cannot see: the gradient of the local term only."""
+    summed = x.detach().clone()
+    if world_size() > 1:
+        dist.all_reduce(summed)
+    return x + (summed - x.detach())
+
+
+def vicreg_plain_all_reduce(z1, z2):
+    """Global statistics through a plain dist.all_reduce: the forward is right, the gradient is not."""
+    n = sum(batch_sizes(z1.shape[0]))
+    covs = []
+    for z in (z1, z2):
+        centred = z - _summed_without_gradient(z.sum(dim=0)) / n
+        covs.append(_summed_without_gradient(centred.T @ centred) / (n - 1))
+    return _vicreg_terms(z1, z2, *covs)
+
+
+@LOSSES.register("wrong_siglip_local_negatives", learnable={"logit_scale": 10.0, "bias": -10.0})
+def siglip_local_negatives(z1, z2, logit_scale, bias):
+    """SigLIP with this rank's texts only as negatives (n_local x n_local pairs), divided by n_local."""
+    image, text = F.normalize(z1, dim=1), F.normalize(z2, dim=1)
+    logits = logit_scale * image @ text.T + bias
+    labels = 2 * torch.eye(image.shape[0], dtype=logits.dtype) - 1
+    return -F.logsigmoid(labels * logits).sum() / image.shape[0]
+
+
+def dino_per_gpu_centre(z1, z2):
+    """DINO with the centre updated from this rank's teacher outputs alone (no all-reduce of the sum)."""
+    teacher = [z1.detach(), z2.detach()]
+    local_mean = torch.cat(teacher).mean(dim=0)
+    center = 0.9 * torch.tensor([0.3, -0.2, 0.1, 0.5], dtype=z1.dtype) + 0.1 * local_mean  # as solo's dino case
+    return dino_loss([z1, z2], teacher, center, student_temperature=0.1, teacher_temperature=0.04)
+
+
+def _local_sinkhorn(scores, epsilon=0.05, iterations=3):
+    q = torch.exp(scores.detach() / epsilon).T  # (K, n): SwAV's layout, with this rank's n as the batch
+    q = q / q.sum()
+    k, n = q.shape
+    for _ in range(iterations):
+        q = q / q.sum(dim=1, keepdim=True) / k
+        q = q / q.sum(dim=0, keepdim=True) / n
+    return (q * n).T
+
+
+def swav_per_gpu_sinkhorn(z1, z2):
+    """SwAV whose codes are balanced over this rank's samples only: the codes depend on the split."""
+    views = [F.normalize(z1, dim=1), F.normalize(z2, dim=1)]
+    total = sum(batch_sizes(z1.shape[0]))
+    loss = 0.0
+    for i, j in ((0, 1), (1, 0)):
+        loss = loss - (_local_sinkhorn(views[i]) * F.log_softmax(views[j] / 0.1, dim=1)).sum()
+    return loss * world_size() / (2 * total)
+
+
+def _mocov3_local_keys(q, k, t=0.5):
+    q, k = F.normalize(q, dim=1), F.normalize(k.detach(), dim=1)
+    return F.cross_entropy(q @ k.T / t, torch.arange(q.shape[0])) * 2 * t
+
+
+def mocov3_local_keys(z1, z2):
+    """MoCo v3 with this rank's keys only: the negatives are the local batch."""
+    return _mocov3_local_keys(z1, z2) + _mocov3_local_keys(z2, z1)
+
+
+def byol_mean_of_rank_means(z1, z2):
+    """BYOL as this rank's mean, which DDP averages: the global mean only when every rank holds as many samples."""
+    cos12 = F.cosine_similarity(z1, z2.detach(), dim=1)
+    cos21 = F.cosine_similarity(z2, z1.detach(), dim=1)
+    return (2 - 2 * cos12).mean() + (2 - 2 * cos21).mean()
+
+
+WRONG_SSL = [
+    f"tests.wrong_losses:{name}"
+    for name in (
+        "vicreg_per_gpu_statistics",
+        "vicreg_plain_all_reduce",
+        "siglip_local_negatives",
+        "dino_per_gpu_centre",
+        "swav_per_gpu_sinkhorn",
+        "mocov3_local_keys",
+        "byol_mean_of_rank_means",  # only wrong with uneven per-rank batches
+    )
+]
 
 
 # --- not a gradient bug: a loss that fails on one rank, while the others wait in a collective ---

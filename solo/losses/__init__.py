@@ -4,5 +4,23 @@ from solo.losses._checks import NonFiniteError
 from solo.losses.barlow_twins import barlow_twins_loss
 from solo.losses.contrastive import clip_loss, nt_xent_loss
 from solo.losses.registry import LOSSES
+from solo.losses.regression import byol_loss, mocov3_loss
+from solo.losses.self_distillation import dino_center, dino_loss, sinkhorn, swav_loss
+from solo.losses.siglip import siglip_loss
+from solo.losses.vicreg import vicreg_loss
 
-__all__ = ["LOSSES", "NonFiniteError", "barlow_twins_loss", "clip_loss", "nt_xent_loss"]
+__all__ = [
+    "LOSSES",
+    "NonFiniteError",
+    "barlow_twins_loss",
+    "byol_loss",
+    "clip_loss",
+    "dino_center",
+    "dino_loss",
+    "mocov3_loss",
+    "nt_xent_loss",
+    "siglip_loss",
+    "sinkhorn",
+    "swav_loss",
+    "vicreg_loss",
+]

@@ -1,0 +1,186 @@
+"""Cross-view prediction of soft targets: DINO (teacher softmax, centred) and SwAV (Sinkhorn codes).
+
+Both losses average, over pairs of views (target view i, predicting view v != i), the global-batch mean
+of the cross-entropy sum_k -q_i[k] log p_v[k]: a per-sample loss, so each rank returns W/N times the
+sum of its samples' terms (see solo.distributed.collectives). The targets carry no gradient but are
+GLOBAL statistics: DINO's centre is the mean of the teacher's outputs over the whole global batch, and
+SwAV's Sinkhorn-Knopp balances the prototypes over the whole global batch. Computed per GPU, either
+would make the targets, hence the loss, depend on the number of GPUs and on how the batch is split.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from solo.distributed import all_reduce, batch_sizes, world_size
+from solo.losses._checks import check_pair, check_positive, full_precision
+from solo.losses.registry import LOSSES
+
+
+def _check_views(views: list[torch.Tensor], name: str, at_least: int = 1) -> None:
+    """A list of at least `at_least` finite (batch, K) tensors of one shape."""
+    if not isinstance(views, (list, tuple)) or len(views) < at_least:
+        got = f"a {type(views).__name__}" if not isinstance(views, (list, tuple)) else f"{len(views)}"
+        raise ValueError(f"{name} must be a list of at least {at_least} (batch, K) tensors, got {got}")
+    for i, view in enumerate(views):
+        check_pair(views[0], view, f"{name}[0]", f"{name}[{i}]")
+
+
+def _scalar(x: float | torch.Tensor) -> float | torch.Tensor:
+    return full_precision(x) if isinstance(x, torch.Tensor) else x
+
+
+def _cross_view_loss(targets: list[torch.Tensor], log_probs: list[torch.Tensor], n_total: int) -> torch.Tensor:
+    """Average over pairs (i, v), v != i, of the global-batch mean of sum_k -targets[i] * log_probs[v];
+    W times this rank's share."""
+    loss_sum, pairs = 0.0, 0
+    for i, q in enumerate(targets):
+        for v, log_p in enumerate(log_probs):
+            if v != i:
+                loss_sum = loss_sum - (q * log_p).sum()
+                pairs += 1
+    return loss_sum * (world_size() / (n_total * pairs))
+
+
+# --- DINO ---------------------------------------------------------------------------------------------
+
+
+def dino_loss(
+    student: list[torch.Tensor],
+    teacher: list[torch.Tensor],
+    center: torch.Tensor,
+    student_temperature: float | torch.Tensor,
+    teacher_temperature: float | torch.Tensor,
+) -> torch.Tensor:
+    """DINO (Caron et al., 2021): average over pairs (g, v), v != g, of the global-batch mean of
+    sum_k -q_g[k] log softmax(student_v / student_temperature)[k], with q_g = softmax((teacher_g - center)
+    / teacher_temperature).
+
+    `student`: V (n, K) outputs on all crops, the G global ones first; `teacher`: the teacher's G (n, K)
+    outputs on the global crops (detached here); `center`: (K,), e.g. from dino_center (detached here).
+    """
+    _check_views(student, "student", at_least=2)
+    _check_views(teacher, "teacher")
+    check_pair(student[0], teacher[0], "student[0]", "teacher[0]")
+    if len(teacher) > len(student):
+        raise ValueError(f"teacher has {len(teacher)} views but student only {len(student)}: the teacher's are its first ones")
+    _check_center(center, student[0].shape[1])
+    check_positive(student_temperature, "student_temperature")
+    check_positive(teacher_temperature, "teacher_temperature")
+    with torch.autocast(student[0].device.type, enabled=False):
+        c = full_precision(center.detach())
+        targets = [F.softmax((full_precision(t.detach()) - c) / _scalar(teacher_temperature), dim=1) for t in teacher]
+        log_probs = [F.log_softmax(full_precision(s) / _scalar(student_temperature), dim=1) for s in student]
+        n_total = sum(batch_sizes(student[0].shape[0], student[0].device))
+        return _cross_view_loss(targets, log_probs, n_total)
+
+
+def _check_center(center: torch.Tensor, k: int) -> None:
+    if not isinstance(center, torch.Tensor) or center.shape != (k,):
+        shape = tuple(center.shape) if isinstance(center, torch.Tensor) else type(center).__name__
+        raise ValueError(f"center must be a ({k},) tensor, one entry per output dimension, got {shape}")
+    if not bool(torch.isfinite(center).all()):
+        raise ValueError("center has non-finite values (NaN or inf)")
+
+
+def dino_center(teacher: list[torch.Tensor], center: torch.Tensor, momentum: float) -> torch.Tensor:
+    """DINO's new centre: momentum * center + (1 - momentum) * the mean of the teacher's outputs over
+    all its views and the GLOBAL batch (one all-reduce of the sum, divided by the global count).
+
+    No gradient; returns a new tensor (in center's dtype) and leaves `center` as it is.
+    """
+    _check_views(teacher, "teacher")
+    _check_center(center, teacher[0].shape[1])
+    if not 0 <= float(momentum) <= 1:
+        raise ValueError(f"momentum must be a number in [0, 1], got {momentum}")
+    with torch.no_grad(), torch.autocast(teacher[0].device.type, enabled=False):
+        local_sum = sum(full_precision(t.detach()).sum(dim=0) for t in teacher)
+        count = sum(batch_sizes(teacher[0].shape[0], teacher[0].device)) * len(teacher)
+        mean = all_reduce(local_sum) / count
+        return (momentum * full_precision(center) + (1 - momentum) * mean).to(center.dtype)
+
+
+# --- SwAV ---------------------------------------------------------------------------------------------
+
+
+def _global_max(x: torch.Tensor) -> torch.Tensor:
+    if world_size() > 1:
+        x = x.clone()
+        dist.all_reduce(x, op=dist.ReduceOp.MAX)
+    return x
+
+
+def _sinkhorn(scores: torch.Tensor, epsilon: float, iterations: int, n_total: int) -> torch.Tensor:
+    k = scores.shape[1]
+    # Each prototype's global max out of the exponent: a per-column factor, which the first column
+    # normalisation removes exactly (SwAV's first division by the total sum is redundant for the same reason).
+    q = torch.exp((scores - _global_max(scores.max(dim=0).values)) / epsilon)
+    for _ in range(iterations):
+        q = q / (all_reduce(q.sum(dim=0)) * k)  # every prototype holds 1/K of the mass, over the global batch
+        q = q / (q.sum(dim=1, keepdim=True) * n_total)  # every sample holds 1/N
+    return q * n_total
+
+
+def sinkhorn(scores: torch.Tensor, epsilon: float, iterations: int) -> torch.Tensor:
+    """SwAV's codes: Sinkhorn-Knopp on exp(scores / epsilon) over the GLOBAL batch, equipartitioned.
+
+    Alternately every prototype's column is scaled to hold 1/K of the mass (its sum over the samples of
+    all ranks, all-reduced) and every sample's row to hold 1/N; `iterations` rounds. Returns this rank's
+    (n, K) codes scaled so that each row sums to 1 (SwAV's Q * B), detached, in full precision.
+    """
+    check_pair(scores, scores, "scores", "scores")
+    check_positive(epsilon, "epsilon")
+    if isinstance(iterations, bool) or not isinstance(iterations, int) or iterations < 1:
+        raise ValueError(f"iterations must be an int >= 1, got {iterations!r}")
+    with torch.no_grad(), torch.autocast(scores.device.type, enabled=False):
+        n_total = sum(batch_sizes(scores.shape[0], scores.device))
+        return _sinkhorn(full_precision(scores.detach()), epsilon, iterations, n_total)
+
+
+def swav_loss(
+    scores: list[torch.Tensor],
+    temperature: float | torch.Tensor,
+    epsilon: float = 0.05,
+    iterations: int = 3,
+    code_views: int = 2,
+) -> torch.Tensor:
+    """SwAV (Caron et al., 2020): average over pairs (i, v), i < code_views, v != i, of the global-batch
+    mean of sum_k -q_i[k] log softmax(scores_v / temperature)[k], with q_i = sinkhorn(scores_i).
+
+    `scores`: V (n, K) prototype scores, the first `code_views` (the global crops) also give codes.
+    No queue: a queue's content depends on the history of the world size (how many samples each step
+    added), so the codes of a run would depend on its number of GPUs; it is left out.
+    """
+    _check_views(scores, "scores", at_least=2)
+    check_positive(temperature, "temperature")
+    check_positive(epsilon, "epsilon")
+    if isinstance(code_views, bool) or not isinstance(code_views, int) or not 1 <= code_views <= len(scores):
+        raise ValueError(f"code_views must be an int in [1, {len(scores)}] (the number of views), got {code_views!r}")
+    if isinstance(iterations, bool) or not isinstance(iterations, int) or iterations < 1:
+        raise ValueError(f"iterations must be an int >= 1, got {iterations!r}")
+    with torch.autocast(scores[0].device.type, enabled=False):
+        scores = [full_precision(s) for s in scores]
+        n_total = sum(batch_sizes(scores[0].shape[0], scores[0].device))
+        with torch.no_grad():
+            targets = [_sinkhorn(s.detach(), epsilon, iterations, n_total) for s in scores[:code_views]]
+        log_probs = [F.log_softmax(s / _scalar(temperature), dim=1) for s in scores]
+        return _cross_view_loss(targets, log_probs, n_total)
+
+
+# Cases for the gradient checker (python -m solo.distributed.check).
+
+CHECK_CENTER = (0.3, -0.2, 0.1, 0.5)  # a non-zero start, so that the checked centre update matters
+
+
+@LOSSES.register("dino")
+def dino_check(z1: torch.Tensor, z2: torch.Tensor) -> torch.Tensor:
+    teacher = [z1.detach(), z2.detach()]
+    center = dino_center(teacher, torch.tensor(CHECK_CENTER, dtype=z1.dtype), momentum=0.9)
+    return dino_loss([z1, z2], teacher, center, student_temperature=0.1, teacher_temperature=0.04)
+
+
+@LOSSES.register("swav")
+def swav_check(z1: torch.Tensor, z2: torch.Tensor) -> torch.Tensor:
+    return swav_loss([F.normalize(z1, dim=1), F.normalize(z2, dim=1)], temperature=0.1)
