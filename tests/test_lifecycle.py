@@ -74,7 +74,7 @@ def compose_cfg(overrides, validate=True):
 
 
 def test_multicrop_views_have_their_sizes_and_are_the_same_on_any_world_size():
-    # No method of solo's takes multi-crop yet: the data pipeline alone, from the composed config.
+    # The data pipeline alone, from the composed config (dino and swav train on these views: tests/test_methods.py).
     cfg = compose_cfg(["augmentation=multicrop_digits"], validate=False)
 
     def batch(rank: int, world: int) -> dict:

@@ -63,6 +63,8 @@ def convert_sync_batchnorm(module: nn.Module, skip: tuple[nn.Module, ...] = ()) 
         )
         sync.load_state_dict(module.state_dict())
         sync.train(module.training)
+        if module.affine:  # a teacher's stay untrained
+            sync.requires_grad_(module.weight.requires_grad)
         return sync
     for name, child in module.named_children():
         module.add_module(name, convert_sync_batchnorm(child, skip))

@@ -5,7 +5,9 @@ A method is an nn.Module from a batch to its loss. Besides `forward`, it tells t
   method itself in `after_optimizer_step`, saved in checkpoints, and left out of SyncBatchNorm
   conversion unless `sync_teacher_batchnorm`;
 - its parameter groups (`param_groups`), e.g. a predictor with its own learning rate;
-- what it needs from the data (`inputs`, `check_data`): augmented views, or image-text pairs;
+- what it needs from the data (`inputs`, `check_data`): augmented views (`num_views` of one size, plus smaller
+  local crops when `local_crops`, as multi-crop methods take them), or image-text pairs;
+- the run's length (`set_schedule`, before the optimizer is built), for schedules in epochs;
 - the metrics it logs besides the loss (`metrics`), and how it is validated (`evaluate`);
 - optionally, its split into `encode` (per sample: the backbone) and `joint` (what couples the samples:
   projector BatchNorm, the loss), which gradient accumulation (`trainer.accumulate`) needs.
@@ -14,6 +16,7 @@ A method is an nn.Module from a batch to its loss. Besides `forward`, it tells t
 from __future__ import annotations
 
 import copy
+import math
 from typing import Callable, ClassVar
 
 import torch
@@ -52,7 +55,8 @@ class Method(nn.Module):
 
     name: ClassVar[str] = ""
     inputs: ClassVar[str] = "views"  # "views" (augmented views of images) or "image_text" (pairs)
-    num_views: ClassVar[int] = 2  # how many views of one size forward expects
+    num_views: ClassVar[int] = 2  # how many views of one size (the global crops) forward expects
+    local_crops: ClassVar[bool] = False  # whether smaller crops may follow the global ones (multi-crop)
     teachers: ClassVar[tuple[str, ...]] = ()  # names of submodules that the optimizer does not train
     sync_teacher_batchnorm: ClassVar[bool] = False
 
@@ -68,11 +72,28 @@ class Method(nn.Module):
             raise ConfigError(f"method={cls.name} trains on image-text pairs; data={dataset.name} has none (try data=digits or data=csv)")
         if cls.inputs == "views" and not dataset.images:
             raise ConfigError(f"method={cls.name} trains on images; data={dataset.name} holds image-text pairs only")
-        if len(view_sizes) != cls.num_views or len(set(view_sizes)) != 1:
+        global_sizes, local_sizes = view_sizes[: cls.num_views], view_sizes[cls.num_views :]
+        if len(global_sizes) != cls.num_views or len(set(global_sizes)) != 1:
+            raise ConfigError(
+                f"method={cls.name} compares {cls.num_views} view(s) of one size first, but augmentation.views gives sizes "
+                f"{view_sizes}: list {cls.num_views} view(s) of one size first (count: {cls.num_views})"
+            )
+        if local_sizes and not cls.local_crops:
+            takers = ", ".join(m.name for m in METHODS if m.target.local_crops) or "none"
             raise ConfigError(
                 f"method={cls.name} compares {cls.num_views} view(s) of one size, but augmentation.views gives sizes "
-                f"{view_sizes}: use an augmentation with {cls.num_views} view(s) of one size (multi-crop needs a method that uses it)"
+                f"{view_sizes}: the extra views (multi-crop) are only used by methods that take local crops ({takers})"
             )
+        if local_sizes and max(local_sizes) >= global_sizes[0]:
+            raise ConfigError(
+                f"method={cls.name} takes {cls.num_views} global crops and then smaller local crops, but augmentation.views "
+                f"gives sizes {view_sizes}: the local crops (after the first {cls.num_views}) must be smaller than "
+                f"{global_sizes[0]} px; put the global views first"
+            )
+
+    def set_schedule(self, steps_per_epoch: int, total_steps: int) -> None:
+        """The run's length, given once before the optimizer is built: for schedules counted in epochs."""
+        self.steps_per_epoch, self.total_steps = steps_per_epoch, total_steps
 
     def param_groups(self, weight_decay: float, exclude_bias_and_norm: bool) -> list[dict]:
         """The optimizer's groups over the trained parameters (teachers excluded by having no gradient)."""
@@ -126,6 +147,12 @@ def ema_update(teacher: nn.Module, student: nn.Module, momentum: float) -> None:
         t.lerp_(s.detach(), 1.0 - momentum)
 
 
+def cosine_momentum(base: float, final: float, step: int, total_steps: int) -> float:
+    """The teacher momentum after `step` of `total_steps` optimizer steps: from `base` towards `final` on a half
+    cosine (BYOL, MoCo v3, DINO)."""
+    return final - (final - base) * (math.cos(math.pi * min(step, total_steps) / total_steps) + 1) / 2
+
+
 def mlp(dims: list[int], *, last_bn: bool = False) -> nn.Sequential:
     """Linear -> BatchNorm -> ReLU blocks, then a final Linear (optionally followed by a plain BatchNorm)."""
     layers: list[nn.Module] = []
@@ -151,3 +178,58 @@ class TwoViewMethod(Method):
         f1, f2 = encoded["features"]
         loss = self.loss(self.projector(f1), self.projector(f2))
         return {"loss": loss, "features": torch.cat([f1, f2]), "labels": batch["label"].repeat(2)}
+
+
+class MomentumTwoViewMethod(Method):
+    """Two views; for each, the student (backbone -> projector -> predictor) predicts the momentum teacher's output
+    (a copy of backbone -> projector, moved towards the student after every optimizer step) on the other view:
+    BYOL, MoCo v3. Subclasses give `loss(prediction, target)`. The teacher's BatchNorms use global-batch
+    statistics too, so its outputs, and so the loss, are the same on any number of processes."""
+
+    teachers = ("teacher",)
+    sync_teacher_batchnorm = True
+
+    def __init__(self, backbone, feature_dim: int, projector: nn.Module, predictor: nn.Module, base_momentum: float,
+                 final_momentum: float):
+        super().__init__(backbone, feature_dim)
+        self.projector, self.predictor = projector, predictor
+        self.teacher = make_teacher(nn.ModuleList([backbone, projector]))
+        self.base_momentum, self.final_momentum = base_momentum, final_momentum
+        self.momentum = base_momentum
+
+    def loss(self, prediction: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def encode(self, batch: dict) -> dict:
+        with torch.no_grad():
+            teacher = [self.teacher[0](v) for v in batch["views"]]
+        return {"features": [self.backbone(v) for v in batch["views"]], "teacher": teacher}
+
+    def joint(self, encoded: dict, batch: dict) -> dict:
+        f1, f2 = encoded["features"]
+        p1, p2 = self.predictor(self.projector(f1)), self.predictor(self.projector(f2))
+        with torch.no_grad():
+            t1, t2 = (self.teacher[1](t) for t in encoded["teacher"])
+        loss = self.loss(p1, t2) + self.loss(p2, t1)
+        return {"loss": loss, "features": torch.cat([f1, f2]), "labels": batch["label"].repeat(2)}
+
+    def after_optimizer_step(self, step: int, total_steps: int) -> None:
+        # The momentum for this update follows the schedule at the steps done so far, as in BYOL's code.
+        self.momentum = cosine_momentum(self.base_momentum, self.final_momentum, step, total_steps)
+        ema_update(self.teacher, nn.ModuleList([self.backbone, self.projector]), self.momentum)
+
+    def metrics(self) -> dict[str, torch.Tensor]:
+        return {"train/teacher_momentum": torch.tensor(self.momentum)}
+
+
+def with_frozen(groups: list[dict], params, frozen_steps: int) -> list[dict]:
+    """`groups` with `params` moved to groups of their own that the optimizer leaves untouched for the first
+    `frozen_steps` steps (see solo.train.optim), keeping their group's other settings."""
+    frozen_ids = {id(p) for p in params}
+    out = []
+    for group in groups:
+        kept = [p for p in group["params"] if id(p) not in frozen_ids]
+        frozen = [p for p in group["params"] if id(p) in frozen_ids]
+        out += [{**group, "params": kept}] if kept else []
+        out += [{**group, "params": frozen, "frozen_steps": frozen_steps}] if frozen else []
+    return out

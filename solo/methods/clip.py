@@ -1,4 +1,5 @@
-"""CLIP (Radford et al., 2021): an image tower and a text tower trained with symmetric InfoNCE."""
+"""CLIP (Radford et al., 2021): an image tower and a text tower trained with symmetric InfoNCE; the towers are
+shared with SigLIP (solo.methods.siglip)."""
 
 from __future__ import annotations
 
@@ -39,15 +40,16 @@ class CLIPConfig:
     text: TextConfig = field(default_factory=TextConfig)
 
 
-@register_method("clip", schema=CLIPConfig)
-class CLIP(Method):
+class ImageTextMethod(Method):
+    """An image tower (backbone + projection) and a text tower (Transformer + projection) over the pairs' shared
+    embedding space; subclasses give the loss in `joint` (CLIP, SigLIP)."""
+
     inputs = "image_text"
     num_views = 1  # one augmented image per pair
 
-    def __init__(self, backbone, feature_dim: int, cfg: CLIPConfig):
+    def __init__(self, backbone, feature_dim: int, embed_dim: int, text: TextConfig, init_logit_scale: float):
         super().__init__(backbone, feature_dim)
-        text = cfg.text
-        self.image_projection = nn.Linear(feature_dim, cfg.embed_dim, bias=False)
+        self.image_projection = nn.Linear(feature_dim, embed_dim, bias=False)
         self.text_tower = TextTransformer(
             vocab_size=VOCAB_SIZE,
             context_length=text.context_length,
@@ -56,17 +58,11 @@ class CLIP(Method):
             heads=text.heads,
             causal=text.causal,
         )
-        self.text_projection = nn.Linear(text.width, cfg.embed_dim, bias=False)
+        self.text_projection = nn.Linear(text.width, embed_dim, bias=False)
         self.context_length = text.context_length
         self.tokenizer = ByteTokenizer(text.context_length)
-        # Learnt in log space, as in CLIP, so the scale stays positive.
-        self.log_logit_scale = nn.Parameter(torch.tensor(math.log(cfg.init_logit_scale)))
-        self.max_logit_scale = cfg.max_logit_scale
-        self.tile = config_tile(cfg.loss_tile)
-
-    def logit_scale(self) -> torch.Tensor:
-        # Clamped at max_logit_scale (CLIP: 100) to keep training stable; no gradient past the clamp.
-        return self.log_logit_scale.exp().clamp(max=self.max_logit_scale)
+        # Learnt in log space, as in CLIP and SigLIP, so the scale stays positive.
+        self.log_logit_scale = nn.Parameter(torch.tensor(math.log(init_logit_scale)))
 
     def image_features(self, images: torch.Tensor) -> torch.Tensor:
         """The image tower's backbone features (before the projection): what a linear probe reads."""
@@ -91,6 +87,26 @@ class CLIP(Method):
     def encode(self, batch: dict) -> dict:
         return {"image": self.image_features(batch["image"]), "text": self.text_tower(batch["text"])}
 
+    def evaluate(self, probe, loader, device, autocast) -> dict:
+        """Retrieval recall both ways, zero-shot accuracy when the val pairs have class prompts, the probe."""
+        prompts = loader.dataset.prompts
+        classifier = None
+        if prompts:
+            classifier = class_embeddings(self, prompts, self.tokenizer, device, self.log_logit_scale.dtype)
+        return evaluate_image_text(self, probe, classifier, loader, device, autocast)
+
+
+@register_method("clip", schema=CLIPConfig)
+class CLIP(ImageTextMethod):
+    def __init__(self, backbone, feature_dim: int, cfg: CLIPConfig):
+        super().__init__(backbone, feature_dim, cfg.embed_dim, cfg.text, cfg.init_logit_scale)
+        self.max_logit_scale = cfg.max_logit_scale
+        self.tile = config_tile(cfg.loss_tile)
+
+    def logit_scale(self) -> torch.Tensor:
+        # Clamped at max_logit_scale (CLIP: 100) to keep training stable; no gradient past the clamp.
+        return self.log_logit_scale.exp().clamp(max=self.max_logit_scale)
+
     def joint(self, encoded: dict, batch: dict) -> dict:
         image = self.embed_features(encoded["image"])
         text = self.embed_text(encoded["text"])
@@ -99,11 +115,3 @@ class CLIP(Method):
 
     def metrics(self) -> dict[str, torch.Tensor]:
         return {"train/logit_scale": self.logit_scale().detach()}
-
-    def evaluate(self, probe, loader, device, autocast) -> dict:
-        """Retrieval recall both ways, zero-shot accuracy when the val pairs have class prompts, the probe."""
-        prompts = loader.dataset.prompts
-        classifier = None
-        if prompts:
-            classifier = class_embeddings(self, prompts, self.tokenizer, device, self.log_logit_scale.dtype)
-        return evaluate_image_text(self, probe, classifier, loader, device, autocast)

@@ -9,6 +9,9 @@ Param-group keys understood here (besides torch's own ``params``/``lr``/``weight
 * ``lr_scale`` (float, default 1.0 when absent): the training loop sets, every step,
   ``group["lr"] = warmup_cosine(step, ...) * group.get("lr_scale", 1.0)``; e.g. the linear-probe
   head gets its own scale. Optimizers here never read it.
+* ``frozen_steps`` (int, default 0): the training step drops the group's gradients for its first
+  ``frozen_steps`` steps, so the optimizer leaves it (and its state) untouched: DINO's last layer, SwAV's
+  prototypes in the first epoch.
 """
 
 import math

@@ -1,5 +1,6 @@
 """The training step: forward under autocast, backward, clipping, optimizer and scaler, then the method's
-post-step hook (EMA teachers). The learning rate of every group follows the schedule, times its `lr_scale`.
+post-step hook (EMA teachers). The learning rate of every group follows the schedule, times its `lr_scale`; a
+group with `frozen_steps` is left untouched (its gradients dropped after clipping) for its first steps.
 
 With `accumulate=k` the batch is split into k micro-batches and the step's gradient is still that of the
 whole batch (GradCache, Gao et al. 2021): the method's per-sample `encode` runs micro-batch by micro-batch
@@ -55,6 +56,10 @@ class TrainStep:
         if self.grad_clip:
             self.scaler.unscale_(self.optimizer)
             nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)
+        for group in self.optimizer.param_groups:
+            if index < group.get("frozen_steps", 0):  # e.g. DINO's last layer: no update at all, state included
+                for p in group["params"]:
+                    p.grad = None
         self.scaler.step(self.optimizer)
         self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)

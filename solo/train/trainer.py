@@ -112,8 +112,9 @@ class Trainer:
             self.say(f"{len(self.loaders.unreadable)} of the first {cfg.data.check_images} train images cannot be read and "
                      f"are skipped (data.on_bad_image=skip), e.g. {self.loaders.unreadable[0]}")
         self.lr = scaled_lr(cfg.optim, source.global_batch)
-        optimizer = build_optimizer_for(model, cfg.optim, self.lr)
         self.total_steps = t.max_steps if t.max_steps > 0 else t.max_epochs * source.steps_per_epoch
+        model.method.set_schedule(source.steps_per_epoch, self.total_steps)
+        optimizer = build_optimizer_for(model, cfg.optim, self.lr)
         warmup_steps = min(round(cfg.optim.warmup_epochs * source.steps_per_epoch), self.total_steps)
         self.schedule = partial(warmup_cosine, total_steps=self.total_steps, warmup_steps=warmup_steps, base_lr=self.lr,
                                 warmup_start_lr=cfg.optim.warmup_start_lr, final_lr=cfg.optim.final_lr)

@@ -1,0 +1,30 @@
+"""BYOL (Grill et al., 2020): the student predicts a momentum teacher's projection of the other view."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from solo.losses import byol_loss
+from solo.schema import AT_LEAST_ONE, PROBABILITY, ruled
+from solo.methods.base import MomentumTwoViewMethod, mlp, register_method
+
+
+@dataclass
+class BYOLConfig:
+    name: str = "byol"
+    proj_hidden_dim: int = ruled(4096, AT_LEAST_ONE)
+    proj_output_dim: int = ruled(256, AT_LEAST_ONE)
+    pred_hidden_dim: int = ruled(4096, AT_LEAST_ONE)
+    base_momentum: float = ruled(0.996, PROBABILITY)  # the teacher's share in its EMA update, at the start
+    final_momentum: float = ruled(1.0, PROBABILITY)  # ... and at the end (cosine schedule)
+
+
+@register_method("byol", schema=BYOLConfig)
+class BYOL(MomentumTwoViewMethod):
+    def __init__(self, backbone, feature_dim: int, cfg: BYOLConfig):
+        projector = mlp([feature_dim, cfg.proj_hidden_dim, cfg.proj_output_dim])
+        predictor = mlp([cfg.proj_output_dim, cfg.pred_hidden_dim, cfg.proj_output_dim])
+        super().__init__(backbone, feature_dim, projector, predictor, cfg.base_momentum, cfg.final_momentum)
+
+    def loss(self, prediction, target):
+        return byol_loss(prediction, target)

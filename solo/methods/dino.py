@@ -1,0 +1,100 @@
+"""DINO (Caron et al., 2021): self-distillation from a momentum teacher on multi-crop views, with a centred,
+sharpened teacher."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from solo.losses import dino_center, dino_loss
+from solo.schema import AT_LEAST_ONE, MOMENTUM, NON_NEGATIVE, POSITIVE, PROBABILITY, ruled
+from solo.methods.base import Method, cosine_momentum, ema_update, make_teacher, register_method, with_frozen
+
+
+@dataclass
+class DINOConfig:
+    name: str = "dino"
+    proj_hidden_dim: int = ruled(2048, AT_LEAST_ONE)
+    bottleneck_dim: int = ruled(256, AT_LEAST_ONE)
+    num_prototypes: int = ruled(65536, AT_LEAST_ONE)  # the head's output dimension, K
+    student_temperature: float = ruled(0.1, POSITIVE)
+    teacher_temperature: float = ruled(0.04, POSITIVE)  # after the warm-up
+    warmup_teacher_temperature: float = ruled(0.04, POSITIVE)
+    warmup_teacher_temperature_epochs: float = ruled(0.0, NON_NEGATIVE)
+    center_momentum: float = ruled(0.9, MOMENTUM)
+    base_momentum: float = ruled(0.996, PROBABILITY)  # the teacher's share in its EMA update, at the start
+    final_momentum: float = ruled(1.0, PROBABILITY)  # ... and at the end (cosine schedule)
+    freeze_last_layer_epochs: float = ruled(1.0, NON_NEGATIVE)  # the head's last layer is not updated before
+
+
+class DINOHead(nn.Module):
+    """MLP (GELU) -> bottleneck -> L2 normalisation -> weight-normalised linear layer to K prototypes, whose
+    norms are fixed at 1 (DINO's `norm_last_layer`, the default that keeps training stable)."""
+
+    def __init__(self, in_dim: int, hidden_dim: int, bottleneck_dim: int, out_dim: int):
+        super().__init__()
+        self.mlp = nn.Sequential(
+            nn.Linear(in_dim, hidden_dim), nn.GELU(), nn.Linear(hidden_dim, hidden_dim), nn.GELU(),
+            nn.Linear(hidden_dim, bottleneck_dim),
+        )
+        self.last_layer = nn.Linear(bottleneck_dim, out_dim, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(F.normalize(self.mlp(x), dim=-1), F.normalize(self.last_layer.weight, dim=1))
+
+
+@register_method("dino", schema=DINOConfig)
+class DINO(Method):
+    teachers = ("teacher",)
+    sync_teacher_batchnorm = True  # the teacher's backbone BatchNorms see the global batch, as the student's
+    local_crops = True
+
+    def __init__(self, backbone, feature_dim: int, cfg: DINOConfig):
+        super().__init__(backbone, feature_dim)
+        self.cfg = cfg
+        self.head = DINOHead(feature_dim, cfg.proj_hidden_dim, cfg.bottleneck_dim, cfg.num_prototypes)
+        self.teacher = make_teacher(nn.ModuleList([backbone, self.head]))
+        # Buffers: part of the checkpoint, so a resumed run goes on with the same centre and temperature.
+        self.register_buffer("center", torch.zeros(cfg.num_prototypes))
+        self.register_buffer("teacher_temperature", torch.tensor(self._teacher_temperature(0, 1)))
+        self.momentum = cfg.base_momentum
+
+    def _teacher_temperature(self, step: int, steps_per_epoch: int) -> float:
+        """Linear from the warm-up value to the final one over the warm-up epochs, then constant."""
+        c = self.cfg
+        warmup = c.warmup_teacher_temperature_epochs * steps_per_epoch
+        if step >= warmup:
+            return c.teacher_temperature
+        return c.warmup_teacher_temperature + (c.teacher_temperature - c.warmup_teacher_temperature) * step / warmup
+
+    def param_groups(self, weight_decay: float, exclude_bias_and_norm: bool) -> list[dict]:
+        frozen_steps = round(self.cfg.freeze_last_layer_epochs * self.steps_per_epoch)
+        groups = super().param_groups(weight_decay, exclude_bias_and_norm)
+        return with_frozen(groups, self.head.last_layer.parameters(), frozen_steps)
+
+    def encode(self, batch: dict) -> dict:
+        views = batch["views"]
+        with torch.no_grad():
+            teacher = [self.teacher[0](v) for v in views[: self.num_views]]  # the global crops only
+        return {"features": [self.backbone(v) for v in views], "teacher": teacher}
+
+    def joint(self, encoded: dict, batch: dict) -> dict:
+        student = [self.head(f) for f in encoded["features"]]
+        with torch.no_grad():
+            teacher = [self.teacher[1](t) for t in encoded["teacher"]]
+        loss = dino_loss(student, teacher, self.center, self.cfg.student_temperature, self.teacher_temperature)
+        with torch.no_grad():  # after the loss, from this batch's teacher outputs: the next step's centre
+            self.center.copy_(dino_center(teacher, self.center, self.cfg.center_momentum))
+        features = torch.cat(encoded["features"][: self.num_views])
+        return {"loss": loss, "features": features, "labels": batch["label"].repeat(self.num_views)}
+
+    def after_optimizer_step(self, step: int, total_steps: int) -> None:
+        self.momentum = cosine_momentum(self.cfg.base_momentum, self.cfg.final_momentum, step, total_steps)
+        ema_update(self.teacher, nn.ModuleList([self.backbone, self.head]), self.momentum)
+        self.teacher_temperature.fill_(self._teacher_temperature(step, self.steps_per_epoch))
+
+    def metrics(self) -> dict[str, torch.Tensor]:
+        return {"train/teacher_momentum": torch.tensor(self.momentum), "train/teacher_temperature": self.teacher_temperature}

@@ -1,0 +1,34 @@
+"""MoCo v3 (Chen, Xie and He, 2021): InfoNCE between the student's predictions and a momentum teacher's keys."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from solo.losses import mocov3_loss
+from solo.schema import AT_LEAST_ONE, POSITIVE, PROBABILITY, ruled
+from solo.methods.base import MomentumTwoViewMethod, mlp, register_method
+
+
+@dataclass
+class MoCoV3Config:
+    name: str = "mocov3"
+    proj_hidden_dim: int = ruled(4096, AT_LEAST_ONE)
+    proj_output_dim: int = ruled(256, AT_LEAST_ONE)
+    pred_hidden_dim: int = ruled(4096, AT_LEAST_ONE)
+    temperature: float = ruled(1.0, POSITIVE)  # MoCo v3: 1.0 for ResNet-50, 0.2 for ViTs
+    base_momentum: float = ruled(0.99, PROBABILITY)  # the teacher's share in its EMA update, at the start
+    final_momentum: float = ruled(1.0, PROBABILITY)  # ... and at the end (cosine schedule)
+
+
+@register_method("mocov3", schema=MoCoV3Config)
+class MoCoV3(MomentumTwoViewMethod):
+    def __init__(self, backbone, feature_dim: int, cfg: MoCoV3Config):
+        # The paper's heads: a 3-layer projector and a 2-layer predictor, both ending in BatchNorm without affine.
+        h, d = cfg.proj_hidden_dim, cfg.proj_output_dim
+        projector = mlp([feature_dim, h, h, d], last_bn=True)
+        predictor = mlp([d, cfg.pred_hidden_dim, d], last_bn=True)
+        super().__init__(backbone, feature_dim, projector, predictor, cfg.base_momentum, cfg.final_momentum)
+        self.temperature = cfg.temperature
+
+    def loss(self, prediction, target):
+        return mocov3_loss(prediction, target, self.temperature)

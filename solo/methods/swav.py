@@ -1,0 +1,59 @@
+"""SwAV (Caron et al., 2020): each crop predicts the Sinkhorn-Knopp codes of the global crops over learnt prototypes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from solo.losses import swav_loss
+from solo.schema import AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, ruled
+from solo.methods.base import Method, mlp, register_method, with_frozen
+
+
+@dataclass
+class SwAVConfig:
+    name: str = "swav"
+    proj_hidden_dim: int = ruled(2048, AT_LEAST_ONE)
+    proj_output_dim: int = ruled(128, AT_LEAST_ONE)
+    num_prototypes: int = ruled(3000, AT_LEAST_ONE)
+    temperature: float = ruled(0.1, POSITIVE)
+    epsilon: float = ruled(0.05, POSITIVE)  # Sinkhorn-Knopp's entropic regularisation
+    sinkhorn_iterations: int = ruled(3, AT_LEAST_ONE)
+    freeze_prototypes_epochs: float = ruled(1.0, NON_NEGATIVE)  # SwAV: 313 steps, one epoch at batch 4096
+
+
+@register_method("swav", schema=SwAVConfig)
+class SwAV(Method):
+    local_crops = True
+
+    def __init__(self, backbone, feature_dim: int, cfg: SwAVConfig):
+        super().__init__(backbone, feature_dim)
+        self.cfg = cfg
+        self.projector = mlp([feature_dim, cfg.proj_hidden_dim, cfg.proj_output_dim])
+        self.prototypes = nn.Linear(cfg.proj_output_dim, cfg.num_prototypes, bias=False)
+        self._normalize_prototypes()
+
+    @torch.no_grad()
+    def _normalize_prototypes(self) -> None:
+        # Unit prototypes, restored after every update: the scores are cosine similarities.
+        self.prototypes.weight.copy_(F.normalize(self.prototypes.weight, dim=1))
+
+    def param_groups(self, weight_decay: float, exclude_bias_and_norm: bool) -> list[dict]:
+        frozen_steps = round(self.cfg.freeze_prototypes_epochs * self.steps_per_epoch)
+        return with_frozen(super().param_groups(weight_decay, exclude_bias_and_norm), self.prototypes.parameters(), frozen_steps)
+
+    def encode(self, batch: dict) -> dict:
+        return {"features": [self.backbone(v) for v in batch["views"]]}
+
+    def joint(self, encoded: dict, batch: dict) -> dict:
+        scores = [self.prototypes(F.normalize(self.projector(f), dim=1)) for f in encoded["features"]]
+        c = self.cfg
+        loss = swav_loss(scores, c.temperature, c.epsilon, c.sinkhorn_iterations, code_views=self.num_views)
+        features = torch.cat(encoded["features"][: self.num_views])
+        return {"loss": loss, "features": features, "labels": batch["label"].repeat(self.num_views)}
+
+    def after_optimizer_step(self, step: int, total_steps: int) -> None:
+        self._normalize_prototypes()

@@ -1,0 +1,146 @@
+"""Every method of solo's, end to end: the whole training step (teacher, centre, frozen layers included) is the same
+on 1 process with batch 2b as on 2 processes with batch b, a killed 2-process run resumes bit-identical, and
+configurations a method cannot use are refused with the reason."""
+
+import subprocess
+import time
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hydra.errors import MissingConfigException
+
+from solo.errors import ConfigError
+from solo.methods import METHODS
+from solo.train.trainer import pretrain
+from tests.test_train import TINY, compose_cfg, kill_processes_mentioning, launch, run, weights, weights_at_init
+
+BASE = [o for o in TINY if not o.startswith("method.")] + ["trainer.precision=64"]
+HEADS = ["method.proj_hidden_dim=32", "method.proj_output_dim=16"]
+TEXT = ["data=digits", "method.embed_dim=16", "method.text.width=16", "method.text.depth=1", "method.text.heads=2"]
+# Small heads; schedules short enough that a few steps cross them (4 steps per epoch at a global batch of 16).
+METHOD = {
+    "byol": HEADS + ["method.pred_hidden_dim=32", "method.base_momentum=0.9"],
+    "mocov3": HEADS + ["method.pred_hidden_dim=32", "method.base_momentum=0.9"],
+    "vicreg": HEADS,
+    "siglip": TEXT,
+    # The default multi-crop views: 2 global 16 px crops and 4 local 8 px ones.
+    "dino": ["method.proj_hidden_dim=32", "method.bottleneck_dim=16", "method.num_prototypes=64", "method.base_momentum=0.9",
+             "method.warmup_teacher_temperature=0.02", "method.warmup_teacher_temperature_epochs=1",
+             "method.freeze_last_layer_epochs=0.5"],
+    "swav": HEADS + ["method.num_prototypes=16", "method.freeze_prototypes_epochs=0.5"],
+}
+STEPS = 6
+
+
+def overrides(method: str, batch: int) -> list[str]:
+    return BASE + [f"method={method}", *METHOD[method], f"data.batch_size={batch}", f"trainer.max_steps={STEPS}",
+                   "trainer.checkpoint_every_steps=1", "trainer.keep_checkpoints=10"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", sorted(METHOD))
+def test_step_is_world_size_invariant_and_resumes_exactly(tmp_path, method):
+    """W=1 x 16 == W=2 x 8 to 1e-10 of the weight movement after 6 steps (float64); then a 2-process run killed
+    after its 3rd step and restarted ends bit-identical to the uninterrupted one."""
+    run(overrides(method, 16), tmp_path / "w1")
+    run(overrides(method, 8), tmp_path / "w2", nproc=2)
+    one, two, start = weights(tmp_path / "w1"), weights(tmp_path / "w2"), weights_at_init(overrides(method, 16))
+    moved = {k: float((one[k] - start[k]).abs().max()) for k in one}
+    teacher = [k for k in moved if k.startswith("method.teacher.")]
+    assert all(moved[k] > 0 for k in teacher), "the teacher moves"
+    worst, name = max((float((one[k] - two[k]).abs().max()), k) for k in one)
+    assert worst <= 1e-10 * max(moved.values()), f"{method}: {name} differs by {worst} between W=1 and W=2"
+
+    killed = tmp_path / "killed"
+    proc = launch(overrides(method, 8), killed, nproc=2, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 180
+    while not (killed / "checkpoints" / "step-000000003.pt").exists() and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.05)
+    kill_processes_mentioning(str(killed))
+    proc.wait()
+    assert 0 < torch.load(killed / "checkpoints" / "last.pt", weights_only=True)["step"] < STEPS, "the kill lands mid-run"
+    assert "resuming from" in run(overrides(method, 8), killed, nproc=2)
+    resumed = weights(killed)
+    for key in two:
+        assert torch.equal(two[key], resumed[key]), f"{method}: {key} differs after resume"
+
+
+def checkpoint(run_dir, step: int) -> dict:
+    return torch.load(run_dir / "checkpoints" / f"step-{step:09d}.pt", map_location="cpu", weights_only=True)["model"]
+
+
+def test_dino_freezes_its_last_layer_warms_its_teacher_and_centres_on_the_batch(tmp_path):
+    cfg = overrides("dino", 16)
+    pretrain(compose_cfg(cfg), tmp_path)
+    start = weights_at_init(cfg)
+    last = "method.head.last_layer.weight"
+    # 0.5 epoch = 2 steps frozen: no update at all (not even weight decay), then trained.
+    assert torch.equal(checkpoint(tmp_path, 2)[last], start[last])
+    assert not torch.equal(checkpoint(tmp_path, 3)[last], start[last])
+    assert not torch.equal(checkpoint(tmp_path, 1)["method.head.mlp.0.weight"], start["method.head.mlp.0.weight"])
+    # The teacher temperature rises linearly over the first epoch (4 steps), from 0.02 to 0.04.
+    temperatures = [float(checkpoint(tmp_path, s)["method.teacher_temperature"]) for s in (1, 2, 4, 5)]
+    assert temperatures == pytest.approx([0.025, 0.03, 0.04, 0.04])
+    centre = checkpoint(tmp_path, 1)["method.center"]
+    assert centre.abs().sum() > 0 and torch.equal(start["method.center"], torch.zeros_like(centre))
+
+
+def test_swav_prototypes_stay_unit_vectors_and_are_frozen_first(tmp_path):
+    cfg = overrides("swav", 16) + ["trainer.max_steps=3"]
+    pretrain(compose_cfg(cfg), tmp_path)
+    start, prototypes = weights_at_init(cfg), "method.prototypes.weight"
+    # Frozen for 2 steps: only renormalised (the float32 initial unit vectors, renormalised in float64).
+    torch.testing.assert_close(checkpoint(tmp_path, 2)[prototypes], start[prototypes].double(), rtol=0, atol=1e-7)
+    after = checkpoint(tmp_path, 3)[prototypes]
+    assert (after - start[prototypes].double()).abs().max() > 1e-4
+    torch.testing.assert_close(after.norm(dim=1), torch.ones(16, dtype=after.dtype))
+
+
+def test_unknown_method_lists_every_method():
+    with pytest.raises(MissingConfigException) as err:
+        compose_cfg(["method=bool"])
+    assert all(name in str(err.value) for name in METHODS.names())
+
+
+@pytest.mark.parametrize(
+    "method, views, message",
+    [
+        ("byol", "augmentation=multicrop_digits", r"only used by methods that take local crops \(dino, swav\)"),
+        ("dino", "augmentation.views.1.size=32", r"local crops .* must be smaller than 16 px"),
+        ("swav", "augmentation=clip", r"swav compares 2 view\(s\) of one size first, but augmentation.views gives sizes \[16\]"),
+    ],
+)
+def test_views_a_method_cannot_use_are_refused_with_the_reason(method, views, message):
+    with pytest.raises(ConfigError, match=message):
+        compose_cfg(BASE + [f"method={method}", views])
+
+
+@pytest.mark.parametrize(
+    "override",
+    ["method=byol method.base_momentum=1.5", "method=mocov3 method.final_momentum=-0.1", "method=dino method.base_momentum=2"],
+)
+def test_teacher_momentum_outside_0_1_is_refused(override):
+    key = override.split()[1].split("=")[0]
+    with pytest.raises(ConfigError, match=rf"{key}.*must be in \[0, 1\]"):
+        compose_cfg(BASE + override.split())
+
+
+def test_byol_targets_are_the_teachers_and_take_no_gradient():
+    """The loss's value from the module equals BYOL's formula on the teacher's output of the other view."""
+    from solo.backbones import create_backbone
+    from solo.methods import build_method
+
+    torch.manual_seed(0)
+    backbone, width = create_backbone("test_resnet", small_stem=True, pretrained=False)
+    cfg = compose_cfg(BASE + ["method=byol", *METHOD["byol"]]).method
+    byol = build_method(cfg, backbone, width).double()
+    views = [torch.randn(6, 3, 16, 16, dtype=torch.float64) for _ in range(2)]
+    out = byol({"views": views, "label": torch.zeros(6, dtype=torch.long)})
+    p = [byol.predictor(byol.projector(byol.backbone(v))) for v in views]
+    with torch.no_grad():
+        t = [byol.teacher[1](byol.teacher[0](v)) for v in views]
+    expected = sum((2 - 2 * F.cosine_similarity(a, b.detach())).mean() for a, b in ((p[0], t[1]), (p[1], t[0])))
+    torch.testing.assert_close(out["loss"], expected, rtol=1e-12, atol=1e-12)
+    out["loss"].backward()
+    assert all(q.grad is None for q in byol.teacher.parameters())
