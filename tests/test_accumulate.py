@@ -16,6 +16,15 @@ CASES = {  # a LayerNorm image tower (timm's ViT), with SimCLR's BatchNorm proje
     "simclr_vit": [o for o in TINY if not o.startswith("backbone")] + VIT + ONE_STEP,
     "clip_vit": [o for o in TINY if not o.startswith(("backbone", "method", "data"))] + VIT + ONE_STEP
     + ["method=clip", "data=digits", "method.embed_dim=16", "method.text.width=32", "method.text.depth=1", "method.text.heads=2"],
+    # A momentum teacher (its EMA after the step), multi-crop with a centre (ViT at any input size), Sinkhorn, SigLIP.
+    "byol_vit": [o for o in TINY if not o.startswith("backbone")] + VIT + ONE_STEP + ["method=byol", "method.pred_hidden_dim=32"],
+    "dino_vit": [o for o in TINY if not o.startswith(("backbone", "method"))] + VIT + ONE_STEP
+    + ["method=dino", "+backbone.kwargs.dynamic_img_size=true", "method.proj_hidden_dim=32", "method.bottleneck_dim=16",
+       "method.num_prototypes=64", "method.freeze_last_layer_epochs=0"],
+    "swav_vit": [o for o in TINY if not o.startswith("backbone")] + VIT + ONE_STEP
+    + ["method=swav", "augmentation=digits", "method.num_prototypes=16", "method.freeze_prototypes_epochs=0"],
+    "siglip_vit": [o for o in TINY if not o.startswith(("backbone", "method", "data"))] + VIT + ONE_STEP
+    + ["method=siglip", "data=digits", "method.embed_dim=16", "method.text.width=32", "method.text.depth=1", "method.text.heads=2"],
 }
 
 

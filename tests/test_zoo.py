@@ -46,7 +46,13 @@ def test_every_entry_loads_verified_and_runs():
         assert features.shape[0] == 4 and torch.isfinite(features).all()
 
 
-@pytest.mark.parametrize("name", [e["name"] for e in read_manifest()])
+# One backbone entry and one image-text entry in the default suite; every entry with pytest -m slow.
+QUICK = ("simclr-digits-resnet18half", "clip-digits-resnet18half")
+
+
+@pytest.mark.parametrize(
+    "name", [e["name"] if e["name"] in QUICK else pytest.param(e["name"], marks=pytest.mark.slow) for e in read_manifest()]
+)
 def test_main_linear_reproduces_the_manifest(name, tmp_path, monkeypatch):
     monkeypatch.setenv("SOLO_CACHE", str(tmp_path / "cache"))
     entry = solo.zoo.entry(name)
