@@ -18,10 +18,16 @@ from torch import nn
 
 import solo.config
 from solo.config import PretrainConfig, validate_pretrain
+from solo.data.transforms import ViewAugmentation, view_sizes
 from solo.methods.barlow_twins import BarlowTwinsConfig
+from solo.methods.byol import BYOLConfig
 from solo.methods.clip import CLIPConfig
+from solo.methods.dino import DINOConfig
+from solo.methods.mocov3 import MoCoV3Config
+from solo.methods.siglip import SigLIPConfig
 from solo.methods.simclr import SimCLRConfig
-from solo.data.transforms import ViewAugmentation
+from solo.methods.swav import SwAVConfig
+from solo.methods.vicreg import VICRegConfig
 from solo.train.optim import LARS, param_groups
 
 REPO = Path(__file__).resolve().parents[1]
@@ -33,6 +39,20 @@ SIMCLR_CIFAR_VIEW = (0.4, 0.4, 0.4, 0.1, 0.8, 0.2, 0.0, 0.0, 0.08)  # strength 0
 SIMCLR_IMAGENET_VIEW = (0.8, 0.8, 0.8, 0.2, 0.8, 0.2, 0.5, 0.0, 0.08)  # strength 1.0 + blur (SimCLR appendix A)
 BT_CIFAR_VIEWS = [(0.4, 0.4, 0.2, 0.1, 0.8, 0.2, 0.0, 0.0, 0.08), (0.4, 0.4, 0.2, 0.1, 0.8, 0.2, 0.0, 0.2, 0.08)]
 BYOL_VIEWS = [(0.4, 0.4, 0.2, 0.1, 0.8, 0.2, 1.0, 0.0, 0.08), (0.4, 0.4, 0.2, 0.1, 0.8, 0.2, 0.1, 0.2, 0.08)]
+MOCOV3_VIEWS = [(0.4, 0.4, 0.2, 0.1, 0.8, 0.2, 1.0, 0.0, 0.2), (0.4, 0.4, 0.2, 0.1, 0.8, 0.2, 0.1, 0.2, 0.2)]  # --crop-min=.2
+VICREG_CIFAR_VIEWS = [(0.4, 0.4, 0.2, 0.1, 0.8, 0.2, 0.0, 0.1, 0.2)]  # solo-learn cifar/vicreg.yaml, count 2
+SWAV_CIFAR_VIEWS = [(0.8, 0.8, 0.8, 0.2, 0.8, 0.2, 0.5, 0.0, 0.08)]  # solo-learn augmentations/symmetric.yaml, count 2
+# Multi-crop: SwAV 2 x 224 (area 0.14-1) + 6 x 96 (0.05-0.14), strength-1 colour + blur 0.5 on every crop;
+# DINO (README's ResNet-50 scales) 2 global BYOL-style crops + 8 x 96 local crops with blur 0.5.
+SWAV_IMAGENET_VIEWS = [(0.8, 0.8, 0.8, 0.2, 0.8, 0.2, 0.5, 0.0, 0.14), (0.8, 0.8, 0.8, 0.2, 0.8, 0.2, 0.5, 0.0, 0.05)]
+DINO_IMAGENET_VIEWS = [
+    (0.4, 0.4, 0.2, 0.1, 0.8, 0.2, 1.0, 0.0, 0.14), (0.4, 0.4, 0.2, 0.1, 0.8, 0.2, 0.1, 0.2, 0.14),
+    (0.4, 0.4, 0.2, 0.1, 0.8, 0.2, 0.5, 0.0, 0.05),
+]
+# Per views entry: (size, count, crop max, hflip); recipes without "geometry" have 2 entries of one view each at
+# data.image_size, crop area up to 1.0 and flip 0.5.
+TWO_VIEWS = [(None, 1, 1.0, 0.5)] * 2
+ONE_ENTRY_TWO_VIEWS = [(None, 2, 1.0, 0.5)]
 
 _SIMCLR_CIFAR = {
     "method.name": "simclr", "backbone.name": "resnet18", "backbone.small_stem": True,
@@ -64,6 +84,15 @@ _BT_IMAGENET = {
     "trainer.max_epochs": 1000, "views": BYOL_VIEWS,
 }
 
+# solo-learn's CIFAR settings shared by its recipes (scripts/pretrain/cifar/*.yaml and its scheduler defaults).
+_SOLO_LEARN_CIFAR = {
+    "backbone.name": "resnet18", "backbone.small_stem": True, "data.name": "cifar10", "data.batch_size": 256,
+    "optim.name": "lars", "optim.lr_scaling": "linear", "optim.eta": 0.02, "optim.warmup_epochs": 10,
+    "optim.warmup_start_lr": 3e-5, "optim.final_lr": 0.0, "optim.exclude_bias_and_norm": True,
+    "trainer.max_epochs": 1000,
+}
+_IMAGENET = {"backbone.name": "resnet50", "backbone.small_stem": False, "data.name": "imagefolder", "data.image_size": 224}
+
 # The cited numbers, per recipe (see each file's header for the source of each).
 EXPECTED = {
     "simclr_cifar10": {**_SIMCLR_CIFAR, "data.name": "cifar10"},
@@ -78,6 +107,88 @@ EXPECTED = {
     "barlow_twins_imagenet_resnet18": {
         **_BT_IMAGENET, "backbone.name": "resnet18", "data.batch_size": 128, "optim.final_lr": 2e-4,
     },
+    # solo-learn cifar/byol.yaml
+    "byol_cifar10": {
+        **_SOLO_LEARN_CIFAR, "method.name": "byol", "method.proj_hidden_dim": 4096, "method.proj_output_dim": 256,
+        "method.pred_hidden_dim": 4096, "method.base_momentum": 0.99, "method.final_momentum": 1.0, "optim.lr": 1.0,
+        "optim.weight_decay": 1e-5, "optim.probe_lr": 0.1, "views": BT_CIFAR_VIEWS,
+    },
+    # BYOL (Grill et al. 2020) and byol/configs/byol.py's 1000-epoch preset
+    "byol_imagenet": {
+        **_IMAGENET, "method.name": "byol", "method.proj_hidden_dim": 4096, "method.proj_output_dim": 256,
+        "method.pred_hidden_dim": 4096, "method.base_momentum": 0.996, "method.final_momentum": 1.0,
+        "data.batch_size": 128, "optim.name": "lars", "optim.lr": 0.2, "optim.lr_scaling": "linear", "optim.eta": 0.001,
+        "optim.weight_decay": 1.5e-6, "optim.warmup_epochs": 10, "optim.final_lr": 0.0,
+        "optim.exclude_bias_and_norm": True, "trainer.max_epochs": 1000, "views": BYOL_VIEWS,
+    },
+    # solo-learn cifar/mocov3.yaml
+    "mocov3_cifar10": {
+        **_SOLO_LEARN_CIFAR, "method.name": "mocov3", "method.proj_hidden_dim": 4096, "method.proj_output_dim": 256,
+        "method.pred_hidden_dim": 4096, "method.temperature": 0.2, "method.base_momentum": 0.99,
+        "method.final_momentum": 1.0, "optim.lr": 0.3, "optim.weight_decay": 1e-6, "optim.probe_lr": 0.3,
+        "views": BT_CIFAR_VIEWS,
+    },
+    # MoCo v3 (Chen et al. 2021), CONFIG.md's ResNet-50 1000-epoch setup
+    "mocov3_imagenet": {
+        **_IMAGENET, "method.name": "mocov3", "method.proj_hidden_dim": 4096, "method.proj_output_dim": 256,
+        "method.pred_hidden_dim": 4096, "method.temperature": 1.0, "method.base_momentum": 0.996,
+        "method.final_momentum": 1.0, "data.batch_size": 256, "optim.name": "lars", "optim.lr": 0.3,
+        "optim.lr_scaling": "linear", "optim.eta": 0.001, "optim.weight_decay": 1.5e-6, "optim.warmup_epochs": 10,
+        "optim.final_lr": 0.0, "optim.exclude_bias_and_norm": True, "trainer.max_epochs": 1000, "views": MOCOV3_VIEWS,
+    },
+    # solo-learn cifar/vicreg.yaml
+    "vicreg_cifar10": {
+        **_SOLO_LEARN_CIFAR, "method.name": "vicreg", "method.proj_hidden_dim": 2048, "method.proj_output_dim": 2048,
+        "method.sim_coeff": 25.0, "method.std_coeff": 25.0, "method.cov_coeff": 1.0, "optim.lr": 0.3,
+        "optim.weight_decay": 1e-4, "optim.probe_lr": 0.1, "views": VICREG_CIFAR_VIEWS, "geometry": ONE_ENTRY_TWO_VIEWS,
+    },
+    # VICReg (Bardes et al. 2022) and main_vicreg.py
+    "vicreg_imagenet": {
+        **_IMAGENET, "method.name": "vicreg", "method.proj_hidden_dim": 8192, "method.proj_output_dim": 8192,
+        "method.sim_coeff": 25.0, "method.std_coeff": 25.0, "method.cov_coeff": 1.0, "data.batch_size": 64,
+        "optim.name": "lars", "optim.lr": 0.2, "optim.lr_scaling": "linear", "optim.eta": 0.001,
+        "optim.weight_decay": 1e-6, "optim.warmup_epochs": 10, "optim.final_lr": 1.6e-3,
+        "optim.exclude_bias_and_norm": True, "trainer.max_epochs": 1000, "views": BYOL_VIEWS,
+    },
+    # solo-learn cifar/dino.yaml (+ its DINO defaults: teacher 0.07, student 0.1, no warm-up, freeze 1 epoch)
+    "dino_cifar10": {
+        **_SOLO_LEARN_CIFAR, "method.name": "dino", "method.proj_hidden_dim": 2048, "method.bottleneck_dim": 256,
+        "method.num_prototypes": 4096, "method.student_temperature": 0.1, "method.teacher_temperature": 0.07,
+        "method.warmup_teacher_temperature_epochs": 0.0, "method.center_momentum": 0.9,
+        "method.base_momentum": 0.9995, "method.final_momentum": 1.0, "method.freeze_last_layer_epochs": 1.0,
+        "optim.lr": 0.3, "optim.weight_decay": 1e-6, "optim.probe_lr": 0.1, "views": BT_CIFAR_VIEWS,
+    },
+    # DINO (Caron et al. 2021): the README's ResNet-50 command on main_dino.py's defaults
+    "dino_imagenet": {
+        **_IMAGENET, "method.name": "dino", "method.proj_hidden_dim": 2048, "method.bottleneck_dim": 256,
+        "method.num_prototypes": 65536, "method.student_temperature": 0.1, "method.teacher_temperature": 0.04,
+        "method.warmup_teacher_temperature": 0.04, "method.warmup_teacher_temperature_epochs": 0.0,
+        "method.center_momentum": 0.9, "method.base_momentum": 0.996, "method.final_momentum": 1.0,
+        "method.freeze_last_layer_epochs": 1.0, "data.batch_size": 64, "optim.name": "sgd", "optim.lr": 0.03,
+        "optim.lr_scaling": "linear", "optim.momentum": 0.9, "optim.weight_decay": 1e-4, "optim.warmup_epochs": 10,
+        "optim.warmup_start_lr": 0.0, "optim.final_lr": 1e-6, "optim.exclude_bias_and_norm": True,
+        "trainer.max_epochs": 100, "views": DINO_IMAGENET_VIEWS,
+        "geometry": [(None, 1, 1.0, 0.5), (None, 1, 1.0, 0.5), (96, 8, 0.14, 0.5)],
+        "view_sizes": [224, 224] + [96] * 8,
+    },
+    # solo-learn cifar/swav.yaml (+ its SwAV defaults: epsilon 0.05, 3 Sinkhorn iterations); no queue
+    "swav_cifar10": {
+        **_SOLO_LEARN_CIFAR, "method.name": "swav", "method.proj_hidden_dim": 2048, "method.proj_output_dim": 128,
+        "method.num_prototypes": 3000, "method.temperature": 0.1, "method.epsilon": 0.05,
+        "method.sinkhorn_iterations": 3, "method.freeze_prototypes_epochs": 2.0, "optim.lr": 0.6,
+        "optim.weight_decay": 1e-6, "optim.probe_lr": 0.1, "views": SWAV_CIFAR_VIEWS, "geometry": ONE_ENTRY_TWO_VIEWS,
+    },
+    # SwAV (Caron et al. 2020), scripts/swav_800ep_pretrain.sh
+    "swav_imagenet": {
+        **_IMAGENET, "method.name": "swav", "method.proj_hidden_dim": 2048, "method.proj_output_dim": 128,
+        "method.num_prototypes": 3000, "method.temperature": 0.1, "method.epsilon": 0.05,
+        "method.sinkhorn_iterations": 3, "method.freeze_prototypes_epochs": 1.0, "data.batch_size": 64,
+        "optim.name": "lars", "optim.lr": 0.3, "optim.lr_scaling": "linear", "optim.eta": 0.001,
+        "optim.weight_decay": 1e-6, "optim.exclude_bias_and_norm": False, "optim.warmup_epochs": 10,
+        "optim.warmup_start_lr": 0.3, "optim.final_lr": 4.8e-3, "trainer.max_epochs": 800,
+        "views": SWAV_IMAGENET_VIEWS, "geometry": [(None, 2, 1.0, 0.5), (96, 6, 0.14, 0.5)],
+        "view_sizes": [224, 224] + [96] * 6,
+    },
 }
 # CLIP (Radford et al. 2021, sec. 2.5, appendix F): AdamW beta2 0.98, weight decay 0.2, lr 5e-4 for RN50,
 # text Transformer 512 wide, 12 layers, 8 heads, context 77, embedding 1024 for RN50, 32 epochs.
@@ -87,6 +198,37 @@ CLIP_EXPECTED = {
     "method.text.width": 512, "method.text.depth": 12, "method.text.heads": 8, "method.text.context_length": 77,
     "method.init_logit_scale": 1 / 0.07, "method.max_logit_scale": 100.0, "trainer.max_epochs": 32,
 }
+
+
+# SigLIP (Zhai et al. 2023): t' = log 10 (t = 10), b = -10, beta2 0.95, lr 1e-3, decoupled weight decay 1e-4 (0.1 in
+# torch's lr-coupled AdamW at lr 1e-3), no augmentation; the towers and epochs follow the CLIP recipe (a choice).
+SIGLIP_EXPECTED = {
+    "method.name": "siglip", "backbone.name": "resnet50", "data.name": "csv", "data.image_size": 224,
+    "optim.name": "adamw", "optim.lr": 1e-3, "optim.lr_scaling": "none", "optim.weight_decay": 1e-4 / 1e-3,
+    "optim.betas": [0.9, 0.95], "optim.grad_clip": 1.0, "method.init_logit_scale": 10.0, "method.init_bias": -10.0,
+    "method.embed_dim": 1024, "method.text.width": 512, "method.text.depth": 12, "method.text.heads": 8,
+    "method.text.context_length": 77, "trainer.max_epochs": 32,
+}
+
+
+def _check_numbers(cfg, expected: dict, name: str = "") -> None:
+    for key, value in expected.items():
+        got = OmegaConf.select(cfg, key, throw_on_missing=True)
+        if isinstance(value, float):
+            assert got == pytest.approx(value, rel=1e-9), f"{name}: {key} = {got}, expected {value}"
+        elif isinstance(value, list):
+            assert list(got) == value, f"{name}: {key} = {got}, expected {value}"
+        else:
+            assert got == value, f"{name}: {key} = {got!r}, expected {value!r}"
+
+
+def test_siglip_recipe_cited_numbers():
+    cfg = _compose("experiment=siglip_csv_resnet50")
+    _check_numbers(cfg, SIGLIP_EXPECTED, "siglip_csv_resnet50")
+    (view,) = cfg.augmentation.views  # one view per pair, the whole image resized: no augmentation
+    assert list(view.crop_scale) == [1.0, 1.0] and view.count == 1
+    assert all(view[k] == 0.0 for k in ("hflip_prob", "jitter_prob", "grayscale_prob", "blur_prob", "solarize_prob"))
+    assert math.log(cfg.method.init_logit_scale) == pytest.approx(math.log(10))  # the paper's t' = log 10
 
 
 def test_clip_recipe_cited_numbers():
@@ -128,7 +270,7 @@ def test_header_names_global_package_and_cites_a_source(name):
         header.append(line)
     text = "\n".join(header)
     assert len(header) >= 3, "the leading comment must cite the recipe's source"
-    assert "et al." in text and any(year in text for year in ("2020", "2021", "2022")), text
+    assert "et al." in text and any(year in text for year in ("2020", "2021", "2022", "2023")), text
 
 
 @pytest.mark.parametrize("name", EXPERIMENTS)
@@ -140,12 +282,22 @@ def test_composes_under_the_typed_schema(name):
         OmegaConf.update(cfg, "data.root", "/datasets/imagenet")
     obj = OmegaConf.to_object(cfg)  # every key checked against solo.config's dataclasses
     assert isinstance(obj, PretrainConfig)
-    kinds = {SimCLRConfig: "simclr", BarlowTwinsConfig: "barlow_twins", CLIPConfig: "clip"}
+    kinds = {
+        SimCLRConfig: "simclr", BarlowTwinsConfig: "barlow_twins", CLIPConfig: "clip", BYOLConfig: "byol",
+        MoCoV3Config: "mocov3", VICRegConfig: "vicreg", DINOConfig: "dino", SwAVConfig: "swav", SigLIPConfig: "siglip",
+    }
     assert obj.method.name == kinds[type(obj.method)]
-    assert len(obj.augmentation.views) == (1 if obj.method.name == "clip" else 2)
     for view in obj.augmentation.views:
         assert isinstance(view, ViewAugmentation)
         view.validate()
+    sizes = view_sizes(obj.augmentation.views, obj.data.image_size)
+    if obj.method.name in ("clip", "siglip"):  # image-text: one view per pair
+        assert sizes == [obj.data.image_size]
+    else:  # two global views at data.image_size, then (multi-crop methods only) smaller local crops
+        assert sizes[:2] == [obj.data.image_size] * 2
+        local = sizes[2:]
+        assert not local or obj.method.name in ("dino", "swav"), sizes
+        assert all(s < obj.data.image_size for s in local), sizes
     assert obj.optim.lr_scaling in ("linear", "sqrt", "none")
     assert obj.optim.warmup_epochs < obj.trainer.max_epochs
     assert name.startswith(obj.method.name), "recipe files are named <method>_<dataset>[_<backbone>]"
@@ -156,6 +308,8 @@ def test_cited_numbers(name):
     cfg = _compose(f"experiment={name}")
     expected = dict(EXPECTED[name])
     views = expected.pop("views")
+    geometry = expected.pop("geometry", None)
+    sizes = expected.pop("view_sizes", None)
     for key, value in expected.items():
         got = OmegaConf.select(cfg, key, throw_on_missing=True)
         if isinstance(value, float):
@@ -163,8 +317,14 @@ def test_cited_numbers(name):
         else:
             assert got == value, f"{name}: {key} = {got!r}, expected {value!r}"
     assert [_view_tuple(v) for v in cfg.augmentation.views] == views
-    for v in cfg.augmentation.views:
-        assert list(v.crop_scale) == [0.08, 1.0] and v.hflip_prob == 0.5
+    if geometry is None:
+        assert [(v.size, v.count) for v in cfg.augmentation.views] == [(None, 1)] * 2
+        for v in cfg.augmentation.views:  # the crop's lower bound is in the view tuples
+            assert v.crop_scale[1] == 1.0 and v.hflip_prob == 0.5
+    else:
+        assert [(v.size, v.count, v.crop_scale[1], v.hflip_prob) for v in cfg.augmentation.views] == geometry
+    if sizes is not None:
+        assert view_sizes(cfg.augmentation.views, cfg.data.image_size) == sizes
 
 
 def test_global_learning_rates_match_the_papers():
@@ -183,6 +343,36 @@ def test_global_learning_rates_match_the_papers():
     assert math.isclose(bt18.final_lr, scaled_lr(bt18, 256) / 1000)
     cifar = _compose("experiment=simclr_cifar10").optim
     assert math.isclose(scaled_lr(cifar, 256), 0.4)
+
+
+def test_new_methods_global_learning_rates_match_the_papers():
+    """The peak (and, where the recipe sets one, final) lr at each reference run's global batch."""
+    from solo.train.optim import scaled_lr
+
+    byol = _compose("experiment=byol_imagenet").optim
+    assert math.isclose(scaled_lr(byol, 4096), 3.2)  # BYOL: 0.2 x 4096/256
+    moco = _compose("experiment=mocov3_imagenet").optim
+    assert math.isclose(scaled_lr(moco, 4096), 4.8)  # MoCo v3 1000 epochs: --lr=.3 x 4096/256
+    vicreg = _compose("experiment=vicreg_imagenet").optim
+    assert math.isclose(scaled_lr(vicreg, 2048), 1.6)  # VICReg: 0.2 x 2048/256
+    assert math.isclose(vicreg.final_lr, scaled_lr(vicreg, 2048) / 1000)  # end_lr = base_lr x 0.001
+    swav = _compose("experiment=swav_imagenet").optim
+    assert math.isclose(scaled_lr(swav, 4096), 4.8)  # --base_lr 4.8 at 64 x 64
+    assert math.isclose(swav.final_lr, 0.0048) and math.isclose(swav.warmup_start_lr, 0.3)
+    dino = _compose("experiment=dino_imagenet").optim
+    assert math.isclose(scaled_lr(dino, 512), 0.06)  # --lr 0.03 x (8 x 64)/256
+    for recipe, lr in (("byol", 1.0), ("mocov3", 0.3), ("vicreg", 0.3), ("dino", 0.3), ("swav", 0.6)):
+        assert math.isclose(scaled_lr(_compose(f"experiment={recipe}_cifar10").optim, 256), lr), recipe
+
+
+def test_teacher_momenta_are_fractions():
+    for name in EXPERIMENTS:
+        method = _compose(f"experiment={name}").method
+        for key in ("base_momentum", "final_momentum", "center_momentum"):
+            if key in method:
+                assert 0.0 <= method[key] <= 1.0, (name, key, method[key])
+        if "base_momentum" in method:
+            assert method.base_momentum <= method.final_momentum, name
 
 
 def test_command_line_overrides_beat_the_experiment():

@@ -23,7 +23,8 @@ class MoCoV3Config:
 @register_method("mocov3", schema=MoCoV3Config)
 class MoCoV3(MomentumTwoViewMethod):
     def __init__(self, backbone, feature_dim: int, cfg: MoCoV3Config):
-        # The paper's heads: a 3-layer projector and a 2-layer predictor, both ending in BatchNorm without affine.
+        # MoCo v3's ViT heads: a 3-layer projector and a 2-layer predictor, both ending in BatchNorm without affine
+        # (its ResNet code uses a 2-layer projector and no last BatchNorm in the predictor).
         h, d = cfg.proj_hidden_dim, cfg.proj_output_dim
         projector = mlp([feature_dim, h, h, d], last_bn=True)
         predictor = mlp([d, cfg.pred_hidden_dim, d], last_bn=True)
