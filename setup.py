@@ -19,6 +19,8 @@ setup(
         "tqdm>=4.60",
         "safetensors>=0.4",
         "matplotlib>=3.7",
+        "webdataset>=0.2.90",  # tar shards: brace patterns, URL opening, ShardWriter (solo.data.shards)
+        "open_clip_torch>=2.24",  # CLIP towers by name, BPE tokenizer, weights to and from open_clip
     ],
     extras_require={"dev": ["pytest>=7.0"]},
 )

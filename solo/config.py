@@ -70,6 +70,10 @@ class DataConfig:
     num_workers: Optional[int] = ruled(None, NON_NEGATIVE)  # DataLoader workers per process; None: what the machine has
     on_bad_image: OnBadImage = OnBadImage("error")
     check_images: int = ruled(100, NON_NEGATIVE)  # decoded at start, to find unreadable files before training
+    shards: Optional[str] = None  # webdataset only: the train shards, a brace pattern ('/data/{00000..00331}.tar')
+    val_shards: Optional[str] = None  # webdataset only: the val shards; None: no validation
+    shuffle_window: int = ruled(4, AT_LEAST_ONE)  # webdataset only: shards whose samples are shuffled together
+    cache_dir: Optional[str] = None  # webdataset only: shard indexes and fetched shards; None: ~/.cache/solo/shards
     num_samples: int = ruled(1000, AT_LEAST_ONE)  # synthetic only
     num_classes: int = ruled(10, AT_LEAST_ONE)  # synthetic only
 

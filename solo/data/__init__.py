@@ -25,6 +25,7 @@ from solo.data.image_text import (
     digit_caption,
 )
 from solo.data.multiview import EvalDataset, MultiViewDataset
+from solo.data.shards import ShardDataset, ShardPairs, expand_shards
 from solo.data.seeding import sample_seed, seeded_rng
 from solo.data.transforms import (
     ViewAugmentation,
@@ -58,6 +59,9 @@ __all__ = [
     "digit_caption",
     "EvalDataset",
     "MultiViewDataset",
+    "ShardDataset",
+    "ShardPairs",
+    "expand_shards",
     "sample_seed",
     "seeded_rng",
     "ViewAugmentation",

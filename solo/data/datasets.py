@@ -25,12 +25,14 @@ DIGITS_STATS = ((0.3054, 0.3054, 0.3054), (0.3187, 0.3187, 0.3187))
 
 # Each dataset: a builder `(data config, split, seed, pairs) -> base dataset, or None for a missing val split`,
 # its normalisation statistics, whether images come at any size (the eval transform then resizes), and
-# whether it has images (`images`) and image-text pairs (`pairs`).
+# whether it has images (`images`) and image-text pairs (`pairs`), and whether building it writes a cache
+# (`writes_cache`: rank 0 builds first, the other ranks then read the cache).
 DATASETS = Registry("dataset", "data.name")
 
 
-def register_dataset(name: str, *, stats=IMAGENET_STATS, any_size: bool = False, images: bool = True, pairs: bool = False):
-    return DATASETS.register(name, stats=stats, any_size=any_size, images=images, pairs=pairs)
+def register_dataset(name: str, *, stats=IMAGENET_STATS, any_size: bool = False, images: bool = True, pairs: bool = False,
+                     writes_cache: bool = False):
+    return DATASETS.register(name, stats=stats, any_size=any_size, images=images, pairs=pairs, writes_cache=writes_cache)
 
 
 def dataset_stats(name: str):

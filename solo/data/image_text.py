@@ -85,6 +85,10 @@ class ImageTextPairs:
     def __getitem__(self, index: int) -> Tuple[Image.Image, int]:
         return self.image(index), self.label(index)
 
+    def captions_to_check(self) -> List[str]:
+        """The captions whose length is checked against the tokenizer's context at start: all of them."""
+        return [caption for index in range(len(self)) for caption in self.caption_options(index)]
+
     def _check_index(self, index: int) -> int:
         index = operator.index(index)
         if not 0 <= index < len(self):
@@ -333,7 +337,7 @@ class ImageTextDataset:
         self.tokenizer = tokenizer
         self.seed = seed
         self.skip_bad = skip_bad  # an unreadable image: the next readable pair (see read_or_skip)
-        distinct = {caption for index in range(len(pairs)) for caption in pairs.caption_options(index)}
+        distinct = set(pairs.captions_to_check())
         truncated = sorted(c for c in distinct if tokenizer.truncates(c))
         self.truncated_captions = len(truncated)
         if truncated:

@@ -51,8 +51,8 @@ class DataSource:
 class MapDataSource(DataSource):
     """A map-style dataset keyed by (epoch, index), read through the global-batch sampler and a DataLoader."""
 
-    def __init__(self, dataset, batch_size: int, rank: int, world_size: int, seed: int, **loader_args):
-        self.sampler = GlobalBatchSampler(len(dataset), batch_size, rank, world_size, seed)
+    def __init__(self, dataset, batch_size: int, rank: int, world_size: int, seed: int, order=None, **loader_args):
+        self.sampler = GlobalBatchSampler(len(dataset), batch_size, rank, world_size, seed, order)
         self.loader = DataLoader(dataset, batch_sampler=self.sampler, **loader_args)
         self.global_batch = self.sampler.global_batch
         self.steps_per_epoch = len(dataset) // self.global_batch

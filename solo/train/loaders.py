@@ -43,11 +43,13 @@ class Loaders:
 
 
 def build_splits(d, env: DistEnv, seed: int, pairs: bool) -> Splits:
-    """The train and val base datasets of data config `d`; rank 0 downloads first, the others read what it wrote."""
-    if d.download and env.world_size > 1 and not env.is_main:
+    """The train and val base datasets of data config `d`; rank 0 downloads (or builds the shard index) first,
+    the others read what it wrote."""
+    first = (d.download or DATASETS[d.name].writes_cache) and env.world_size > 1
+    if first and not env.is_main:
         dist.barrier()
     train, val = (build_split(d, split, seed, pairs=pairs) for split in ("train", "val"))
-    if d.download and env.world_size > 1 and env.is_main:
+    if first and env.is_main:
         dist.barrier()
     return Splits(train, val, pairs)
 
@@ -60,14 +62,15 @@ def build_loaders(splits: Splits, d, views, env: DistEnv, *, seed: int, tokenize
     eval_transform = build_eval_transform(d.image_size, mean, std, resize=entry.any_size)
     skip = str(d.on_bad_image) == "skip"
     read = splits.train.image if splits.pairs else splits.train.__getitem__
-    unreadable = check_images(read, min(d.check_images, len(splits.train)), skip)
+    unreadable = getattr(splits.train, "problems", []) + check_images(read, min(d.check_images, len(splits.train)), skip)
     if splits.pairs:
         train_set = ImageTextDataset(splits.train, transforms[0], tokenizer, seed=seed, skip_bad=skip)
     else:
         train_set = MultiViewDataset(splits.train, transforms, seed=seed, skip_bad=skip)
     workers = loader_workers(d.num_workers)
     loader_args = dict(num_workers=workers, pin_memory=pin_memory, persistent_workers=workers > 0)
-    source = MapDataSource(train_set, d.batch_size, env.rank, env.world_size, seed, **loader_args)
+    order = getattr(splits.train, "epoch_order", None)  # the dataset's own order (shards: with locality), else random
+    source = MapDataSource(train_set, d.batch_size, env.rank, env.world_size, seed, order, **loader_args)
 
     def sharded(dataset) -> DataLoader:
         shard = list(range(env.rank, len(dataset), env.world_size))
