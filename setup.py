@@ -5,6 +5,7 @@ setup(
     version="0.1.0",
     description="Self-supervised visual and image-text pretraining with world-size invariant distributed losses",
     packages=find_packages(include=["solo", "solo.*"]),
+    package_data={"solo.eval": ["data/*.json"]},  # ImageNet class names and CLIP's prompt templates
     python_requires=">=3.10",
     install_requires=[
         "torch>=2.2",

@@ -10,6 +10,7 @@ registered things (datasets, optimizers, loggers) and what the method needs from
 from __future__ import annotations
 
 import importlib
+import re
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Dict, List, Optional
@@ -184,6 +185,12 @@ def register_configs() -> None:
     # For the default run directory's name: data.batch_size x the processes the launcher starts.
     OmegaConf.register_new_resolver("solo.global_batch", lambda batch_size: int(batch_size) * detect().world_size, replace=True)
     OmegaConf.register_new_resolver("solo.eval_name", eval_name, replace=True)
+    OmegaConf.register_new_resolver("solo.image_tower", image_tower, replace=True)
+
+
+def image_tower(backbone: str, model: str | None) -> str:
+    """The image tower's name, for the run directory: open_clip's model (method.model) if set, else the backbone."""
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", model) if model else backbone
 
 
 # What may differ between a checkpoint's run and the run that resumes it: how long, how often, where,
@@ -235,6 +242,7 @@ def validate_pretrain(cfg: DictConfig) -> DictConfig:
     check_values(checked)
     DATASETS[checked.data.name], OPTIMIZERS[checked.optim.name], LOGGERS[checked.logger.name]  # noqa: B018
     method.target.check_data(view_sizes(checked.augmentation.views, checked.data.image_size), DATASETS[checked.data.name])
+    method.target.check_config(checked)
     _check_accumulation(checked, method.target)
     return checked
 

@@ -14,6 +14,7 @@ from torch.utils.data import DataLoader
 from solo.data import DATASETS, EvalDataset, build_eval_transform, build_split
 from solo.distributed import DistEnv
 from solo.distributed.env import process_group
+from solo.errors import ConfigError
 from solo.data.source import loader_workers
 from solo.eval.features import FeatureCache, extract_features, state_fingerprint
 from solo.eval.finetune import finetune
@@ -39,6 +40,10 @@ def _evaluate(cfg: DictConfig, run_dir: Path, env: DistEnv, device: torch.device
     d = cfg.data
     pretrained = resolve(cfg.pretrained)
     if pretrained.data["image_size"] != d.image_size:
+        if pretrained.method.get("model"):  # open_clip's image towers take one size only
+            raise ConfigError(f"data.image_size={d.image_size}: {cfg.pretrained} has open_clip's image tower "
+                              f"({pretrained.method['model']}) for {pretrained.data['image_size']} px images; evaluate "
+                              f"with data.image_size={pretrained.data['image_size']}")
         say(f"note: {cfg.pretrained} was pretrained at {pretrained.data['image_size']}px, evaluated at data.image_size={d.image_size}")
     torch.manual_seed(cfg.seed)  # random_init: the baseline's weights depend on the seed only
     backbone = pretrained.build_backbone(random_init=cfg.random_init).to(device)

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import functools
+import json
+from pathlib import Path
+
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -11,12 +15,31 @@ from solo.distributed import gather, world_size
 from solo.eval.mode import eval_mode
 from solo.eval.probe import topk_correct
 
+IMAGENET_ZEROSHOT = Path(__file__).parent / "data" / "imagenet_zeroshot.json"
+
+
+@functools.cache
+def imagenet_zeroshot() -> dict:
+    """ImageNet-1k for zero-shot classification: "wnids" (the 1000 WordNet ids, sorted: the standard class
+    order), "classnames" (CLIP's names for them, in that order) and "templates" (CLIP's 80 prompts, '{}' the name)."""
+    return json.loads(IMAGENET_ZEROSHOT.read_text())
+
+
+def class_names(classes: list[str]) -> list[str]:
+    """Readable names for class folder names: CLIP's ImageNet name for a WordNet id (n01440764 -> tench), else
+    the folder name with underscores as spaces."""
+    data = imagenet_zeroshot()
+    names = dict(zip(data["wnids"], data["classnames"]))
+    return [names.get(c, c.replace("_", " ")) for c in classes]
+
 
 def class_prompts(data_name: str, classes: list[str]) -> list[list[str]]:
-    """Prompts per class: the digits caption templates for digits, else CLIP's 'a photo of a {class}.'."""
+    """Prompts per class: the digits caption templates for digits, else CLIP's 80 ImageNet templates filled with
+    each class's name (see class_names)."""
     if data_name == "digits":
         return [[digit_caption(t, c) for t in DIGIT_TEMPLATES] for c in range(len(classes))]
-    return [[f"a photo of a {name}."] for name in classes]
+    templates = imagenet_zeroshot()["templates"]
+    return [[t.format(name) for t in templates] for name in class_names(classes)]
 
 
 @torch.no_grad()

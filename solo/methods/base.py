@@ -91,6 +91,17 @@ class Method(nn.Module):
                 f"{global_sizes[0]} px; put the global views first"
             )
 
+    @classmethod
+    def check_config(cls, cfg) -> None:
+        """Raise ConfigError when the whole (validated) config `cfg` cannot work with this method's config; called
+        with check_data before anything is built (CLIP: open_clip's towers and the data's image size)."""
+
+    @classmethod
+    def builds_own_backbone(cls, cfg) -> bool:
+        """Whether the method builds its image encoder itself from its config `cfg` (the `method` group), so the
+        `backbone` group's is not built (CLIP and SigLIP with open_clip's towers)."""
+        return False
+
     def set_schedule(self, steps_per_epoch: int, total_steps: int) -> None:
         """The run's length, given once before the optimizer is built: for schedules counted in epochs."""
         self.steps_per_epoch, self.total_steps = steps_per_epoch, total_steps

@@ -2,31 +2,27 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
-import torch.nn as nn
 
 from solo.losses import siglip_loss
-from solo.schema import AT_LEAST_ONE, POSITIVE, ruled
+from solo.schema import POSITIVE, ruled
 from solo.methods.base import register_method
-from solo.methods.clip import ImageTextMethod, TextConfig
+from solo.methods.clip import ImageTextMethod, TowersConfig
 
 
 @dataclass
-class SigLIPConfig:
+class SigLIPConfig(TowersConfig):
     name: str = "siglip"
-    embed_dim: int = ruled(512, AT_LEAST_ONE)
     init_logit_scale: float = ruled(10.0, POSITIVE)  # the paper's t' = log 10
     init_bias: float = -10.0  # the paper's b: starts the loss near the 1 positive : N - 1 negatives prior
-    text: TextConfig = field(default_factory=TextConfig)
 
 
 @register_method("siglip", schema=SigLIPConfig)
 class SigLIP(ImageTextMethod):
     def __init__(self, backbone, feature_dim: int, cfg: SigLIPConfig):
-        super().__init__(backbone, feature_dim, cfg.embed_dim, cfg.text, cfg.init_logit_scale)
-        self.bias = nn.Parameter(torch.tensor(cfg.init_bias))
+        super().__init__(backbone, feature_dim, cfg, cfg.init_logit_scale, init_bias=cfg.init_bias)
 
     def joint(self, encoded: dict, batch: dict) -> dict:
         image = self.embed_features(encoded["image"])

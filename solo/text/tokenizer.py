@@ -42,3 +42,31 @@ class ByteTokenizer:
     def decode(tokens: torch.Tensor) -> str:
         data = bytes(int(t) - BYTE_OFFSET for t in tokens.tolist() if t >= BYTE_OFFSET)
         return data.decode("utf-8", errors="replace")
+
+
+class OpenCLIPTokenizer:
+    """open_clip's tokenizer for model `name` (`open_clip.get_tokenizer`: CLIP's BPE, vocabulary 49,408, for
+    most models), with the interface of ByteTokenizer: `encode(text) -> (tokens, truncated)`, `truncates(text)`,
+    `tokenizer(list of str) -> (n, context_length)` ids exactly as open_clip's."""
+
+    def __init__(self, name: str, context_length: int):
+        import open_clip  # only for open_clip towers: solo's own need none of it
+
+        self.tokenizer = open_clip.get_tokenizer(name, context_length=context_length)
+        self.context_length = context_length
+        self.vocab_size = getattr(self.tokenizer, "vocab_size", None)
+        self._bpe = isinstance(self.tokenizer, open_clip.tokenizer.SimpleTokenizer)
+
+    def truncates(self, text: str) -> bool:
+        room = self.context_length - 2  # start and end tokens
+        if self._bpe:  # CLIP's BPE never makes more tokens than UTF-8 bytes: most captions need no tokenising
+            return len(text.encode("utf-8")) > room and len(self.tokenizer.encode(text)) > room
+        # Others: does the text reach the last position of a context one longer (which padding fills for "")?
+        longer = self.tokenizer([text, ""], context_length=self.context_length + 1)
+        return bool(longer[0, -1] != longer[1, -1])
+
+    def encode(self, text: str) -> tuple[torch.Tensor, bool]:
+        return self([text])[0], self.truncates(text)
+
+    def __call__(self, texts: list[str]) -> torch.Tensor:
+        return self.tokenizer(list(texts))

@@ -16,13 +16,12 @@ import torch.nn.functional as F
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
-from solo.backbones import create_backbone
 from solo.config import changed_keys, plain, validate_pretrain
 from solo.distributed import DistEnv
 from solo.distributed.env import process_group
 from solo.errors import CheckpointError
 from solo.losses._checks import full_precision
-from solo.methods import METHODS, build_method
+from solo.methods import METHODS, create_method
 from solo.train.checkpoint import Checkpointer, Checkpoints, RNGState
 from solo.train.distribute import distribute
 from solo.train.evaluator import Evaluator
@@ -66,9 +65,7 @@ class PretrainModel(nn.Module):
 
 
 def build_model(cfg: DictConfig, num_classes: int | None) -> PretrainModel:
-    b = cfg.backbone
-    backbone, width = create_backbone(b.name, small_stem=b.small_stem, pretrained=b.pretrained, **b.kwargs)
-    return PretrainModel(build_method(cfg.method, backbone, width), num_classes)
+    return PretrainModel(create_method(cfg.method, cfg.backbone, pretrained_backbone=cfg.backbone.pretrained), num_classes)
 
 
 def build_optimizer_for(model: PretrainModel, optim_cfg, lr: float):

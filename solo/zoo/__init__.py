@@ -17,7 +17,7 @@ import torch.nn as nn
 from solo.data import DATASETS, build_eval_transform
 from solo.zoo.files import ChecksumError
 from solo.zoo.manifest import ManifestError, find_entry, read_manifest
-from solo.zoo.pretrained import export_backbone, resolve
+from solo.zoo.pretrained import export_backbone, export_open_clip, resolve
 from solo.zoo.weights import Pretrained, load_strict, read_training_checkpoint, read_weights
 
 __all__ = [
@@ -27,6 +27,7 @@ __all__ = [
     "entry",
     "eval_transform",
     "export_backbone",
+    "export_open_clip",
     "list",
     "load",
     "load_strict",

@@ -1,4 +1,4 @@
-"""python -m solo.zoo list | export <pretrained> <out.safetensors | out.pth>"""
+"""python -m solo.zoo list | export <pretrained> <out.safetensors | out.pth | out.bin>"""
 
 import argparse
 
@@ -9,7 +9,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m solo.zoo", description="The solo checkpoint zoo.")
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser("list", help="the zoo's checkpoints and their results")
-    export = commands.add_parser("export", help="a backbone as a plain timm (.safetensors) or torchvision (.pth) state dict")
+    export = commands.add_parser(
+        "export", help="a backbone as a plain timm (.safetensors) or torchvision (.pth) state dict; a CLIP or SigLIP "
+        "with open_clip towers (method.model) as an open_clip state dict (.bin, .pt or .safetensors)")
     export.add_argument("pretrained", help="zoo name, solo .safetensors file, training checkpoint .pt or run directory")
     export.add_argument("out")
     args = parser.parse_args()
@@ -18,6 +20,8 @@ def main() -> None:
             e = solo.zoo.entry(name)
             results = ", ".join(f"{kind} {r['top1']:.3f}" for kind, r in e["results"].items())
             print(f"{name:<36} {e['method']:<13} {e['backbone']['name']:<10} {e['data']['name']:<8} {results}")
+    elif solo.zoo.resolve(args.pretrained).method.get("model"):
+        print(solo.zoo.export_open_clip(args.pretrained, args.out))
     else:
         print(solo.zoo.export_backbone(args.pretrained, args.out))
 

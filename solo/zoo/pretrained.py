@@ -36,6 +36,50 @@ def resolve(source: str | Path, *, cache: str | Path | None = None, offline: boo
     )
 
 
+def export_open_clip(source: str | Path, out: str | Path) -> str:
+    """Write the CLIP or SigLIP model of `source`, trained with open_clip's towers (method.model), as open_clip's
+    state dict (`.safetensors`, else torch.save), check that open_clip loads it, and return the Python lines that
+    load it and its tokenizer.
+
+    The logit scale goes to open_clip's `logit_scale` (log space; CLIP's clamped at method.max_logit_scale, as its
+    loss used it), SigLIP's bias to `logit_bias`. The call also sets the image mean and std solo trained with."""
+    import open_clip
+
+    from solo.methods.towers import open_clip_config, open_clip_kwargs, quiet_open_clip, to_open_clip
+
+    pretrained = resolve(source)
+    m = pretrained.method
+    if pretrained.contents != "model" or not m.get("model"):
+        raise ValueError(
+            f"{source}: a {m['name']} model without open_clip towers (method.model unset), which open_clip cannot "
+            "load; `python -m solo.zoo export` writes its image backbone for timm or torchvision"
+        )
+    name, overrides = m["model"], m.get("model_cfg") or {}
+    state = {k: v.contiguous() for k, v in to_open_clip(pretrained.state, m.get("max_logit_scale")).items()}
+    kwargs = open_clip_kwargs(name, overrides)
+    if "logit_bias" in state and "init_logit_bias" not in open_clip_config(name, overrides):
+        kwargs["init_logit_bias"] = float(state["logit_bias"])  # SigLIP on a CLIP config: open_clip must make room for it
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if out.suffix == ".safetensors":
+        from safetensors.torch import save_file
+
+        save_file(state, str(out))
+    else:
+        torch.save(state, out)
+    try:
+        with quiet_open_clip():
+            open_clip.create_model(name, pretrained=str(out), **kwargs)
+    except Exception as e:
+        out.unlink()
+        raise ValueError(f"{source}: open_clip cannot load the exported weights into {name} (nothing written): {e}") from e
+    args = "".join(f", {k}={v!r}" for k, v in kwargs.items())
+    context_length = open_clip_config(name, overrides)["text_cfg"].get("context_length", 77)
+    return (f"model, _, preprocess = open_clip.create_model_and_transforms({name!r}, pretrained={str(out)!r}{args}, "
+            f"image_mean={tuple(pretrained.data['mean'])}, image_std={tuple(pretrained.data['std'])})\n"
+            f"tokenizer = open_clip.get_tokenizer({name!r}, context_length={context_length})")
+
+
 def export_backbone(source: str | Path, out: str | Path) -> str:
     """Write the backbone of `source` as a plain timm/torchvision state dict; returns how to load it.
 
@@ -44,6 +88,9 @@ def export_backbone(source: str | Path, out: str | Path) -> str:
     """
     pretrained = resolve(source)
     b = pretrained.backbone
+    if pretrained.method.get("model"):
+        raise ValueError(f"{source}: its image tower is open_clip's {pretrained.method['model']}, not a timm or "
+                         "torchvision backbone; export_open_clip writes the whole model for open_clip")
     if b["small_stem"]:
         raise ValueError(
             f"{source}: backbone {b['name']} was trained with small_stem=true (3x3 stride-1 conv1, no max-pool), "

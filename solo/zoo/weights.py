@@ -24,7 +24,7 @@ from safetensors.torch import save_file
 
 from solo.backbones import create_backbone
 from solo.data import dataset_stats
-from solo.methods import METHODS, build_method
+from solo.methods import METHODS, create_method
 
 METHOD_PREFIX = "method."
 BACKBONE_PREFIX = "method.backbone."
@@ -52,8 +52,11 @@ class Pretrained:
 
     def build_backbone(self, random_init: bool = False) -> nn.Module:
         """The backbone, weights loaded strictly (or left at their initialisation with random_init=True)."""
-        b = self.backbone
-        backbone, _ = create_backbone(b["name"], small_stem=b["small_stem"], pretrained=False, **b["kwargs"])
+        if self.contents == "model" and METHODS[self.method["name"]].target.builds_own_backbone(self.method):
+            backbone = self._new_model().backbone  # the method's own image tower (open_clip's)
+        else:
+            b = self.backbone
+            backbone, _ = create_backbone(b["name"], small_stem=b["small_stem"], pretrained=False, **b["kwargs"])
         if not random_init:
             load_strict(backbone, self.backbone_state(), f"the backbone in {self.source}")
         return backbone
@@ -62,11 +65,13 @@ class Pretrained:
         """The whole method module (only for contents == "model")."""
         if self.contents != "model":
             raise ValueError(f"{self.source} holds only a backbone ({self.method['name']}); use build_backbone()")
-        b = self.backbone
-        backbone, width = create_backbone(b["name"], small_stem=b["small_stem"], pretrained=False, **b["kwargs"])
-        model = build_method(self.method, backbone, width)
+        model = self._new_model()
         load_strict(model, self.state, f"the {self.method['name']} model in {self.source}")
         return model
+
+    def _new_model(self) -> nn.Module:
+        # The weights come from this file: initial weights the method was trained from (method.pretrained) are not read.
+        return create_method({**self.method, "pretrained": None} if "pretrained" in self.method else self.method, self.backbone)
 
 
 def load_strict(module: nn.Module, state: dict[str, torch.Tensor], what: str) -> None:
