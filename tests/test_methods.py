@@ -28,7 +28,8 @@ METHOD = {
     "dino": ["method.proj_hidden_dim=32", "method.bottleneck_dim=16", "method.num_prototypes=64", "method.base_momentum=0.9",
              "method.warmup_teacher_temperature=0.02", "method.warmup_teacher_temperature_epochs=1",
              "method.freeze_last_layer_epochs=0.5"],
-    "swav": HEADS + ["method.num_prototypes=16", "method.freeze_prototypes_epochs=0.5"],
+    # Multi-crop, which the digits recipe leaves out: 2 global 16 px crops and 4 local 8 px ones.
+    "swav": HEADS + ["augmentation=multicrop_digits", "method.num_prototypes=16", "method.freeze_prototypes_epochs=0.5"],
 }
 STEPS = 6
 
