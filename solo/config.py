@@ -122,6 +122,9 @@ class TrainerConfig:
     probe: bool = True  # online linear probe on detached backbone features (needs labels)
     knn_k: int = ruled(0, NON_NEGATIVE)  # > 0: online weighted k-NN val accuracy each epoch (cosine, k neighbours; needs labels)
     knn_temperature: float = ruled(0.07, POSITIVE)
+    # Image-text methods: an ImageFolder split (class folders, e.g. /data/imagenet/val) classified zero-shot at each
+    # epoch end with CLIP's ImageNet prompts, as main_linear.py data=imagefolder does: val/folder_zeroshot_acc1, _acc5.
+    zero_shot_folder: Optional[str] = None
     plots: bool = True  # at the end: curves.png from metrics.jsonl, embedding.png of val features (labels)
     progress_bar: bool = True
 
@@ -198,7 +201,7 @@ def image_tower(backbone: str, model: str | None) -> str:
 SAFE_TO_CHANGE = (
     "trainer.max_epochs", "trainer.max_steps", "trainer.resume", "trainer.checkpoint_every_steps",
     "trainer.keep_checkpoints", "trainer.preempt_signals", "trainer.requeue", "trainer.log_every_steps",
-    "trainer.knn_k", "trainer.knn_temperature", "trainer.plots", "trainer.progress_bar", "trainer.channels_last",
+    "trainer.knn_k", "trainer.knn_temperature", "trainer.zero_shot_folder", "trainer.plots", "trainer.progress_bar", "trainer.channels_last",
     "trainer.accumulate",
     "data.batch_size", "data.num_workers", "data.root", "data.file", "data.download", "logger", "imports",
 )

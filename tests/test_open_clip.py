@@ -19,7 +19,7 @@ from solo.eval.zero_shot import class_names, class_prompts, imagenet_zeroshot
 from solo.train.trainer import build_model, pretrain
 from solo.zoo.__main__ import main as zoo_command
 from tests.test_eval import compose_linear
-from tests.test_train import compose_cfg
+from tests.test_train import compose_cfg, metrics
 
 NAME = "ViT-B-32"
 # ViT-B-32's open_clip config scaled down to 16 px digits; complete entries, so open_clip builds the same from them.
@@ -170,3 +170,20 @@ def test_an_imagefolder_of_synsets_gets_imagenet_prompts(synset_folder, runs, mo
     assert summary["zero_shot"]["protocol"].startswith("zero-shot with 80 prompt(s) per class")
     with pytest.raises(ConfigError, match=r"data.image_size=32: .* for 16 px images"):
         evaluate_pretrained(compose_linear([f"pretrained={runs['clip']}", "data.image_size=32"]), synset_folder / "eval32")
+
+
+def test_training_classifies_an_imagefolder_zero_shot_as_main_linear_does(synset_folder, tmp_path, monkeypatch):
+    """trainer.zero_shot_folder: at each epoch end, the same zero-shot accuracy as main_linear.py data=imagefolder on
+    those images (its own path: cached features, then the classifier)."""
+    run_dir = tmp_path / "run"
+    pretrain(compose_cfg(["method=clip"] + TINY + ["data.batch_size=32", "trainer.max_steps=2",
+                                                   f"trainer.zero_shot_folder={synset_folder / 'val'}"]), run_dir)
+    logged = [m for m in metrics(run_dir) if "val/folder_zeroshot_acc1" in m][-1]
+    monkeypatch.setenv("SOLO_CACHE", str(tmp_path / "cache"))
+    summary = evaluate_pretrained(compose_linear([f"pretrained={run_dir}", "data=imagefolder", f"data.root={synset_folder}",
+                                                  "data.image_size=16", "linear.epochs=1", "plots=false"]), tmp_path / "eval")
+    assert logged["val/folder_zeroshot_acc1"] == pytest.approx(summary["zero_shot"]["top1"], abs=1e-12)
+    assert logged["val/folder_zeroshot_acc5"] == pytest.approx(summary["zero_shot"]["top5"], abs=1e-12)
+    with pytest.raises(ConfigError, match=r"trainer.zero_shot_folder=.*needs an image-text method"):
+        pretrain(compose_cfg(["method=simclr", "data.num_workers=0", "trainer.max_steps=1",
+                              f"trainer.zero_shot_folder={synset_folder / 'val'}"]), tmp_path / "simclr")

@@ -52,6 +52,27 @@ def class_embeddings(method, prompts: list[list[str]], tokenizer, device, dtype)
     return torch.stack(rows)
 
 
+@torch.no_grad()
+def zero_shot_accuracy(method, prompts: list[list[str]], loader, device, autocast) -> dict:
+    """Top-1/5 zero-shot accuracy of image-text `method` over a labelled image loader (an EvalDataset, sharded over
+    ranks: counts are summed), each class's classifier the mean embedding of its `prompts`."""
+    dtype = method.log_logit_scale.dtype
+    counts = torch.zeros(3, dtype=torch.float64)
+    with eval_mode(method):
+        classifier = class_embeddings(method, prompts, method.tokenizer, device, dtype)
+        for batch in loader:
+            with autocast():
+                image = method.encode_image(batch["image"].to(device, dtype, non_blocking=True))
+            c1, c5 = topk_correct((image.to(dtype) @ classifier.T).float().cpu(), batch["label"])
+            counts += torch.tensor([c1, c5, len(batch["label"])], dtype=torch.float64)
+    if world_size() > 1:
+        counts = counts.to(device)
+        dist.all_reduce(counts)
+        counts = counts.cpu()
+    c1, c5, n = counts.tolist()
+    return {"top1": c1 / n, "top5": c5 / n}
+
+
 def _recall(queries, keys, query_ids, key_ids, ks=(1, 5)) -> torch.Tensor:
     """Hits among the k most similar keys, where the hit is the key with the query's own sample index."""
     top = (queries @ keys.T).topk(min(max(ks), keys.shape[0]), dim=1).indices

@@ -7,11 +7,13 @@ from pathlib import Path
 from solo.eval.features import extract_features
 from solo.eval.knn import knn_accuracy
 from solo.eval.plots import plot_curves, plot_embedding
+from solo.eval.zero_shot import zero_shot_accuracy
 
 
 class Evaluator:
     """What the method reports on the val split (`Method.evaluate`: the online probe, or zero-shot and
-    retrieval for CLIP), and a weighted k-NN on backbone features when `knn_k > 0` and the data has labels."""
+    retrieval for CLIP), a weighted k-NN on backbone features when `knn_k > 0` and the data has labels, and
+    zero-shot accuracy on trainer.zero_shot_folder's images for image-text methods."""
 
     def __init__(self, model, loaders, num_classes: int | None, *, knn_k: int, knn_temperature: float, device, autocast):
         self.model, self.loaders, self.num_classes = model, loaders, num_classes
@@ -19,10 +21,13 @@ class Evaluator:
         self.device, self.autocast = device, autocast
 
     def __call__(self) -> dict:
+        method, metrics = self.model.method, {}
+        if self.loaders.zero_shot is not None:
+            folder = zero_shot_accuracy(method, self.loaders.zero_shot_prompts, self.loaders.zero_shot, self.device, self.autocast)
+            metrics |= {"val/folder_zeroshot_acc1": folder["top1"], "val/folder_zeroshot_acc5": folder["top5"]}
         if self.loaders.val is None:
-            return {}
-        method = self.model.method
-        metrics = method.evaluate(self.model.probe, self.loaders.val, self.device, self.autocast)
+            return metrics
+        metrics |= method.evaluate(self.model.probe, self.loaders.val, self.device, self.autocast)
         if self.knn_k > 0 and self.loaders.train_eval is not None:
             train = extract_features(method.backbone, self.loaders.train_eval, self.device, self.autocast)
             val = extract_features(method.backbone, self.loaders.val, self.device, self.autocast)

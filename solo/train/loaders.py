@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch.distributed as dist
@@ -10,6 +11,7 @@ from torch.utils.data import DataLoader
 from solo.data import (
     DATASETS,
     EvalDataset,
+    ImageFolderDataset,
     ImageTextDataset,
     MultiViewDataset,
     ZeroShotEvalDataset,
@@ -20,6 +22,7 @@ from solo.data import (
 from solo.data.multiview import check_images
 from solo.data.source import DataSource, MapDataSource, loader_workers
 from solo.distributed import DistEnv
+from solo.errors import ConfigError
 from solo.eval.zero_shot import class_prompts
 
 
@@ -40,6 +43,8 @@ class Loaders:
     val: DataLoader | None  # the val split with the eval transform, sharded over ranks
     train_eval: DataLoader | None  # the train split with the eval transform (the online k-NN's memory bank)
     unreadable: list[str]  # among the first data.check_images train images (data.on_bad_image=skip)
+    zero_shot: DataLoader | None = None  # trainer.zero_shot_folder's images, sharded over ranks
+    zero_shot_prompts: list[list[str]] | None = None  # ... and its classes' prompts
 
 
 def build_splits(d, env: DistEnv, seed: int, pairs: bool) -> Splits:
@@ -54,8 +59,10 @@ def build_splits(d, env: DistEnv, seed: int, pairs: bool) -> Splits:
     return Splits(train, val, pairs)
 
 
-def build_loaders(splits: Splits, d, views, env: DistEnv, *, seed: int, tokenizer, knn: bool, pin_memory: bool) -> Loaders:
-    """`views`: the augmentation's view recipes; `tokenizer`: for image-text pairs; `knn`: build the train_eval loader."""
+def build_loaders(splits: Splits, d, views, env: DistEnv, *, seed: int, tokenizer, knn: bool, pin_memory: bool,
+                  zero_shot_folder: str | None = None) -> Loaders:
+    """`views`: the augmentation's view recipes; `tokenizer`: for image-text pairs; `knn`: build the train_eval loader;
+    `zero_shot_folder`: an ImageFolder split to classify zero-shot (image-text methods)."""
     entry = DATASETS[d.name]
     mean, std = entry.stats
     transforms = build_view_transforms(views, d.image_size, mean, std)
@@ -85,4 +92,17 @@ def build_loaders(splits: Splits, d, views, env: DistEnv, *, seed: int, tokenize
         val = sharded(EvalDataset(splits.val, eval_transform))
     if knn and val is not None and splits.num_classes:  # the k-NN's train features: no augmentation
         train_eval = sharded(EvalDataset(splits.train, eval_transform))
-    return Loaders(source, val, train_eval, unreadable)
+    loaders = Loaders(source, val, train_eval, unreadable)
+    if zero_shot_folder:
+        if not splits.pairs:
+            raise ConfigError(f"trainer.zero_shot_folder={zero_shot_folder}: zero-shot classification needs an image-text "
+                              "method (clip, siglip); unset it")
+        # Normalised as main_linear.py normalises data=imagefolder, so both report the same accuracy.
+        root, split = os.path.split(os.path.normpath(zero_shot_folder))
+        folder = ImageFolderDataset(root, split)
+        if folder.classes is None:
+            raise ConfigError(f"trainer.zero_shot_folder={zero_shot_folder} has no class folders to classify into")
+        stats = DATASETS["imagefolder"].stats
+        loaders.zero_shot = sharded(EvalDataset(folder, build_eval_transform(d.image_size, *stats, resize=True)))
+        loaders.zero_shot_prompts = class_prompts("imagefolder", folder.classes)
+    return loaders

@@ -103,7 +103,8 @@ class Trainer:
         forward = distribute(model, device, sync_batchnorm=t.sync_batchnorm, keep_local=keep_local)
 
         self.loaders = build_loaders(splits, cfg.data, cfg.augmentation.views, env, seed=t.seed, knn=t.knn_k > 0,
-                                     tokenizer=getattr(model.method, "tokenizer", None), pin_memory=device.type == "cuda")
+                                     tokenizer=getattr(model.method, "tokenizer", None), pin_memory=device.type == "cuda",
+                                     zero_shot_folder=t.zero_shot_folder)
         self.source = source = self.loaders.train
         if self.loaders.unreadable:
             self.say(f"{len(self.loaders.unreadable)} of the first {cfg.data.check_images} train images cannot be read and "
