@@ -19,6 +19,7 @@ from solo.data.make_shards import main as make_shards
 from solo.data.shards import ShardDataset, ShardPairs
 from solo.data.source import MapDataSource
 from solo.errors import ConfigError
+from solo.train.trainer import pretrain
 from tests.test_train import TINY, compose_cfg, kill_processes_mentioning, launch, metrics, run, weights, weights_at_init
 
 NUM_IMAGES, PER_SHARD = 192, 24  # 8 shards; a global batch of 16 divides the epoch, so every sample is read
@@ -210,3 +211,22 @@ def test_killed_run_on_shards_resumes_bit_identical(shards, tmp_path):
     assert "resuming from" in run(common, killed, nproc=2)
     straight, resumed = weights(tmp_path / "straight"), weights(killed)
     assert all(torch.equal(straight[k], resumed[k]) for k in straight)
+
+
+def test_clip_trains_on_caption_shards(tmp_path, folder):
+    """Image-text pairs from shards end to end: CLIP's run reads the .txt captions and evaluates on val shards."""
+    from tests.test_clip import TINY_CLIP
+
+    root, _ = folder
+    rows = ["image,caption,label"] + [f"{f.parent.name}/{f.name},a picture of {f.parent.name.replace('_', ' ')},{f.parent.name[-1]}"
+                                      for f in sorted(root.glob("*/*"))[:64]]
+    (tmp_path / "captions.csv").write_text("\n".join(rows) + "\n")
+    for split in ("train", "val"):
+        make_shards(["csv", str(tmp_path / "captions.csv"), str(tmp_path / split), "--root", str(root), "--samples-per-shard", "32"])
+    run_dir = tmp_path / "run"
+    pretrain(compose_cfg(TINY_CLIP + ["data=webdataset", "data.image_size=16", "data.batch_size=16", "trainer.max_steps=4",
+                                      f"data.shards='{tmp_path}/train/{{00000..00001}}.tar'",
+                                      f"data.val_shards='{tmp_path}/val/{{00000..00001}}.tar'",
+                                      f"data.cache_dir={tmp_path / 'cache'}"]), run_dir)
+    val = [m for m in metrics(run_dir) if "val/zeroshot_acc1" in m]
+    assert val and 0 <= val[-1]["val/zeroshot_acc1"] <= 1 and "val/i2t_recall1" in val[-1]
