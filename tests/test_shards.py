@@ -213,6 +213,7 @@ def test_killed_run_on_shards_resumes_bit_identical(shards, tmp_path):
     assert all(torch.equal(straight[k], resumed[k]) for k in straight)
 
 
+@pytest.mark.slow  # about 25 s; the pairs reader itself is checked in the default suite
 def test_clip_trains_on_caption_shards(tmp_path, folder):
     """Image-text pairs from shards end to end: CLIP's run reads the .txt captions and evaluates on val shards."""
     from tests.test_clip import TINY_CLIP
