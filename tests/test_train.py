@@ -41,11 +41,11 @@ def compose_cfg(overrides):
         return validate_pretrain(compose("pretrain", overrides=overrides))  # as main_pretrain.py does
 
 
-def launch(overrides, run_dir, nproc=1, **popen):
+def launch(overrides, run_dir, nproc=1, env=None, **popen):
     cmd = [sys.executable, "main_pretrain.py"]
     if nproc > 1:
         cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", "--standalone", "main_pretrain.py"]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **(env or {})}
     return subprocess.Popen(cmd + overrides + [f"hydra.run.dir={run_dir}"], cwd=REPO, env=env, **popen)
 
 
@@ -229,3 +229,23 @@ def test_unlabeled_imagefolder_trains_without_probe(tmp_path):
 def test_bf16_autocast_with_gradient_clipping_on_cpu(tmp_path):
     final = pretrain(compose_cfg(TINY + ["trainer.precision=bf16", "optim.grad_clip=1.0", "trainer.max_steps=2", "data.batch_size=16"]), tmp_path)
     assert torch.isfinite(torch.tensor(final["val/acc1"])) and all(torch.isfinite(v).all() for v in weights(tmp_path).values())
+
+
+def test_steady_state_steps_read_nothing_on_the_host(tmp_path):
+    """On a GPU every read of a tensor's value on the host stalls the queue of kernels. Recorded in 2 processes
+    (tests/host_reads_probe.py): the training step reads nothing after its first call (which exchanges the ranks'
+    batch sizes, once per shape), the loop's per-step work reads nothing, and the preemption flag is read only
+    at the logging steps."""
+    log = tmp_path / "reads"
+    overrides = TINY + ["data.num_samples=96", "data.batch_size=8", "trainer.max_steps=12", "trainer.log_every_steps=4",
+                        "imports=[tests.host_reads_probe]"]
+    proc = launch(overrides, tmp_path / "run", nproc=2, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                  env={"HOST_READS_LOG": str(log)})
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0, out
+    for rank in (0, 1):
+        events = json.loads(Path(f"{log}.{rank}").read_text())
+        in_steps = [e for e in events if e["region"] == "step"]
+        assert in_steps and {e["step"] for e in in_steps} == {0}, in_steps  # the first step's size exchange only
+        assert not [e for e in events if e["region"] == "loop"]
+        assert [e["step"] for e in events if e["region"] == "preemption_check"] == [4, 8]  # step 12 is the last

@@ -9,20 +9,47 @@ In a single process (no process group) every function here is the identity.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import torch
 import torch.distributed as dist
 
 from solo.distributed.env import rank, world_size
 
 
+_known_sizes: dict | None = None
+
+
+@contextmanager
+def batch_sizes_remembered(known: dict):
+    """Inside the block, `batch_sizes` exchanges sizes once per local size and then answers from `known`
+    (kept by the caller across blocks): one all-gather and host read per shape instead of one per loss call.
+
+    Only for code that every rank runs with the same sequence of local sizes whenever one of them repeats
+    (the training step: every rank's batch is data.batch_size); elsewhere ranks may change sizes independently,
+    and a rank answering from memory while another exchanges would hang.
+    """
+    global _known_sizes
+    saved, _known_sizes = _known_sizes, known
+    try:
+        yield
+    finally:
+        _known_sizes = saved
+
+
 def batch_sizes(n_local: int, device: torch.device | None = None) -> list[int]:
-    """Every rank's batch size, in rank order (one small all-gather)."""
+    """Every rank's batch size, in rank order (one small all-gather, or none: see batch_sizes_remembered)."""
     if world_size() == 1:
         return [n_local]
+    if _known_sizes is not None and n_local in _known_sizes:
+        return _known_sizes[n_local]
     size = torch.tensor([n_local], dtype=torch.long, device=device)
     sizes = torch.empty(world_size(), dtype=torch.long, device=device)
     dist.all_gather_into_tensor(sizes, size)
-    return sizes.tolist()
+    sizes = sizes.tolist()
+    if _known_sizes is not None:
+        _known_sizes[n_local] = sizes
+    return sizes
 
 
 def _pad_rows(x: torch.Tensor, rows: int) -> torch.Tensor:

@@ -1,10 +1,35 @@
-"""Input validation shared by the losses: fail with the name and value of what is wrong."""
+"""Input validation shared by the losses: fail with the name and value of what is wrong.
+
+Checks of values (finite features, a positive tensor temperature) read the tensor on the host: on a GPU
+each is a synchronisation that stalls the queue of kernels. The training step runs the losses inside
+`host_reads_deferred()`, where those checks are skipped; it watches the loss itself for non-finite values
+asynchronously instead (solo.train.step). Shape and dtype checks need no read and always run.
+"""
 
 from __future__ import annotations
 
 import math
+from contextlib import contextmanager
 
 import torch
+
+_value_checks = True
+
+
+@contextmanager
+def host_reads_deferred():
+    """Skip the losses' checks of tensor values (see above) inside the block."""
+    global _value_checks
+    saved, _value_checks = _value_checks, False
+    try:
+        yield
+    finally:
+        _value_checks = saved
+
+
+def checks_values() -> bool:
+    """Whether value checks that read tensors on the host run now (not inside host_reads_deferred)."""
+    return _value_checks
 
 
 class NonFiniteError(ValueError):
@@ -23,13 +48,15 @@ def check_pair(a: torch.Tensor, b: torch.Tensor, name_a: str, name_b: str) -> No
         )
     if a.shape[1] != b.shape[1]:
         raise ValueError(f"{name_a} and {name_b} have different feature sizes: {a.shape[1]} and {b.shape[1]}")
-    for name, x in ((name_a, a), (name_b, b)):
+    for name, x in ((name_a, a), (name_b, b)) if _value_checks else ():
         if not bool(torch.isfinite(x).all()):
             bad = int((~torch.isfinite(x)).any(dim=1).sum())
             raise NonFiniteError(f"{name} has non-finite values (NaN or inf) in {bad} of {x.shape[0]} rows")
 
 
 def check_positive(value: float | torch.Tensor, name: str) -> None:
+    if isinstance(value, torch.Tensor) and not _value_checks:
+        return
     v = float(value.detach()) if isinstance(value, torch.Tensor) else float(value)
     if not math.isfinite(v) or v <= 0:
         raise ValueError(f"{name} must be a finite number > 0, got {v}")

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from solo.distributed import gather, world_size
-from solo.losses._checks import check_pair, check_positive, full_precision
+from solo.losses._checks import check_pair, check_positive, checks_values, full_precision
 from solo.losses.contrastive import _global_rows
 from solo.losses.registry import LOSSES
 
@@ -33,9 +33,10 @@ def siglip_loss(
     """
     check_pair(image_features, text_features, "image_features", "text_features")
     check_positive(logit_scale, "logit_scale")
-    b = float(bias.detach()) if isinstance(bias, torch.Tensor) else float(bias)
-    if not math.isfinite(b):
-        raise ValueError(f"bias must be a finite number, got {b}")
+    if checks_values() or not isinstance(bias, torch.Tensor):
+        b = float(bias.detach()) if isinstance(bias, torch.Tensor) else float(bias)
+        if not math.isfinite(b):
+            raise ValueError(f"bias must be a finite number, got {b}")
     with torch.autocast(image_features.device.type, enabled=False):
         image = full_precision(image_features)
         text = full_precision(text_features)

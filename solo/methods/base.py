@@ -154,8 +154,7 @@ def make_teacher(module: nn.Module) -> nn.Module:
 def ema_update(teacher: nn.Module, student: nn.Module, momentum: float) -> None:
     """teacher <- momentum * teacher + (1 - momentum) * student, for the parameters (buffers such as
     BatchNorm statistics are the teacher's own, updated by its forward)."""
-    for t, s in zip(teacher.parameters(), student.parameters()):
-        t.lerp_(s.detach(), 1.0 - momentum)
+    torch._foreach_lerp_(list(teacher.parameters()), [s.detach() for s in student.parameters()], 1.0 - momentum)
 
 
 def cosine_momentum(base: float, final: float, step: int, total_steps: int) -> float:

@@ -16,8 +16,9 @@ class Preemption:
     """Records the configured signals (SLURM's `--signal=USR1@90`, SIGTERM at the time limit or on
     preemption) instead of dying, so the loop can finish the step, save and leave at a step boundary.
 
-    `requested()` agrees across ranks (one tiny all-reduce): a signal that reached only some ranks,
-    or reached them at different steps, still stops every rank after the same step.
+    `requested()` agrees across ranks (one tiny all-reduce and a host read, so the trainer asks only when it
+    logs, every trainer.log_every_steps): a signal that reached only some ranks, or reached them at different
+    steps, still stops every rank after the same step.
     """
 
     def __init__(self, signal_names: list[str], device: torch.device):

@@ -9,7 +9,12 @@ gradient of the loss with respect to every micro-batch's encoding; each micro-ba
 with its graph and the random state of its first pass, and back-propagates that cached gradient. The last
 micro-batch runs `joint` again with its own graph, so one backward reaches every parameter and DDP
 all-reduces once (`no_sync` before). Only BatchNorm inside `encode` (the backbone's) sees micro-batch
-statistics; the projector's and the loss's statistics stay those of the global batch."""
+statistics; the projector's and the loss's statistics stay those of the global batch.
+
+The step never reads a tensor on the host (on a GPU, each read would stall the queue of kernels): the
+losses' value checks are deferred (solo.losses._checks), every rank's batch size is exchanged once per
+shape (solo.distributed.batch_sizes_remembered), and a non-finite loss is recorded on the device, in
+`first_bad_step`, for the trainer to read when it logs and before it writes any checkpoint (`check_finite`)."""
 
 from __future__ import annotations
 
@@ -18,10 +23,13 @@ from functools import partial
 from typing import Callable
 
 import torch
+import torch.distributed as dist
 import torch.nn as nn
 
+from solo.distributed import batch_sizes_remembered
 from solo.errors import ConfigError, TrainingDiverged
 from solo.losses import NonFiniteError
+from solo.losses._checks import host_reads_deferred
 
 
 def precision_context(precision: str, device: torch.device) -> tuple[Callable, torch.amp.GradScaler]:
@@ -48,11 +56,16 @@ class TrainStep:
         self.autocast, self.scaler = precision_context(precision, device)
         self.schedule, self.total_steps, self.grad_clip = schedule, total_steps, grad_clip
         self.accumulate = accumulate
+        self.first_bad_step = torch.tensor(-1, device=device)  # the first step whose loss was not finite, or -1
+        self.batch_sizes: dict = {}  # every rank's batch size per local size, exchanged once
 
     def __call__(self, batch: dict, index: int) -> dict:
         for group in self.optimizer.param_groups:
             group["lr"] = self.schedule(index) * group.get("lr_scale", 1.0)
-        out = self._forward_backward(batch) if self.accumulate == 1 else self._accumulated(batch)
+        with host_reads_deferred(), batch_sizes_remembered(self.batch_sizes):
+            out = self._forward_backward(batch) if self.accumulate == 1 else self._accumulated(batch)
+        bad = ~torch.isfinite(out["total"].detach()) & (self.first_bad_step < 0)
+        self.first_bad_step = torch.where(bad, index + 1, self.first_bad_step)
         if self.grad_clip:
             self.scaler.unscale_(self.optimizer)
             nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)
@@ -80,8 +93,6 @@ class TrainStep:
         except NonFiniteError as e:
             raise TrainingDiverged(diverged_message(str(e))) from None
         out["total"] = out["loss"] + out.get("probe_loss", 0.0)
-        if not bool(torch.isfinite(out["total"])):
-            raise TrainingDiverged(diverged_message(f"the loss is {float(out['total'])}"))
         return out
 
     def _accumulated(self, batch: dict) -> dict:
@@ -108,6 +119,15 @@ class TrainStep:
         out = self._forward_backward(batch, partial(self.forward, encoded=merge_encoded(encoded[:-1]), last=micro[-1]))
         set_rng_state(after)
         return out
+
+    def check_finite(self) -> None:
+        """Raise TrainingDiverged if a step's loss was not finite on any rank (one host read and all-reduce): the
+        trainer calls it when it logs and before every checkpoint, so no checkpoint from a bad step is written."""
+        bad = torch.where(self.first_bad_step < 0, torch.iinfo(torch.long).max, self.first_bad_step)
+        if dist.is_initialized():
+            dist.all_reduce(bad, op=dist.ReduceOp.MIN)
+        if int(bad) != torch.iinfo(torch.long).max:
+            raise TrainingDiverged(diverged_message(f"the loss was not finite at step {int(bad)}"))
 
     def state_dict(self) -> dict:
         return {"scaler": self.scaler.state_dict()}
@@ -167,6 +187,6 @@ def kept_buffers(model: nn.Module):
 
 def diverged_message(what: str) -> str:
     return (
-        f"training diverged: {what}. Stopped before writing any checkpoint from this step, so "
+        f"training diverged: {what}. Stopped before writing any checkpoint from that step on, so "
         "checkpoints/last.pt is the last good state; lower optim.lr, set optim.grad_clip, or use trainer.precision=32"
     )

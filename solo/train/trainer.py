@@ -172,14 +172,15 @@ class Trainer:
                 self.step += 1
                 window.add(out, batch)
                 bar.update(1)
+                # The host reads the device's numbers only here: losses, the non-finite check, the preemption flag.
                 if self.step % self.t.log_every_steps == 0 or self.step == self.total_steps:
                     self._log(window.flush(), bar)
-                if self.preemption.requested() and self.step < self.total_steps:
-                    bar.close()
-                    return self._stop_for_preemption()
+                    if self.step < self.total_steps and self.preemption.requested():
+                        bar.close()
+                        return self._stop_for_preemption()
                 every = self.t.checkpoint_every_steps
                 if every and self.step % every == 0 and not self.source.epoch_done:
-                    self.checkpointer.save(self.step)
+                    self._save()
                 if self.step == self.total_steps:
                     break
             self._end_epoch()
@@ -204,7 +205,12 @@ class Trainer:
             + (f", plots {', '.join(pictures)}" if pictures else "")
         )
 
+    def _save(self) -> None:
+        self.train_step.check_finite()  # never a checkpoint from a step whose loss was not finite
+        self.checkpointer.save(self.step)
+
     def _log(self, window: dict, bar) -> None:
+        self.train_step.check_finite()
         losses, steps, elapsed = window["losses"], window["steps"], window["seconds"]
         metrics = {"step": self.step, "epoch": self.source.epoch, "train/loss": losses[0], "lr": self.schedule(self.step - 1),
                    "train/img_per_s": self.source.global_batch * steps / elapsed}
@@ -228,10 +234,10 @@ class Trainer:
             self.say(f"epoch {self.source.epoch}: " + ", ".join(f"{k} {v:.4f}" for k, v in val.items()))
         if self.source.epoch_done:
             self.source.next_epoch()
-        self.checkpointer.save(self.step)
+        self._save()
 
     def _stop_for_preemption(self) -> dict:
-        self.checkpointer.save(self.step)
+        self._save()
         self.say(f"{self.preemption.received or 'a signal on another rank'}: checkpoint written at step {self.step}")
         if self.env.is_main and self.t.requeue:
             self.say(requeue_slurm_job() or "not under SLURM: restart the same command to resume")
