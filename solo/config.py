@@ -50,6 +50,9 @@ LRScaling = choices("LRScaling", "linear", "sqrt", "none")
 WandbMode = choices("WandbMode", "auto", "online", "offline")
 # error: an unreadable image stops the run, naming it; skip: the next readable sample takes its place, counted.
 OnBadImage = choices("OnBadImage", "error", "skip")
+# Where the training views' pixels are computed: cpu (per sample, in the DataLoader workers), device (the
+# whole batch on the training device; parameters still drawn per sample in the workers), auto: device on CUDA.
+AugmentOn = choices("AugmentOn", "auto", "cpu", "device")
 
 
 @dataclass
@@ -71,6 +74,7 @@ class DataConfig:
     num_workers: Optional[int] = ruled(None, NON_NEGATIVE)  # DataLoader workers per process; None: what the machine has
     on_bad_image: OnBadImage = OnBadImage("error")
     check_images: int = ruled(100, NON_NEGATIVE)  # decoded at start, to find unreadable files before training
+    augment_on: AugmentOn = AugmentOn("auto")
     shards: Optional[str] = None  # webdataset only: the train shards, a brace pattern ('/data/{00000..00331}.tar')
     val_shards: Optional[str] = None  # webdataset only: the val shards; None: no validation
     shuffle_window: int = ruled(4, AT_LEAST_ONE)  # webdataset only: shards whose samples are shuffled together
@@ -203,7 +207,7 @@ SAFE_TO_CHANGE = (
     "trainer.keep_checkpoints", "trainer.preempt_signals", "trainer.requeue", "trainer.log_every_steps",
     "trainer.knn_k", "trainer.knn_temperature", "trainer.zero_shot_folder", "trainer.plots", "trainer.progress_bar", "trainer.channels_last",
     "trainer.accumulate",
-    "data.batch_size", "data.num_workers", "data.root", "data.file", "data.download", "logger", "imports",
+    "data.batch_size", "data.augment_on", "data.num_workers", "data.root", "data.file", "data.download", "logger", "imports",
 )
 
 

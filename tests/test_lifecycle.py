@@ -82,7 +82,7 @@ def test_multicrop_views_have_their_sizes_and_are_the_same_on_any_world_size():
         d = cfg.data.copy()
         d.batch_size = 8 // world
         splits = build_splits(d, env, seed=0, pairs=False)
-        loaders = build_loaders(splits, d, cfg.augmentation.views, env, seed=0, tokenizer=None, knn=False, pin_memory=False)
+        loaders = build_loaders(splits, d, cfg.augmentation.views, env, seed=0, tokenizer=None, knn=False, device=torch.device("cpu"))
         loaders.train.load_state_dict({"epoch": 1, "batch_in_epoch": 3})
         return next(iter(loaders.train)), splits.train
 

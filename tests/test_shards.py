@@ -180,13 +180,16 @@ def shard_overrides(spec, cache, batch, steps=3):
                         f"trainer.max_steps={steps}"]
 
 
-def test_training_on_shards_is_world_size_invariant(folder, tmp_path):
-    """1 process x 16 and 2 processes x 8 on shards with a broken sample: same weights (float64), same skips logged."""
+@pytest.mark.parametrize("augment_on", ["cpu", "device"])
+def test_training_on_shards_is_world_size_invariant(folder, tmp_path, augment_on):
+    """1 process x 16 and 2 processes x 8 on shards with a broken sample: same weights (float64), same skips logged.
+    The 2 processes make their views in the workers or on the device (JPEGs decoded there, PNGs in the workers):
+    the same views either way, so the same weights as the 1 process that makes them in its workers."""
     damaged_shards(folder[0], tmp_path / "shards")
     spec, cache = f"{tmp_path}/shards/{{00000..00007}}.tar", tmp_path / "cache"
     steps = (NUM_IMAGES - PER_SHARD) // 16 + 1  # the whole first epoch (what the cut shard leaves), into the second
-    run(shard_overrides(spec, cache, 16, steps), tmp_path / "w1")
-    out = run(shard_overrides(spec, cache, 8, steps), tmp_path / "w2", nproc=2)
+    run(shard_overrides(spec, cache, 16, steps) + ["data.augment_on=cpu"], tmp_path / "w1")
+    out = run(shard_overrides(spec, cache, 8, steps) + [f"data.augment_on={augment_on}"], tmp_path / "w2", nproc=2)
     assert "00007.tar" in out, "the damaged shard is reported at the start"
     one, two, start = weights(tmp_path / "w1"), weights(tmp_path / "w2"), weights_at_init(shard_overrides(spec, cache, 16))
     moved = max(float((one[k] - start[k]).abs().max()) for k in one if k.startswith("method."))  # the probe has 4 classes here

@@ -78,15 +78,17 @@ def metrics(run_dir) -> list[dict]:
 
 
 @pytest.mark.parametrize("precision, tolerance", [("64", 1e-10), pytest.param("32", 1e-4, marks=pytest.mark.slow)])
-@pytest.mark.parametrize("method", ["simclr", pytest.param("barlow_twins", marks=pytest.mark.slow)])
-def test_world_size_invariance(tmp_path, method, precision, tolerance):
-    """1 process with batch 16 and 2 processes with batch 8 end with the same weights (SyncBatchNorm on).
+@pytest.mark.parametrize("method, augment_on", [("simclr", "cpu"), ("simclr", "device"),
+                                                pytest.param("barlow_twins", "cpu", marks=pytest.mark.slow)])
+def test_world_size_invariance(tmp_path, method, augment_on, precision, tolerance):
+    """1 process with batch 16 and 2 processes with batch 8 end with the same weights (SyncBatchNorm on), with
+    the views made in the DataLoader workers or on the training device (here the CPU: the same batched code).
 
     In float64 the two agree to rounding (~1e-13): the step is exact. In float32 the rounding noise
     of one step is ~3e-6 of the largest gradient; after 3 LARS steps the weights differ by < 1e-4 of
     how far training moved them.
     """
-    common = TINY + [f"method={method}", "trainer.max_steps=3", f"trainer.precision={precision}"]
+    common = TINY + [f"method={method}", "trainer.max_steps=3", f"trainer.precision={precision}", f"data.augment_on={augment_on}"]
     run(common + ["data.batch_size=16"], tmp_path / "w1")
     run(common + ["data.batch_size=8"], tmp_path / "w2", nproc=2)
     one, two = weights(tmp_path / "w1"), weights(tmp_path / "w2")
@@ -101,6 +103,21 @@ def test_world_size_invariance(tmp_path, method, precision, tolerance):
             assert a["train/loss"] == pytest.approx(b["train/loss"], rel=tolerance)
 
 
+def test_views_made_on_the_device_train_as_those_made_in_the_workers(tmp_path):
+    """data.augment_on=device makes each batch's views at once from the parameters the workers drew; the CPU path
+    makes them sample by sample in the workers. Same views, so the same weights (float64, 1e-10 of their movement);
+    every augmentation operation is on (tests/test_augment.py checks each against torchvision)."""
+    views = "augmentation.views=[{crop_scale:[0.3,1.0],hflip_prob:0.5,blur_prob:0.5,solarize_prob:0.3,grayscale_prob:0.3}]"
+    common = TINY + ["trainer.max_steps=3", "trainer.precision=64", "data.batch_size=16", "data.num_workers=1",
+                     views.replace("}]", "},{crop_scale:[0.3,1.0],hue:0.1,blur_prob:0.5}]")]
+    run(common + ["data.augment_on=cpu"], tmp_path / "cpu")
+    run(common + ["data.augment_on=device"], tmp_path / "device")
+    cpu, device, start = weights(tmp_path / "cpu"), weights(tmp_path / "device"), weights_at_init(common)
+    moved = max(float((cpu[k] - start[k]).abs().max()) for k in cpu)
+    worst, name = max((float((cpu[k] - device[k]).abs().max()), k) for k in cpu)
+    assert worst <= 1e-10 * moved, f"{name}: the two paths differ by {worst}, training moved weights by up to {moved}"
+
+
 def weights_at_init(overrides) -> dict:
     from solo.train.trainer import build_model
 
@@ -110,9 +127,11 @@ def weights_at_init(overrides) -> dict:
 
 
 @pytest.mark.slow  # tests/test_lifecycle.py kills and resumes a 2-process run in the default suite
-def test_resume_after_kill_is_bit_identical(tmp_path):
+@pytest.mark.parametrize("augment_on", ["cpu", "device"])
+def test_resume_after_kill_is_bit_identical(tmp_path, augment_on):
     """Kill a 2-process run right after a mid-epoch checkpoint, restart it: same final weights as uninterrupted."""
-    common = TINY + ["data.num_samples=128", "data.batch_size=8", "trainer.max_steps=24", "trainer.checkpoint_every_steps=3"]
+    common = TINY + ["data.num_samples=128", "data.batch_size=8", "trainer.max_steps=24", "trainer.checkpoint_every_steps=3",
+                     f"data.augment_on={augment_on}"]
     run(common, tmp_path / "straight", nproc=2)
 
     killed = tmp_path / "killed"

@@ -323,6 +323,22 @@ class ImageFolderDataset:
         except Exception as e:
             raise ImageReadError(f"cannot read image {path}: {type(e).__name__}: {e}") from e
 
+    def label(self, index: int) -> int:
+        return self.samples[_check_index(index, len(self), "imagefolder")][1]
+
+    def image_bytes(self, index: int) -> Tuple[bytes, str]:
+        """The file's bytes, not decoded (data.augment_on=device decodes JPEGs there), and what to call it."""
+        path = self.samples[_check_index(index, len(self), "imagefolder")][0]
+        return read_file(path), f"image {path}"
+
+
+def read_file(path: str) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError as e:
+        raise ImageReadError(f"cannot read image {path}: {type(e).__name__}: {e}") from e
+
 
 def _is_image(filename: str) -> bool:
     return filename.lower().endswith(IMG_EXTENSIONS)

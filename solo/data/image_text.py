@@ -27,9 +27,9 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 import torch
 from PIL import Image
 
-from solo.data.datasets import DigitsDataset, ImageReadError, build_split, register_dataset
+from solo.data.datasets import DigitsDataset, ImageReadError, build_split, read_file, register_dataset
 from solo.errors import ConfigError, DataError, NotFound
-from solo.data.multiview import epoch_and_index, read_or_skip
+from solo.data.multiview import epoch_and_index, raw_image, raw_pixels, read_or_skip
 from solo.data.seeding import sample_seed, seeded_rng
 
 # ------------------------------------------------------------------------- captions
@@ -297,6 +297,11 @@ class CsvPairs(ImageTextPairs):
     def caption_options(self, index: int) -> List[str]:
         return [self.captions[self._check_index(index)]]
 
+    def image_bytes(self, index: int) -> Tuple[bytes, str]:
+        """The image file's bytes, not decoded (data.augment_on=device decodes JPEGs there), and what to call it."""
+        index = self._check_index(index)
+        return read_file(self.paths[index]), f"image {self.paths[index]} (row {index + 1} of {self.file})"
+
     def image(self, index: int) -> Image.Image:
         index = self._check_index(index)
         path = self.paths[index]
@@ -329,7 +334,8 @@ class ImageTextDataset:
     at start from their lengths alone, and a single UserWarning reports it.
     """
 
-    def __init__(self, pairs: ImageTextPairs, transform: Callable, tokenizer, seed: int, skip_bad: bool = False):
+    def __init__(self, pairs: ImageTextPairs, transform: Callable, tokenizer, seed: int, skip_bad: bool = False,
+                 raw: bool = False):
         if len(pairs) == 0:
             raise DataError(f"{type(pairs).__name__} is empty: no image-text pairs")
         self.pairs = pairs
@@ -337,6 +343,7 @@ class ImageTextDataset:
         self.tokenizer = tokenizer
         self.seed = seed
         self.skip_bad = skip_bad  # an unreadable image: the next readable pair (see read_or_skip)
+        self.raw = raw  # the image and its view's parameters (ViewRecipe.draw), for the view to be made on the device
         distinct = set(pairs.captions_to_check())
         truncated = sorted(c for c in distinct if tokenizer.truncates(c))
         self.truncated_captions = len(truncated)
@@ -361,9 +368,13 @@ class ImageTextDataset:
 
     def __getitem__(self, key: Tuple[int, int]) -> Dict:
         epoch, key_index = epoch_and_index(key, len(self), type(self).__name__)
-        image, index = read_or_skip(self.pairs.image, key_index, len(self), self.skip_bad)
+        image, index = read_or_skip(self._read_raw if self.raw else self.pairs.image, key_index, len(self), self.skip_bad)
         with seeded_rng(sample_seed(self.seed, epoch, key_index, 0)):
-            image = self.transform(image)
+            if self.raw:
+                image, height, width = image
+                sample = {"image": image, "params": self.transform.draw(height, width)}
+            else:
+                sample = {"image": self.transform(image)}
         options = self.pairs.caption_options(index)
         choice = 0
         if len(options) > 1:
@@ -371,7 +382,13 @@ class ImageTextDataset:
             choice = int(torch.randint(len(options), (1,), generator=g))
         text, _ = self.tokenizer.encode(options[choice])
         label = int(self.pairs.label(index))
-        return {"image": image, "text": text, "label": label, "index": key_index, "skipped": int(index != key_index)}
+        return {**sample, "text": text, "label": label, "index": key_index, "skipped": int(index != key_index)}
+
+
+    def _read_raw(self, index: int) -> tuple:
+        if hasattr(self.pairs, "image_bytes"):
+            return raw_image(*self.pairs.image_bytes(index))
+        return raw_pixels(self.pairs.image(index))
 
 
 class ZeroShotEvalDataset:

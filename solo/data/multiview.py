@@ -1,8 +1,14 @@
 """Dataset wrappers that turn base ``(image, label)`` samples into model inputs."""
 
+import io
 import operator
 from typing import Callable, Dict, Sequence, Tuple
 
+import torch
+from PIL import Image
+from torch.utils.data import default_collate
+
+from solo.data.augment import as_uint8_tensor
 from solo.data.datasets import ImageReadError
 from solo.data.seeding import sample_seed, seeded_rng
 from solo.errors import DataError
@@ -61,25 +67,72 @@ class MultiViewDataset:
     RNG state is left untouched.
     """
 
-    def __init__(self, base, view_transforms: Sequence[Callable], seed: int, skip_bad: bool = False):
+    def __init__(self, base, view_transforms: Sequence[Callable], seed: int, skip_bad: bool = False, raw: bool = False):
         if len(view_transforms) == 0:
             raise ValueError("MultiViewDataset needs at least one view transform")
         self.base = base
         self.view_transforms = list(view_transforms)
         self.seed = seed
         self.skip_bad = skip_bad  # unreadable images: the next readable sample (see read_or_skip)
+        # raw: the image and each view's parameters (ViewRecipe.draw), for the views to be made on the device
+        self.raw = raw
 
     def __len__(self) -> int:
         return len(self.base)
 
     def __getitem__(self, key: Tuple[int, int]) -> Dict:
         epoch, index = epoch_and_index(key, len(self), type(self).__name__)
-        (image, label), used = read_or_skip(self.base.__getitem__, index, len(self), self.skip_bad)
+        read = self._read_raw if self.raw else self.base.__getitem__
+        (image, label), used = read_or_skip(read, index, len(self), self.skip_bad)
+        sample = {"label": int(label), "index": index, "skipped": int(used != index)}
+        if self.raw:
+            image, height, width = image
+            params = []
+            for v, transform in enumerate(self.view_transforms):
+                with seeded_rng(sample_seed(self.seed, epoch, index, v)):
+                    params.append(transform.draw(height, width))
+            return {"image": image, "params": params, **sample}
         views = []
         for v, transform in enumerate(self.view_transforms):
             with seeded_rng(sample_seed(self.seed, epoch, index, v)):
                 views.append(transform(image))
-        return {"views": views, "label": int(label), "index": index, "skipped": int(used != index)}
+        return {"views": views, **sample}
+
+    def _read_raw(self, index: int) -> tuple:
+        if hasattr(self.base, "image_bytes"):
+            return raw_image(*self.base.image_bytes(index)), self.base.label(index)
+        image, label = self.base[index]
+        return raw_pixels(image), label
+
+
+def raw_pixels(image) -> tuple[torch.Tensor, int, int]:
+    """A decoded image for the device path: uint8 (3, H, W), H, W."""
+    pixels = as_uint8_tensor(image)
+    return pixels, pixels.shape[-2], pixels.shape[-1]
+
+
+def raw_image(data: bytes, name: str) -> tuple[torch.Tensor, int, int]:
+    """An image file's bytes for the device path, with its height and width. A JPEG (RGB or grey) that parses and
+    ends with its end-of-image marker stays encoded, as a 1-D uint8 tensor, for the device to decode (nvJPEG on
+    a GPU); anything else is decoded here, so a truncated or broken file is unreadable here exactly as on the CPU
+    path (and skipped the same way with data.on_bad_image=skip)."""
+    try:
+        with Image.open(io.BytesIO(data)) as img:
+            width, height = img.size
+            if img.format == "JPEG" and img.mode in ("RGB", "L") and data.rstrip(b"\0").endswith(b"\xff\xd9"):
+                return torch.frombuffer(bytearray(data), dtype=torch.uint8), height, width
+            return raw_pixels(img.convert("RGB"))
+    except Exception as e:
+        raise ImageReadError(f"cannot decode {name}: {type(e).__name__}: {e}") from e
+
+
+def collate_raw(samples: list[dict]) -> dict:
+    """DataLoader collation of raw samples: images of one size are stacked (one copy to the device), of several
+    sizes kept as a list; the rest is collated as usual."""
+    batch = default_collate([{k: v for k, v in s.items() if k != "image"} for s in samples])
+    images = [s["image"] for s in samples]
+    batch["image"] = torch.stack(images) if len({im.shape for im in images}) == 1 else images
+    return batch
 
 
 class EvalDataset:

@@ -199,16 +199,21 @@ class ShardDataset:
         shard_id, key, _ = self.samples[index]
         return f"sample {key!r} of shard {self.shards[shard_id]}"
 
-    def image(self, index: int) -> Image.Image:
+    def image_bytes(self, index: int) -> Tuple[bytes, str]:
+        """The image member's bytes, not decoded (data.augment_on=device decodes JPEGs there), and what to call it."""
         _, _, members = self.samples[index]
         ext = next((e for e in IMAGE_EXTENSIONS if e in members), None)
         if ext is None:
             raise ImageReadError(f"{self.describe(index)} has no image (members: {sorted(members)})")
+        return self.member(index, ext), self.describe(index)
+
+    def image(self, index: int) -> Image.Image:
+        data, name = self.image_bytes(index)
         try:
-            with Image.open(io.BytesIO(self.member(index, ext))) as img:
+            with Image.open(io.BytesIO(data)) as img:
                 return img.convert("RGB")
         except Exception as e:
-            raise ImageReadError(f"cannot decode {self.describe(index)}: {type(e).__name__}: {e}") from e
+            raise ImageReadError(f"cannot decode {name}: {type(e).__name__}: {e}") from e
 
     def label(self, index: int) -> int:
         return self.labels[index]
@@ -239,10 +244,10 @@ class ShardDataset:
 class ShardPairs(ShardDataset, ImageTextPairs):
     """Image-text pairs of WebDataset shards: the image and the caption in its `.txt` member."""
 
-    def image(self, index: int) -> Image.Image:
+    def image_bytes(self, index: int) -> Tuple[bytes, str]:
         if "txt" not in self.samples[index][2]:  # a pair without its caption is as unusable as a broken image
             raise ImageReadError(f"{self.describe(index)} has no caption (.txt)")
-        return super().image(index)
+        return super().image_bytes(index)
 
     def caption_options(self, index: int) -> List[str]:
         raw = self.member(index, "txt")

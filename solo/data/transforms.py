@@ -1,7 +1,7 @@
-"""Image transforms: random views for pretraining, a fixed one for evaluation.
+"""Image transforms: random views for pretraining (their recipes; solo.data.augment draws and applies them),
+a fixed one for evaluation.
 
-All randomness comes from the torch global CPU RNG (torchvision v2 draws its
-parameters there), so :func:`solo.data.seeding.seeded_rng` fully controls it.
+All randomness comes from the torch global CPU RNG, so :func:`solo.data.seeding.seeded_rng` fully controls it.
 """
 
 from dataclasses import dataclass, field, fields
@@ -9,6 +9,8 @@ from typing import List, Mapping, Optional, Sequence, Union
 
 import torch
 from torchvision.transforms import v2
+
+from solo.data.augment import ViewRecipe, blur_kernel_size
 
 
 @dataclass
@@ -77,41 +79,15 @@ def view_sizes(views: Sequence[AugmentationLike], image_size: int) -> List[int]:
     return [size for _, size in expand_views(views, image_size)]
 
 
-def build_view_transforms(views: Sequence[AugmentationLike], image_size: int, mean, std) -> List[v2.Compose]:
+def build_view_transforms(views: Sequence[AugmentationLike], image_size: int, mean, std) -> List[ViewRecipe]:
     """One transform per view (see expand_views)."""
     return [build_view_transform(aug, size, mean, std) for aug, size in expand_views(views, image_size)]
 
 
-def blur_kernel_size(image_size: int) -> int:
-    """~10% of the image side, odd (SimCLR: 23 for 224), at least 3 so blur does something."""
-    return max(3, int(0.1 * image_size) // 2 * 2 + 1)
-
-
-def build_view_transform(
-    aug: AugmentationLike, image_size: int, mean: Sequence[float], std: Sequence[float]
-) -> v2.Compose:
-    """PIL RGB image -> normalised float32 tensor (3, image_size, image_size), randomly augmented."""
-    aug = as_view_augmentation(aug)
-    # Work on uint8 tensors: faster than PIL and solarize's 128 threshold is in uint8 units.
-    ops = [
-        v2.ToImage(),
-        v2.RandomResizedCrop(image_size, scale=tuple(aug.crop_scale), antialias=True),
-    ]
-    # Steps with probability 0 are left out: they would only draw unused random numbers.
-    if aug.hflip_prob > 0:
-        ops.append(v2.RandomHorizontalFlip(p=aug.hflip_prob))
-    if aug.jitter_prob > 0:
-        jitter = v2.ColorJitter(aug.brightness, aug.contrast, aug.saturation, aug.hue)
-        ops.append(v2.RandomApply([jitter], p=aug.jitter_prob))
-    if aug.grayscale_prob > 0:
-        ops.append(v2.RandomGrayscale(p=aug.grayscale_prob))  # keeps 3 channels
-    if aug.blur_prob > 0:
-        blur = v2.GaussianBlur(blur_kernel_size(image_size), sigma=(0.1, 2.0))
-        ops.append(v2.RandomApply([blur], p=aug.blur_prob))
-    if aug.solarize_prob > 0:
-        ops.append(v2.RandomSolarize(threshold=128, p=aug.solarize_prob))
-    ops += [v2.ToDtype(torch.float32, scale=True), v2.Normalize(list(mean), list(std))]
-    return v2.Compose(ops)
+def build_view_transform(aug: AugmentationLike, image_size: int, mean: Sequence[float], std: Sequence[float]) -> ViewRecipe:
+    """PIL RGB image (or uint8 (3, H, W) tensor) -> normalised float32 tensor (3, image_size, image_size), randomly
+    augmented; its parameters can also be drawn and applied to a whole batch on a device (solo.data.augment)."""
+    return ViewRecipe(as_view_augmentation(aug), image_size, mean, std)
 
 
 def build_eval_transform(

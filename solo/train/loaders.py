@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader
 
@@ -19,7 +20,8 @@ from solo.data import (
     build_split,
     build_view_transforms,
 )
-from solo.data.multiview import check_images
+from solo.data.augment import DeviceViews
+from solo.data.multiview import check_images, collate_raw
 from solo.data.source import DataSource, MapDataSource, loader_workers
 from solo.distributed import DistEnv
 from solo.errors import ConfigError
@@ -43,6 +45,7 @@ class Loaders:
     val: DataLoader | None  # the val split with the eval transform, sharded over ranks
     train_eval: DataLoader | None  # the train split with the eval transform (the online k-NN's memory bank)
     unreadable: list[str]  # among the first data.check_images train images (data.on_bad_image=skip)
+    device_views: DeviceViews | None  # data.augment_on=device: makes the train batch's views on the device
     zero_shot: DataLoader | None = None  # trainer.zero_shot_folder's images, sharded over ranks
     zero_shot_prompts: list[list[str]] | None = None  # ... and its classes' prompts
 
@@ -59,9 +62,10 @@ def build_splits(d, env: DistEnv, seed: int, pairs: bool) -> Splits:
     return Splits(train, val, pairs)
 
 
-def build_loaders(splits: Splits, d, views, env: DistEnv, *, seed: int, tokenizer, knn: bool, pin_memory: bool,
+def build_loaders(splits: Splits, d, views, env: DistEnv, *, seed: int, tokenizer, knn: bool, device: torch.device,
                   zero_shot_folder: str | None = None) -> Loaders:
     """`views`: the augmentation's view recipes; `tokenizer`: for image-text pairs; `knn`: build the train_eval loader;
+    `device`: the training device (pinned memory on CUDA; data.augment_on=auto makes the views there on CUDA);
     `zero_shot_folder`: an ImageFolder split to classify zero-shot (image-text methods)."""
     entry = DATASETS[d.name]
     mean, std = entry.stats
@@ -70,14 +74,16 @@ def build_loaders(splits: Splits, d, views, env: DistEnv, *, seed: int, tokenize
     skip = str(d.on_bad_image) == "skip"
     read = splits.train.image if splits.pairs else splits.train.__getitem__
     unreadable = getattr(splits.train, "problems", []) + check_images(read, min(d.check_images, len(splits.train)), skip)
+    on_device = str(d.augment_on) == "device" or (str(d.augment_on) == "auto" and device.type == "cuda")
     if splits.pairs:
-        train_set = ImageTextDataset(splits.train, transforms[0], tokenizer, seed=seed, skip_bad=skip)
+        train_set = ImageTextDataset(splits.train, transforms[0], tokenizer, seed=seed, skip_bad=skip, raw=on_device)
     else:
-        train_set = MultiViewDataset(splits.train, transforms, seed=seed, skip_bad=skip)
+        train_set = MultiViewDataset(splits.train, transforms, seed=seed, skip_bad=skip, raw=on_device)
     workers = loader_workers(d.num_workers)
-    loader_args = dict(num_workers=workers, pin_memory=pin_memory, persistent_workers=workers > 0)
+    loader_args = dict(num_workers=workers, pin_memory=device.type == "cuda", persistent_workers=workers > 0)
     order = getattr(splits.train, "epoch_order", None)  # the dataset's own order (shards: with locality), else random
-    source = MapDataSource(train_set, d.batch_size, env.rank, env.world_size, seed, order, **loader_args)
+    source = MapDataSource(train_set, d.batch_size, env.rank, env.world_size, seed, order,
+                           **loader_args, **({"collate_fn": collate_raw} if on_device else {}))
 
     def sharded(dataset) -> DataLoader:
         shard = list(range(env.rank, len(dataset), env.world_size))
@@ -92,7 +98,7 @@ def build_loaders(splits: Splits, d, views, env: DistEnv, *, seed: int, tokenize
         val = sharded(EvalDataset(splits.val, eval_transform))
     if knn and val is not None and splits.num_classes:  # the k-NN's train features: no augmentation
         train_eval = sharded(EvalDataset(splits.train, eval_transform))
-    loaders = Loaders(source, val, train_eval, unreadable)
+    loaders = Loaders(source, val, train_eval, unreadable, DeviceViews(transforms, splits.pairs) if on_device else None)
     if zero_shot_folder:
         if not splits.pairs:
             raise ConfigError(f"trainer.zero_shot_folder={zero_shot_folder}: zero-shot classification needs an image-text "

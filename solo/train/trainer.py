@@ -103,7 +103,7 @@ class Trainer:
         forward = distribute(model, device, sync_batchnorm=t.sync_batchnorm, keep_local=keep_local)
 
         self.loaders = build_loaders(splits, cfg.data, cfg.augmentation.views, env, seed=t.seed, knn=t.knn_k > 0,
-                                     tokenizer=getattr(model.method, "tokenizer", None), pin_memory=device.type == "cuda",
+                                     tokenizer=getattr(model.method, "tokenizer", None), device=device,
                                      zero_shot_folder=t.zero_shot_folder)
         self.source = source = self.loaders.train
         if self.loaders.unreadable:
@@ -249,6 +249,8 @@ class Trainer:
             self.logger.close()
 
     def _to_device(self, batch: dict) -> dict:
+        if self.loaders.device_views is not None:
+            batch = self.loaders.device_views(batch, self.device)
         fmt = torch.channels_last if self.channels_last else torch.preserve_format
 
         def move(x):

@@ -1,0 +1,240 @@
+"""A view as its parameters: every random choice is drawn on the CPU, then applied to one image or to a batch.
+
+`ViewRecipe.draw` draws one view's parameters (crop box, flip, colour jitter factors and order, grayscale,
+blur sigma, solarisation) from the torch CPU RNG, which solo seeds per (seed, epoch, sample, view).
+`ViewRecipe.apply_batch` applies them to a batch of images at once, each sample with its own parameters,
+on whatever device the images are: the whole batch on the GPU (`data.augment_on=device`), or one sample at
+a time in the DataLoader workers (`data.augment_on=cpu`). One implementation for both, so a view is the
+same on either path (to the devices' rounding).
+
+The parameters and the pixel operations follow torchvision's transforms (RandomResizedCrop,
+RandomHorizontalFlip, ColorJitter in a random order inside RandomApply, RandomGrayscale, GaussianBlur inside
+RandomApply, RandomSolarize at 128 of 255): the tests check every operation against torchvision's functional
+ops on float images. Pixels are float32 in [0, 1] from the crop's resize on (no uint8 rounding in between).
+kornia's batched augmentations were not used: its ColorJitter takes one order of operations per batch (we
+need one per sample) and its resized crop samples without antialiasing, unlike torchvision's CPU path.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import torch
+import torch.nn.functional as F
+from torchvision.io import ImageReadMode, decode_jpeg
+from torchvision.transforms.v2 import functional as TF
+
+# One view's parameters, as a float64 vector (integers are exact): what the DataLoader collates per view.
+FIELDS = ("top", "left", "height", "width", "flip", "jitter", "brightness", "contrast", "saturation", "hue",
+          "order0", "order1", "order2", "order3", "grayscale", "blur", "sigma", "solarize")
+AT = {name: i for i, name in enumerate(FIELDS)}
+JITTER = ("brightness", "contrast", "saturation", "hue")  # ColorJitter's operations, numbered as in "order*"
+SOLARIZE_THRESHOLD = 128 / 255  # RandomSolarize(threshold=128) on uint8 images, in [0, 1] units
+GREY_WEIGHTS = (0.2989, 0.587, 0.114)  # ITU-R 601-2 luma, as torchvision's rgb_to_grayscale
+
+
+def blur_kernel_size(image_size: int) -> int:
+    """~10% of the image side, odd (SimCLR: 23 for 224), at least 3 so blur does something."""
+    return max(3, int(0.1 * image_size) // 2 * 2 + 1)
+
+
+def _uniform(low: float, high: float) -> float:
+    return float(torch.empty(1, dtype=torch.float64).uniform_(low, high))
+
+
+def _coin(p: float) -> float:
+    return float(_uniform(0.0, 1.0) < p)
+
+
+def crop_box(height: int, width: int, scale: Sequence[float], ratio=(3 / 4, 4 / 3)) -> tuple[int, int, int, int]:
+    """RandomResizedCrop's box (top, left, height, width): an area fraction in `scale` and an aspect ratio in
+    `ratio` (log-uniform), up to 10 tries; else the whole image's centre, its aspect clamped to `ratio`."""
+    area = height * width
+    log_ratio = (math.log(ratio[0]), math.log(ratio[1]))
+    for _ in range(10):
+        target = area * _uniform(scale[0], scale[1])
+        aspect = math.exp(_uniform(*log_ratio))
+        w, h = round(math.sqrt(target * aspect)), round(math.sqrt(target / aspect))
+        if 0 < w <= width and 0 < h <= height:
+            top = int(torch.randint(0, height - h + 1, (1,)))
+            left = int(torch.randint(0, width - w + 1, (1,)))
+            return top, left, h, w
+    aspect = width / height
+    if aspect < ratio[0]:
+        w, h = width, int(round(width / ratio[0]))
+    elif aspect > ratio[1]:
+        h, w = height, int(round(height * ratio[1]))
+    else:
+        w, h = width, height
+    return (height - h) // 2, (width - w) // 2, h, w
+
+
+class ViewRecipe:
+    """One view: an augmentation recipe (solo.data.transforms.ViewAugmentation) at an output `size`, normalised
+    with `mean` and `std`. Called on an image (PIL or a uint8 (3, H, W) tensor) it is the CPU path: draw, apply."""
+
+    def __init__(self, aug, size: int, mean: Sequence[float], std: Sequence[float]):
+        self.aug, self.size = aug, size
+        self.mean, self.std = [float(m) for m in mean], [float(s) for s in std]
+        self.kernel = blur_kernel_size(size)
+        # Operations whose recipe can change nothing are left out of both paths.
+        self.jitter_ops = [i for i, op in enumerate(JITTER) if getattr(aug, op) > 0] if aug.jitter_prob > 0 else []
+
+    def draw(self, height: int, width: int) -> torch.Tensor:
+        """This view's parameters for an image of `height` x `width`, from the torch CPU RNG."""
+        a = self.aug
+        p = torch.zeros(len(FIELDS), dtype=torch.float64)
+        p[AT["top"]], p[AT["left"]], p[AT["height"]], p[AT["width"]] = crop_box(height, width, a.crop_scale)
+        p[AT["flip"]] = _coin(a.hflip_prob)
+        p[AT["jitter"]] = _coin(a.jitter_prob)
+        for op, spread in zip(JITTER, (a.brightness, a.contrast, a.saturation, a.hue)):
+            if op == "hue":
+                p[AT[op]] = _uniform(-spread, spread) if spread > 0 else 0.0
+            else:
+                p[AT[op]] = _uniform(max(0.0, 1 - spread), 1 + spread) if spread > 0 else 1.0
+        p[AT["order0"] : AT["order3"] + 1] = torch.randperm(4).double()
+        p[AT["grayscale"]] = _coin(a.grayscale_prob)
+        p[AT["blur"]] = _coin(a.blur_prob)
+        p[AT["sigma"]] = _uniform(0.1, 2.0)
+        p[AT["solarize"]] = _coin(a.solarize_prob)
+        return p
+
+    def __call__(self, image) -> torch.Tensor:
+        """The CPU path: one view of one image (PIL or uint8 (3, H, W)), normalised float32 (3, size, size)."""
+        pixels = as_uint8_tensor(image)
+        return self.apply_batch([pixels], self.draw(pixels.shape[-2], pixels.shape[-1])[None])[0]
+
+    def apply_batch(self, images: torch.Tensor | list[torch.Tensor], p: torch.Tensor) -> torch.Tensor:
+        """The views of a batch, on the images' device: `images` uint8 (3, H_i, W_i) tensors (or one (B, 3, H, W)
+        tensor), `p` their (B, len(FIELDS)) parameters, on the CPU. Returns normalised float32 (B, 3, size, size).
+
+        Each operation runs on the whole batch and each sample keeps its result or its input, by its own
+        parameters; an operation that no sample of the batch needs is skipped (decided on the CPU copy)."""
+        boxes = p[:, : AT["width"] + 1].long().tolist()
+        needed = p > 0  # on the CPU: which fields are on for any sample, without reading the device
+        device = p.to(images[0].device, torch.float32, non_blocking=True)
+
+        def column(name: str) -> torch.Tensor:
+            return device[:, AT[name]].view(-1, 1, 1, 1)
+
+        def where(name: str, changed: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+            return changed if bool(needed[:, AT[name]].all()) else torch.where(column(name) > 0, changed, x)
+
+        x = crop_resize(images, boxes, self.size)
+        if needed[:, AT["flip"]].any():
+            x = where("flip", x.flip(-1), x)
+        if needed[:, AT["jitter"]].any():
+            for k in range(4):  # ColorJitter's k-th operation, in each sample's own order
+                for op in self.jitter_ops:
+                    chosen_cpu = needed[:, AT["jitter"]] & (p[:, AT[f"order{k}"]] == op)
+                    if not chosen_cpu.any():
+                        continue
+                    chosen = (column("jitter") > 0) & (column(f"order{k}") == op)
+                    factor = column(JITTER[op])
+                    if JITTER[op] == "hue":
+                        x = torch.where(chosen, shift_hue(x, factor), x)
+                    else:  # a factor of 1 leaves brightness, contrast and saturation as they are
+                        x = BLENDS[op](x, torch.where(chosen, factor, torch.ones_like(factor)))
+        if needed[:, AT["grayscale"]].any():
+            x = where("grayscale", grey(x).expand_as(x), x)
+        if needed[:, AT["blur"]].any():
+            x = where("blur", gaussian_blur(x, device[:, AT["sigma"]], self.kernel), x)
+        if needed[:, AT["solarize"]].any():
+            x = torch.where((column("solarize") > 0) & (x >= SOLARIZE_THRESHOLD), 1 - x, x)
+        mean, std = (x.new_tensor(v).view(1, 3, 1, 1) for v in (self.mean, self.std))
+        return (x - mean) / std
+
+
+def as_uint8_tensor(image) -> torch.Tensor:
+    """A PIL image or uint8 tensor as a uint8 (3, H, W) RGB tensor."""
+    return image if isinstance(image, torch.Tensor) else TF.pil_to_tensor(image.convert("RGB"))
+
+
+def crop_resize(images, boxes: list[list[int]], size: int) -> torch.Tensor:
+    """Each image's box (top, left, height, width) resized to size x size (bilinear, antialiased, as
+    torchvision's resized_crop), in float32 [0, 1]. One small resize per sample: boxes differ in size."""
+    out = []
+    for image, (top, left, h, w) in zip(images, boxes):
+        crop = image[None, :, top : top + h, left : left + w].float()
+        out.append(F.interpolate(crop, size=(size, size), mode="bilinear", antialias=True, align_corners=False))
+    return torch.cat(out).div_(255.0)
+
+
+def grey(x: torch.Tensor) -> torch.Tensor:
+    r, g, b = x.unbind(1)
+    return (GREY_WEIGHTS[0] * r + GREY_WEIGHTS[1] * g + GREY_WEIGHTS[2] * b).unsqueeze(1)
+
+
+def _blend(x: torch.Tensor, other: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
+    return (factor * x + (1 - factor) * other).clamp(0, 1)
+
+
+BLENDS = (
+    lambda x, f: _blend(x, torch.zeros_like(x), f),  # brightness: towards black
+    lambda x, f: _blend(x, grey(x).mean(dim=(1, 2, 3), keepdim=True), f),  # contrast: towards the mean grey
+    lambda x, f: _blend(x, grey(x), f),  # saturation: towards the grey image
+)
+
+
+def shift_hue(x: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
+    """Rotate each image's hue by its `shift` (B, 1, 1, 1) of a full turn, through HSV."""
+    high, low = x.max(dim=1).values, x.min(dim=1).values
+    spread = high - low
+    r, g, b = x.unbind(1)
+    safe = torch.where(spread > 0, spread, torch.ones_like(spread))
+    hue = torch.where(high == r, (g - b) / safe, torch.where(high == g, 2 + (b - r) / safe, 4 + (r - g) / safe))
+    hue = torch.where(spread > 0, hue / 6, torch.zeros_like(hue))
+    hue = (hue + shift.view(-1, 1, 1)).remainder(1.0)
+    saturation = spread / torch.where(high > 0, high, torch.ones_like(high))
+    # HSV -> RGB: each channel from its own offset around the colour wheel.
+    channels = []
+    for offset in (5.0, 3.0, 1.0):
+        k = (offset + hue * 6).remainder(6)
+        channels.append(high - high * saturation * (torch.minimum(k, 4 - k).clamp(0, 1)))
+    return torch.stack(channels, dim=1).clamp(0, 1)
+
+
+def gaussian_blur(x: torch.Tensor, sigma: torch.Tensor, kernel: int) -> torch.Tensor:
+    """Each image blurred with its own `sigma` (B,), by a separable `kernel`-tap Gaussian with reflected edges
+    (torchvision's GaussianBlur kernel: exp(-(t / sigma)^2) at t evenly spaced in +-(kernel - 1) / (2 sqrt 2))."""
+    b, c, h, w = x.shape
+    reach = (kernel - 1) / (2 * math.sqrt(2))
+    t = torch.linspace(-reach, reach, kernel, device=x.device, dtype=x.dtype)
+    weights = torch.softmax(-(t / sigma.to(x.dtype).view(-1, 1)) ** 2, dim=1).repeat_interleave(c, dim=0)  # (B*C, k)
+    pad = kernel // 2
+    flat = F.pad(x.reshape(1, b * c, h, w), (pad, pad, pad, pad), mode="reflect")
+    flat = F.conv2d(flat, weights.view(b * c, 1, 1, kernel), groups=b * c)
+    flat = F.conv2d(flat, weights.view(b * c, 1, kernel, 1), groups=b * c)
+    return flat.view(b, c, h, w)
+
+
+class DeviceViews:
+    """`data.augment_on=device`: turns a raw batch (uint8 images, each view's parameters; see
+    MultiViewDataset(raw=True)) into its views on the training device, the whole batch at once."""
+
+    def __init__(self, recipes: Sequence[ViewRecipe], pairs: bool):
+        self.recipes, self.pairs = list(recipes), pairs
+
+    def __call__(self, batch: dict, device: torch.device) -> dict:
+        batch = dict(batch)
+        images = batch.pop("image")
+        images = decode(images, device) if isinstance(images, list) else images.to(device, non_blocking=True)
+        params = batch.pop("params")
+        if self.pairs:  # image-text pairs: one view, the image
+            batch["image"] = self.recipes[0].apply_batch(images, params)
+        else:
+            batch["views"] = [recipe.apply_batch(images, p) for recipe, p in zip(self.recipes, params)]
+        return batch
+
+
+def decode(images: list[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
+    """The batch's images as uint8 (3, H, W) tensors on `device`: those still encoded (1-D JPEG bytes, see
+    solo.data.multiview.raw_image) decoded there in one call (nvJPEG on a GPU), the others moved there."""
+    encoded = [i for i, image in enumerate(images) if image.dim() == 1]
+    out = list(images)
+    if encoded:
+        decoded = decode_jpeg([images[i] for i in encoded], mode=ImageReadMode.RGB, device=device)
+        for i, image in zip(encoded, decoded):
+            out[i] = image
+    return [image.to(device, non_blocking=True) for image in out]
