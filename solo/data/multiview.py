@@ -8,7 +8,7 @@ import torch
 from PIL import Image
 from torch.utils.data import default_collate
 
-from solo.data.augment import as_uint8_tensor
+from solo.data.augment import as_uint8_tensor, decode
 from solo.data.datasets import ImageReadError
 from solo.data.seeding import sample_seed, seeded_rng
 from solo.errors import DataError
@@ -61,10 +61,17 @@ class MultiViewDataset:
     """Several augmented views per sample, reproducible from (seed, epoch, index, view).
 
     Keys are ``(epoch, index)`` tuples (the epoch-aware sampler yields them), so
-    the epoch reaches DataLoader workers without shared state. View ``v`` is
-    computed inside ``seeded_rng(sample_seed(seed, epoch, index, v))``: the result
+    the epoch reaches DataLoader workers without shared state. View ``v``'s parameters
+    are drawn inside ``seeded_rng(sample_seed(seed, epoch, index, v))``: the result
     does not depend on rank, worker, world size or read order, and the caller's
     RNG state is left untouched.
+
+    A DataLoader worker reads a whole batch (``__getitems__``): the images (JPEG files
+    decoded by torchvision's decode_jpeg, others by PIL) and each view's parameters,
+    then makes each view of all its samples at once (solo.data.augment's batched
+    operations, which give every sample the same view as alone). With ``raw`` it
+    returns the images (JPEGs still encoded) and the parameters instead, for the
+    views to be made on the device.
     """
 
     def __init__(self, base, view_transforms: Sequence[Callable], seed: int, skip_bad: bool = False, raw: bool = False):
@@ -74,31 +81,38 @@ class MultiViewDataset:
         self.view_transforms = list(view_transforms)
         self.seed = seed
         self.skip_bad = skip_bad  # unreadable images: the next readable sample (see read_or_skip)
-        # raw: the image and each view's parameters (ViewRecipe.draw), for the views to be made on the device
         self.raw = raw
 
     def __len__(self) -> int:
         return len(self.base)
 
     def __getitem__(self, key: Tuple[int, int]) -> Dict:
-        epoch, index = epoch_and_index(key, len(self), type(self).__name__)
-        read = self._read_raw if self.raw else self.base.__getitem__
-        (image, label), used = read_or_skip(read, index, len(self), self.skip_bad)
-        sample = {"label": int(label), "index": index, "skipped": int(used != index)}
-        if self.raw:
-            image, height, width = image
-            params = []
-            for v, transform in enumerate(self.view_transforms):
-                with seeded_rng(sample_seed(self.seed, epoch, index, v)):
-                    params.append(transform.draw(height, width))
-            return {"image": image, "params": params, **sample}
-        views = []
-        for v, transform in enumerate(self.view_transforms):
-            with seeded_rng(sample_seed(self.seed, epoch, index, v)):
-                views.append(transform(image))
-        return {"views": views, **sample}
+        return self.__getitems__([key])[0]
 
-    def _read_raw(self, index: int) -> tuple:
+    def __getitems__(self, keys: list) -> list[Dict]:
+        samples = [self._raw_sample(key) for key in keys]
+        if self.raw:
+            return samples
+        images = decode([sample.pop("image") for sample in samples], torch.device("cpu"))
+        params = [sample.pop("params") for sample in samples]
+        for sample in samples:
+            sample["views"] = []
+        for v, recipe in enumerate(self.view_transforms):
+            for sample, view in zip(samples, recipe.apply_batch(images, torch.stack([p[v] for p in params]))):
+                sample["views"].append(view)
+        return samples
+
+    def _raw_sample(self, key: Tuple[int, int]) -> Dict:
+        """The sample's image (its next readable one, with skip_bad) and each view's parameters."""
+        epoch, index = epoch_and_index(key, len(self), type(self).__name__)
+        ((image, height, width), label), used = read_or_skip(self._read, index, len(self), self.skip_bad)
+        params = []
+        for v, recipe in enumerate(self.view_transforms):
+            with seeded_rng(sample_seed(self.seed, epoch, index, v)):
+                params.append(recipe.draw(height, width))
+        return {"image": image, "params": params, "label": int(label), "index": index, "skipped": int(used != index)}
+
+    def _read(self, index: int) -> tuple:
         if hasattr(self.base, "image_bytes"):
             return raw_image(*self.base.image_bytes(index)), self.base.label(index)
         image, label = self.base[index]
@@ -106,7 +120,7 @@ class MultiViewDataset:
 
 
 def raw_pixels(image) -> tuple[torch.Tensor, int, int]:
-    """A decoded image for the device path: uint8 (3, H, W), H, W."""
+    """A decoded image as uint8 (3, H, W), H, W."""
     pixels = as_uint8_tensor(image)
     return pixels, pixels.shape[-2], pixels.shape[-1]
 

@@ -43,7 +43,9 @@ def seeded_rng(seed: int) -> Iterator[None]:
     py_state = random.getstate()
     # devices=[]: only the CPU generator; data transforms never touch CUDA RNGs.
     with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
+        # The CPU generator only: torch.manual_seed would also queue a lazy seeding of every accelerator's
+        # generators, recording a stack trace each time (about 1 ms per view).
+        torch.default_generator.manual_seed(seed)
         random.seed(seed)
         try:
             yield

@@ -1,7 +1,8 @@
 """Image transforms: random views for pretraining (their recipes; solo.data.augment draws and applies them),
 a fixed one for evaluation.
 
-All randomness comes from the torch global CPU RNG, so :func:`solo.data.seeding.seeded_rng` fully controls it.
+All randomness comes from the global CPU RNGs (torch and Python), so :func:`solo.data.seeding.seeded_rng` fully
+controls it.
 """
 
 from dataclasses import dataclass, field, fields
