@@ -9,8 +9,10 @@ projector (Linear-BN-ReLU-Linear), a single-process NT-Xent, an SGD step; nothin
 method=simclr` on `data=synthetic` (images generated, decoded and augmented by the DataLoader workers, as any
 data set is), the same backbone, projector sizes, per-process batch and precision, SGD, without the online probe;
 with `--nproc` > 1 through torchrun, so the global batch is nproc x batch. Its samples/s are what the trainer
-logs (`train/img_per_s`, over windows of `--log-every` steps; the median after the first window). The last
-column is solo's samples/s per process over the limit's.
+logs (`train/img_per_s`, over windows of `--log-every` steps; the median after the first window). The last column
+compares like with like: on GPUs (one per process) solo's samples/s per process over the limit's; on the CPU,
+where the processes share the machine's cores that the limit's one process has to itself, solo's samples/s of
+all processes together over the limit's.
 """
 
 from __future__ import annotations
@@ -104,12 +106,14 @@ def main() -> None:
     print(f"{args.backbone} (small stem {args.small_stem}), {args.image_size} px, batch {args.batch} per process, "
           f"precision {args.precision}, {args.device}, {os.cpu_count()} CPUs ({threads} torch threads in the bare loop)")
     limit = bare_samples_per_second(args)
-    print("| run | processes | samples/s | per process | per process / limit |")
+    per_device = args.device.startswith("cuda")
+    print(f"| run | processes | samples/s | per process | {'per process' if per_device else 'all processes'} / limit |")
     print("|---|---|---|---|---|")
     print(f"| bare PyTorch loop (the limit) | 1 | {limit:,.1f} | {limit:,.1f} | 1.00 |", flush=True)
     for nproc in args.nproc:
         rate = solo_samples_per_second(args, nproc)
-        print(f"| solo `main_pretrain.py method=simclr` | {nproc} | {rate:,.1f} | {rate / nproc:,.1f} | {rate / nproc / limit:.2f} |", flush=True)
+        ratio = rate / nproc / limit if per_device else rate / limit
+        print(f"| solo `main_pretrain.py method=simclr` | {nproc} | {rate:,.1f} | {rate / nproc:,.1f} | {ratio:.2f} |", flush=True)
 
 
 if __name__ == "__main__":

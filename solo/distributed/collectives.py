@@ -16,6 +16,10 @@ import torch.distributed as dist
 
 from solo.distributed.env import rank, world_size
 
+# torch 2.14 renamed the tensor collectives (the old names warn); older versions have the old names only.
+_all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+_reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
 
 _known_sizes: dict | None = None
 
@@ -45,7 +49,7 @@ def batch_sizes(n_local: int, device: torch.device | None = None) -> list[int]:
         return _known_sizes[n_local]
     size = torch.tensor([n_local], dtype=torch.long, device=device)
     sizes = torch.empty(world_size(), dtype=torch.long, device=device)
-    dist.all_gather_into_tensor(sizes, size)
+    _all_gather(sizes, size)
     sizes = sizes.tolist()
     if _known_sizes is not None:
         _known_sizes[n_local] = sizes
@@ -65,7 +69,7 @@ class _Gather(torch.autograd.Function):
         longest = max(sizes)
         # Ragged batches travel padded to the longest one and are trimmed on arrival.
         out = x.new_empty((longest * len(sizes), *x.shape[1:]))
-        dist.all_gather_into_tensor(out, _pad_rows(x.contiguous(), longest))
+        _all_gather(out, _pad_rows(x.contiguous(), longest))
         if all(s == longest for s in sizes):
             return out
         return torch.cat([chunk[:s] for chunk, s in zip(out.split(longest), sizes)])
@@ -76,7 +80,7 @@ class _Gather(torch.autograd.Function):
         longest = max(sizes)
         padded = torch.cat([_pad_rows(g, longest) for g in grad.contiguous().split(sizes)])
         mine = grad.new_empty((longest, *grad.shape[1:]))
-        dist.reduce_scatter_tensor(mine, padded, op=dist.ReduceOp.SUM)
+        _reduce_scatter(mine, padded, op=dist.ReduceOp.SUM)
         return mine[: sizes[rank()]], None
 
 

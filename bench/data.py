@@ -1,0 +1,211 @@
+#!/usr/bin/env python
+"""Views/s of the augmentation pipeline alone: JPEG files -> two SimCLR views of 224 px, per worker (one thread).
+
+    python bench/data.py                                   # solo's CPU and device paths, torchvision, a profile
+    python bench/data.py --solo-learn-venv .bench/solo-learn-venv --solo-learn .bench/solo-learn   # + solo-learn's
+    python bench/data.py --device cuda                     # the device path on the GPU
+
+Rows (each reads the same `--images` JPEG files of `--image-size` px from disk, page-cached, in the same order):
+- solo, data.augment_on=cpu: what one DataLoader worker does for a batch: read each file, draw each view's
+  parameters, decode (decode_jpeg), make each view of the whole batch at once (solo.data.augment).
+- solo, data.augment_on=device: the worker's share (read, parse the JPEG header, draw the parameters) and the
+  device's share (decode_jpeg of the batch, then the views of the whole batch, `--batch` at a time), timed apart.
+- torchvision: the usual v2 pipeline on PIL images (RandomResizedCrop, flip, ColorJitter in RandomApply,
+  RandomGrayscale, GaussianBlur(23) in RandomApply, to float, Normalize), the same probabilities and strengths.
+- solo-learn (with --solo-learn-venv): its own pipeline (`build_transform_pipeline`, PIL transforms) and image
+  loader, run by that environment's python.
+Then a profile of solo's CPU path: the time per view of each stage, on the same images.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+from PIL import Image
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from solo.data import augment  # noqa: E402
+from solo.data.multiview import raw_image  # noqa: E402
+from solo.data.seeding import sample_seed, seeded_rng  # noqa: E402
+from solo.data.transforms import ViewAugmentation, build_view_transform  # noqa: E402
+
+SIMCLR = ViewAugmentation(crop_scale=[0.08, 1.0], hflip_prob=0.5, jitter_prob=0.8, brightness=0.4, contrast=0.4,
+                          saturation=0.4, hue=0.1, grayscale_prob=0.2, blur_prob=0.5)
+MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+
+SOLO_LEARN_SNIPPET = """
+import sys, time, omegaconf
+from PIL import Image
+from solo.data.pretrain_dataloader import build_transform_pipeline, NCropAugmentation, FullTransformPipeline
+cfg = omegaconf.OmegaConf.create(dict(rrc=dict(enabled=True, crop_min_scale=0.08, crop_max_scale=1.0),
+    color_jitter=dict(prob=0.8, brightness=0.4, contrast=0.4, saturation=0.4, hue=0.1), grayscale=dict(prob=0.2),
+    gaussian_blur=dict(prob=0.5), solarization=dict(prob=0.0), equalization=dict(prob=0.0),
+    horizontal_flip=dict(prob=0.5), crop_size=224, num_crops=2))
+transform = FullTransformPipeline([NCropAugmentation(build_transform_pipeline("custom", cfg), 2)])
+files = sys.argv[1:]
+def load(path):  # torchvision's default_loader, as solo-learn's ImageFolder uses
+    with open(path, "rb") as f:
+        return Image.open(f).convert("RGB")
+transform(load(files[0]))
+start = time.perf_counter()
+for path in files:
+    transform(load(path))
+print(2 * len(files) / (time.perf_counter() - start))
+"""
+
+
+def make_images(folder: Path, count: int, size: int) -> list[Path]:
+    from solo.data import SyntheticDataset
+
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = [folder / f"{i:05d}.jpg" for i in range(count)]
+    if not all(p.exists() for p in paths):
+        images = SyntheticDataset(count, size, num_classes=10, seed=0)
+        for i, path in enumerate(paths):
+            image = images[i][0].resize((size * 4 // 3, size))  # 4:3, as most photographs
+            image.save(path, quality=90)
+    return paths
+
+
+def rate(views: int, seconds: float) -> float:
+    return views / seconds
+
+
+def solo_cpu(paths, recipes, batch: int) -> float:
+    """What a DataLoader worker does for a batch (MultiViewDataset.__getitems__): read each file, draw each view's
+    parameters, decode the JPEGs (decode_jpeg), make each view of the whole batch at once."""
+    start = time.perf_counter()
+    for first in range(0, len(paths), batch):
+        images, params = [], [[] for _ in recipes]
+        for i in range(first, min(first + batch, len(paths))):
+            image, height, width = raw_image(paths[i].read_bytes(), str(paths[i]))
+            images.append(image)
+            for v, recipe in enumerate(recipes):
+                with seeded_rng(sample_seed(0, 0, i, v)):
+                    params[v].append(recipe.draw(height, width))
+        images = augment.decode(images, torch.device("cpu"))
+        for recipe, p in zip(recipes, params):
+            recipe.apply_batch(images, torch.stack(p))
+    return rate(2 * len(paths), time.perf_counter() - start)
+
+
+def solo_device(paths, recipes, batch: int, device: torch.device) -> tuple[float, float]:
+    """(views/s of the worker's share, views/s of the device's share)."""
+    worker, on_device = 0.0, 0.0
+    for first in range(0, len(paths), batch):
+        start = time.perf_counter()
+        images, params = [], [[] for _ in recipes]
+        for i in range(first, min(first + batch, len(paths))):
+            image, height, width = raw_image(paths[i].read_bytes(), str(paths[i]))
+            images.append(image)
+            for v, recipe in enumerate(recipes):
+                with seeded_rng(sample_seed(0, 0, i, v)):
+                    params[v].append(recipe.draw(height, width))
+        params = [torch.stack(p) for p in params]
+        worker += time.perf_counter() - start
+        start = time.perf_counter()
+        decoded = augment.decode(images, device)
+        for recipe, p in zip(recipes, params):
+            recipe.apply_batch(decoded, p)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        on_device += time.perf_counter() - start
+    return rate(2 * len(paths), worker), rate(2 * len(paths), on_device)
+
+
+def torchvision_pipeline(paths) -> float:
+    from torchvision.transforms import v2
+
+    a = SIMCLR
+    transform = v2.Compose([
+        v2.RandomResizedCrop(224, scale=tuple(a.crop_scale), antialias=True), v2.RandomHorizontalFlip(a.hflip_prob),
+        v2.RandomApply([v2.ColorJitter(a.brightness, a.contrast, a.saturation, a.hue)], p=a.jitter_prob),
+        v2.RandomGrayscale(a.grayscale_prob), v2.RandomApply([v2.GaussianBlur(23, sigma=(0.1, 2.0))], p=a.blur_prob),
+        v2.ToImage(), v2.ToDtype(torch.float32, scale=True), v2.Normalize(list(MEAN), list(STD)),
+    ])
+    start = time.perf_counter()
+    for path in paths:
+        with Image.open(path) as img:
+            image = img.convert("RGB")
+        transform(image), transform(image)
+    return rate(2 * len(paths), time.perf_counter() - start)
+
+
+def solo_learn(paths, venv: Path, checkout: Path) -> float:
+    python, checkout = venv.resolve() / "bin" / "python", checkout.resolve()
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(checkout)}
+    out = subprocess.run([str(python), "-c", SOLO_LEARN_SNIPPET, *map(str, paths)], cwd=checkout, env=env,
+                         capture_output=True, text=True)
+    if out.returncode != 0:
+        raise SystemExit(out.stderr[-3000:])
+    return float(out.stdout.strip().splitlines()[-1])
+
+
+def profile(paths, recipe) -> list[tuple[str, float]]:
+    """Milliseconds per view of each stage of solo's CPU path (every operation applied, to time it)."""
+    stages: dict[str, float] = {}
+
+    def clock(name, fn, *args):
+        start = time.perf_counter()
+        out = fn(*args)
+        stages[name] = stages.get(name, 0.0) + time.perf_counter() - start
+        return out
+
+    for i, path in enumerate(paths):
+        data = clock("read file", path.read_bytes)
+        encoded, height, width = clock("parse the JPEG header", raw_image, data, str(path))
+        pixels = clock("decode JPEG (decode_jpeg)", augment.decode, [encoded], torch.device("cpu"))[0]
+        with seeded_rng(i):
+            p = clock("draw parameters", recipe.draw, pixels.shape[-2], pixels.shape[-1])
+        box = p[: augment.AT["width"] + 1].long().tolist()
+        x = clock("crop + resize (antialiased)", augment.crop_resize, [pixels], [box], recipe.size)
+        x = clock("flip", lambda: x.flip(-1))
+        one = torch.full((1, 1, 1, 1), 1.1)
+        for name, op in zip(("brightness", "contrast", "saturation"), augment.BLENDS):
+            x = clock(name, op, x, one)
+        x = clock("hue", augment.shift_hue, x, torch.full((1, 1, 1, 1), 0.05))
+        x = clock("grayscale", lambda: augment.grey(x).expand_as(x))
+        x = clock(f"blur ({recipe.kernel} taps, separable)", augment.gaussian_blur, x, torch.tensor([1.0]), recipe.kernel)
+        clock("normalise", lambda: (x - 0.5) / 0.25)
+    return [(name, 1e3 * seconds / len(paths)) for name, seconds in stages.items()]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--images", type=int, default=256)
+    parser.add_argument("--image-size", type=int, default=300, help="height; width is 4/3 of it")
+    parser.add_argument("--batch", type=int, default=64, help="samples per batch (a worker's, or the device's)")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--folder", type=Path, default=REPO / ".bench" / "views")
+    parser.add_argument("--solo-learn-venv", type=Path)
+    parser.add_argument("--solo-learn", type=Path, default=REPO / ".bench" / "solo-learn", help="its checkout")
+    args = parser.parse_args()
+    torch.set_num_threads(1)  # one DataLoader worker
+    paths = make_images(args.folder, args.images, args.image_size)
+    recipes = [build_view_transform(SIMCLR, 224, MEAN, STD) for _ in range(2)]
+    solo_cpu(paths[:8], recipes, 8)  # warm the page cache and the kernels
+    print(f"{args.images} JPEGs of {args.image_size * 4 // 3}x{args.image_size} px -> 2 views of 224 px, one thread, "
+          f"{os.cpu_count()} CPUs; device path on {args.device}")
+    print("| pipeline | views/s |\n|---|---|")
+    print(f"| solo, data.augment_on=cpu (per worker; batch {args.batch}) | {solo_cpu(paths, recipes, args.batch):,.0f} |", flush=True)
+    worker, device = solo_device(paths, recipes, args.batch, torch.device(args.device))
+    print(f"| solo, data.augment_on=device: the worker's share (read, header, parameters) | {worker:,.0f} |")
+    print(f"| solo, data.augment_on=device: the device's share on {args.device} (decode, views; batch {args.batch}) | {device:,.0f} |")
+    print(f"| torchvision v2 on PIL images | {torchvision_pipeline(paths):,.0f} |", flush=True)
+    if args.solo_learn_venv:
+        print(f"| solo-learn (PIL transforms) | {solo_learn(paths, args.solo_learn_venv, args.solo_learn):,.0f} |")
+    print("\nsolo's CPU path, per view (every operation applied, to time it):\n| stage | ms |\n|---|---|")
+    for name, ms in profile(paths, recipes[0]):
+        print(f"| {name} | {ms:.2f} |")
+
+
+if __name__ == "__main__":
+    main()
