@@ -3,9 +3,9 @@
 `ViewRecipe.draw` draws one view's parameters (crop box, flip, colour jitter factors and order, grayscale,
 blur sigma, solarisation) on the CPU from Python's RNG, which solo seeds per (seed, epoch, sample, view).
 `ViewRecipe.apply_batch` applies them to a batch of images at once, each sample with its own parameters,
-on whatever device the images are: the whole batch on the GPU (`data.augment_on=device`), or one sample at
-a time in the DataLoader workers (`data.augment_on=cpu`). One implementation for both, so a view is the
-same on either path (to the devices' rounding).
+on whatever device the images are: the whole batch on the GPU (`data.augment_on=device`), or each DataLoader
+worker's batch on the CPU (`data.augment_on=cpu`). One implementation for both, so a view is the same on
+either path (to the devices' rounding).
 
 The parameters and the pixel operations follow torchvision's transforms (RandomResizedCrop,
 RandomHorizontalFlip, ColorJitter in a random order inside RandomApply, RandomGrayscale, GaussianBlur inside
@@ -25,6 +25,8 @@ import torch
 import torch.nn.functional as F
 from torchvision.io import ImageReadMode, decode_jpeg
 from torchvision.transforms.v2 import functional as TF
+
+from solo.errors import DataError
 
 # One view's parameters, as a float64 vector (integers are exact): what the DataLoader collates per view.
 FIELDS = ("top", "left", "height", "width", "flip", "jitter", "brightness", "contrast", "saturation", "hue",
@@ -241,7 +243,14 @@ def decode(images: list[torch.Tensor], device: torch.device) -> list[torch.Tenso
     encoded = [i for i, image in enumerate(images) if image.dim() == 1]
     out = list(images)
     if encoded:
-        decoded = decode_jpeg([images[i] for i in encoded], mode=ImageReadMode.RGB, device=device)
+        try:
+            decoded = decode_jpeg([images[i] for i in encoded], mode=ImageReadMode.RGB, device=device)
+        except RuntimeError as e:
+            raise DataError(
+                f"decoding the batch's JPEG images on {device} failed ({e}): a file passed the DataLoader worker's "
+                "checks (header, end marker) but does not decode there. data.augment_on=cpu decodes each image in the "
+                "workers, where one that fails is named and, with data.on_bad_image=skip, skipped"
+            ) from None
         for i, image in zip(encoded, decoded):
             out[i] = image
     return [image.to(device, non_blocking=True) for image in out]

@@ -93,7 +93,7 @@ class MultiViewDataset:
         samples = [self._raw_sample(key) for key in keys]
         if self.raw:
             return samples
-        images = decode([sample.pop("image") for sample in samples], torch.device("cpu"))
+        images = [sample.pop("image") for sample in samples]
         params = [sample.pop("params") for sample in samples]
         for sample in samples:
             sample["views"] = []
@@ -113,10 +113,19 @@ class MultiViewDataset:
         return {"image": image, "params": params, "label": int(label), "index": index, "skipped": int(used != index)}
 
     def _read(self, index: int) -> tuple:
-        if hasattr(self.base, "image_bytes"):
-            return raw_image(*self.base.image_bytes(index)), self.base.label(index)
-        image, label = self.base[index]
-        return raw_pixels(image), label
+        """((image, height, width), label): JPEGs still encoded with `raw`, else decoded here, where an image that
+        fails to decode is unreadable (and skipped with skip_bad)."""
+        if not hasattr(self.base, "image_bytes"):
+            image, label = self.base[index]
+            return raw_pixels(image), label
+        data, name = self.base.image_bytes(index)
+        image, height, width = raw_image(data, name)
+        if image.dim() == 1 and not self.raw:
+            try:
+                image = decode([image], torch.device("cpu"))[0]
+            except RuntimeError as e:
+                raise ImageReadError(f"cannot read {name}: {e}") from e
+        return (image, height, width), self.base.label(index)
 
 
 def raw_pixels(image) -> tuple[torch.Tensor, int, int]:
@@ -137,7 +146,7 @@ def raw_image(data: bytes, name: str) -> tuple[torch.Tensor, int, int]:
                 return torch.frombuffer(bytearray(data), dtype=torch.uint8), height, width
             return raw_pixels(img.convert("RGB"))
     except Exception as e:
-        raise ImageReadError(f"cannot decode {name}: {type(e).__name__}: {e}") from e
+        raise ImageReadError(f"cannot read {name}: {type(e).__name__}: {e}") from e
 
 
 def collate_raw(samples: list[dict]) -> dict:
