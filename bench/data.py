@@ -6,10 +6,11 @@
     python bench/data.py --device cuda                     # the device path on the GPU
 
 Rows (each reads the same `--images` JPEG files of `--image-size` px from disk, page-cached, in the same order):
-- solo, data.augment_on=cpu: what one DataLoader worker does for a batch: read each file, draw each view's
-  parameters, decode (decode_jpeg), make each view of the whole batch at once (solo.data.augment).
-- solo, data.augment_on=device: the worker's share (read, parse the JPEG header, draw the parameters) and the
-  device's share (decode_jpeg of the batch, then the views of the whole batch, `--batch` at a time), timed apart.
+- solo, data.augment_on=cpu: what one DataLoader worker does for a batch, `MultiViewDataset.__getitems__`: read
+  each file, decode it (decode_jpeg), draw each view's parameters, make each view of the whole batch at once.
+- solo, data.augment_on=device: the worker's share (the raw MultiViewDataset: read, parse the JPEG header, draw
+  the parameters; collate) and the device's share (DeviceViews: decode_jpeg of the batch, then the views of the
+  whole batch, `--batch` at a time), timed apart.
 - torchvision: the usual v2 pipeline on PIL images (RandomResizedCrop, flip, ColorJitter in RandomApply,
   RandomGrayscale, GaussianBlur(23) in RandomApply, to float, Normalize), the same probabilities and strengths.
 - solo-learn (with --solo-learn-venv): its own pipeline (`build_transform_pipeline`, PIL transforms) and image
@@ -32,9 +33,9 @@ from PIL import Image
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from solo.data import augment  # noqa: E402
-from solo.data.multiview import raw_image  # noqa: E402
-from solo.data.seeding import sample_seed, seeded_rng  # noqa: E402
+from solo.data import ImageFolderDataset, MultiViewDataset, augment  # noqa: E402
+from solo.data.multiview import collate_raw, raw_image  # noqa: E402
+from solo.data.seeding import seeded_rng  # noqa: E402
 from solo.data.transforms import ViewAugmentation, build_view_transform  # noqa: E402
 
 SIMCLR = ViewAugmentation(crop_scale=[0.08, 1.0], hflip_prob=0.5, jitter_prob=0.8, brightness=0.4, contrast=0.4,
@@ -63,15 +64,15 @@ print(2 * len(files) / (time.perf_counter() - start))
 
 
 def make_images(folder: Path, count: int, size: int) -> list[Path]:
+    """An ImageFolder train split (one class) of `count` JPEGs, 4:3 as most photographs, written once."""
     from solo.data import SyntheticDataset
 
-    folder.mkdir(parents=True, exist_ok=True)
-    paths = [folder / f"{i:05d}.jpg" for i in range(count)]
+    (folder / "train" / "all").mkdir(parents=True, exist_ok=True)
+    paths = [folder / "train" / "all" / f"{i:05d}.jpg" for i in range(count)]
     if not all(p.exists() for p in paths):
         images = SyntheticDataset(count, size, num_classes=10, seed=0)
         for i, path in enumerate(paths):
-            image = images[i][0].resize((size * 4 // 3, size))  # 4:3, as most photographs
-            image.save(path, quality=90)
+            images[i][0].resize((size * 4 // 3, size)).save(path, quality=90)
     return paths
 
 
@@ -79,46 +80,35 @@ def rate(views: int, seconds: float) -> float:
     return views / seconds
 
 
-def solo_cpu(paths, recipes, batch: int) -> float:
-    """What a DataLoader worker does for a batch (MultiViewDataset.__getitems__): read each file, draw each view's
-    parameters, decode the JPEGs (decode_jpeg), make each view of the whole batch at once."""
+def batches(count: int, batch: int) -> list[list[tuple[int, int]]]:
+    keys = [(0, i) for i in range(count)]  # (epoch, index), as the global-batch sampler gives them
+    return [keys[i : i + batch] for i in range(0, count, batch)]
+
+
+def solo_cpu(dataset: MultiViewDataset, batch: int) -> float:
+    """What a DataLoader worker does for a batch (MultiViewDataset.__getitems__): read each file, decode it, draw
+    each view's parameters, make each view of the whole batch at once."""
     start = time.perf_counter()
-    for first in range(0, len(paths), batch):
-        images, params = [], [[] for _ in recipes]
-        for i in range(first, min(first + batch, len(paths))):
-            image, height, width = raw_image(paths[i].read_bytes(), str(paths[i]))
-            images.append(image)
-            for v, recipe in enumerate(recipes):
-                with seeded_rng(sample_seed(0, 0, i, v)):
-                    params[v].append(recipe.draw(height, width))
-        images = augment.decode(images, torch.device("cpu"))
-        for recipe, p in zip(recipes, params):
-            recipe.apply_batch(images, torch.stack(p))
-    return rate(2 * len(paths), time.perf_counter() - start)
+    for keys in batches(len(dataset), batch):
+        dataset.__getitems__(keys)
+    return rate(2 * len(dataset), time.perf_counter() - start)
 
 
-def solo_device(paths, recipes, batch: int, device: torch.device) -> tuple[float, float]:
-    """(views/s of the worker's share, views/s of the device's share)."""
+def solo_device(dataset: MultiViewDataset, batch: int, device: torch.device) -> tuple[float, float]:
+    """(views/s of the worker's share: read, JPEG header, parameters, collate; views/s of the device's share:
+    DeviceViews, the decode and the views of the batch), for a raw MultiViewDataset."""
+    make_views = augment.DeviceViews(dataset.view_transforms, pairs=False)
     worker, on_device = 0.0, 0.0
-    for first in range(0, len(paths), batch):
+    for keys in batches(len(dataset), batch):
         start = time.perf_counter()
-        images, params = [], [[] for _ in recipes]
-        for i in range(first, min(first + batch, len(paths))):
-            image, height, width = raw_image(paths[i].read_bytes(), str(paths[i]))
-            images.append(image)
-            for v, recipe in enumerate(recipes):
-                with seeded_rng(sample_seed(0, 0, i, v)):
-                    params[v].append(recipe.draw(height, width))
-        params = [torch.stack(p) for p in params]
+        raw = collate_raw(dataset.__getitems__(keys))
         worker += time.perf_counter() - start
         start = time.perf_counter()
-        decoded = augment.decode(images, device)
-        for recipe, p in zip(recipes, params):
-            recipe.apply_batch(decoded, p)
+        make_views(raw, device)
         if device.type == "cuda":
             torch.cuda.synchronize()
         on_device += time.perf_counter() - start
-    return rate(2 * len(paths), worker), rate(2 * len(paths), on_device)
+    return rate(2 * len(dataset), worker), rate(2 * len(dataset), on_device)
 
 
 def torchvision_pipeline(paths) -> float:
@@ -184,20 +174,22 @@ def main() -> None:
     parser.add_argument("--image-size", type=int, default=300, help="height; width is 4/3 of it")
     parser.add_argument("--batch", type=int, default=64, help="samples per batch (a worker's, or the device's)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--folder", type=Path, default=REPO / ".bench" / "views")
+    parser.add_argument("--folder", type=Path, default=REPO / ".bench" / "views", help="where the JPEGs are written")
     parser.add_argument("--solo-learn-venv", type=Path)
     parser.add_argument("--solo-learn", type=Path, default=REPO / ".bench" / "solo-learn", help="its checkout")
     args = parser.parse_args()
     torch.set_num_threads(1)  # one DataLoader worker
     paths = make_images(args.folder, args.images, args.image_size)
     recipes = [build_view_transform(SIMCLR, 224, MEAN, STD) for _ in range(2)]
-    solo_cpu(paths[:8], recipes, 8)  # warm the page cache and the kernels
+    folder = ImageFolderDataset(str(args.folder), "train")
+    cpu, raw = (MultiViewDataset(folder, recipes, seed=0, raw=r) for r in (False, True))
+    cpu.__getitems__(batches(8, 8)[0])  # warm the page cache and the kernels
     print(f"{args.images} JPEGs of {args.image_size * 4 // 3}x{args.image_size} px -> 2 views of 224 px, one thread, "
           f"{os.cpu_count()} CPUs; device path on {args.device}")
     print("| pipeline | views/s |\n|---|---|")
-    print(f"| solo, data.augment_on=cpu (per worker; batch {args.batch}) | {solo_cpu(paths, recipes, args.batch):,.0f} |", flush=True)
-    worker, device = solo_device(paths, recipes, args.batch, torch.device(args.device))
-    print(f"| solo, data.augment_on=device: the worker's share (read, header, parameters) | {worker:,.0f} |")
+    print(f"| solo, data.augment_on=cpu (a worker's batch of {args.batch}) | {solo_cpu(cpu, args.batch):,.0f} |", flush=True)
+    worker, device = solo_device(raw, args.batch, torch.device(args.device))
+    print(f"| solo, data.augment_on=device: the worker's share (read, JPEG header, parameters) | {worker:,.0f} |")
     print(f"| solo, data.augment_on=device: the device's share on {args.device} (decode, views; batch {args.batch}) | {device:,.0f} |")
     print(f"| torchvision v2 on PIL images | {torchvision_pipeline(paths):,.0f} |", flush=True)
     if args.solo_learn_venv:
