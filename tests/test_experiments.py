@@ -152,7 +152,7 @@ EXPECTED = {
     },
     # solo-learn cifar/dino.yaml (+ its DINO defaults: teacher 0.07, student 0.1, no warm-up, freeze 1 epoch)
     "dino_cifar10": {
-        **_SOLO_LEARN_CIFAR, "method.name": "dino", "method.proj_hidden_dim": 2048, "method.bottleneck_dim": 256,
+        **_SOLO_LEARN_CIFAR, "method.name": "dino", "method.proj_hidden_dim": 2048, "method.use_bn_in_head": False, "method.bottleneck_dim": 256,
         "method.num_prototypes": 4096, "method.student_temperature": 0.1, "method.teacher_temperature": 0.07,
         "method.warmup_teacher_temperature_epochs": 0.0, "method.center_momentum": 0.9,
         "method.base_momentum": 0.9995, "method.final_momentum": 1.0, "method.freeze_last_layer_epochs": 1.0,
@@ -160,7 +160,7 @@ EXPECTED = {
     },
     # DINO (Caron et al. 2021): the README's ResNet-50 command on main_dino.py's defaults
     "dino_imagenet": {
-        **_IMAGENET, "method.name": "dino", "method.proj_hidden_dim": 2048, "method.bottleneck_dim": 256,
+        **_IMAGENET, "method.name": "dino", "method.proj_hidden_dim": 2048, "method.use_bn_in_head": False, "method.bottleneck_dim": 256,
         "method.num_prototypes": 65536, "method.student_temperature": 0.1, "method.teacher_temperature": 0.04,
         "method.warmup_teacher_temperature": 0.04, "method.warmup_teacher_temperature_epochs": 0.0,
         "method.center_momentum": 0.9, "method.base_momentum": 0.996, "method.final_momentum": 1.0,

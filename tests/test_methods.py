@@ -24,8 +24,9 @@ METHOD = {
     "mocov3": HEADS + ["method.pred_hidden_dim=32", "method.base_momentum=0.9"],
     "vicreg": HEADS,
     "siglip": TEXT,
-    # The default multi-crop views: 2 global 16 px crops and 4 local 8 px ones.
-    "dino": ["method.proj_hidden_dim=32", "method.bottleneck_dim=16", "method.num_prototypes=64", "method.base_momentum=0.9",
+    # Multi-crop, which the digits recipe leaves out: 2 global 16 px crops and 4 local 8 px ones.
+    "dino": ["augmentation=multicrop_digits", "method.proj_hidden_dim=32", "method.bottleneck_dim=16",
+             "method.num_prototypes=64", "method.base_momentum=0.9",
              "method.warmup_teacher_temperature=0.02", "method.warmup_teacher_temperature_epochs=1",
              "method.freeze_last_layer_epochs=0.5"],
     # Multi-crop, which the digits recipe leaves out: 2 global 16 px crops and 4 local 8 px ones.
@@ -71,6 +72,26 @@ def checkpoint(run_dir, step: int) -> dict:
     return torch.load(run_dir / "checkpoints" / f"step-{step:09d}.pt", map_location="cpu", weights_only=True)["model"]
 
 
+@pytest.mark.parametrize("use_bn", [False, True])
+def test_dino_head_is_the_papers(use_bn):
+    """MLP with GELU (BatchNorm after each hidden layer with use_bn_in_head), DINO's initialisation (normal weights of
+    std 0.02, zero biases), an L2-normalised bottleneck, and prototypes of norm 1 whatever their stored weights."""
+    from solo.methods.dino import DINOHead
+
+    torch.manual_seed(0)
+    head = DINOHead(64, 512, 32, 100, use_bn=use_bn)
+    linears = [m for m in head.mlp if isinstance(m, torch.nn.Linear)]
+    assert [(m.in_features, m.out_features) for m in linears] == [(64, 512), (512, 512), (512, 32)]
+    assert sum(isinstance(m, torch.nn.BatchNorm1d) for m in head.mlp) == (2 if use_bn else 0)
+    for m in linears:
+        assert abs(float(m.weight.detach().std()) - 0.02) < 0.002 and not m.bias.any()
+    x = torch.randn(8, 64)
+    with torch.no_grad():
+        head.last_layer.weight.mul_(torch.rand(100, 1) * 5)  # any norms: the prototypes are normalised in forward
+        bottleneck = F.normalize(head.mlp(x), dim=1)
+        assert torch.allclose(head(x), bottleneck @ F.normalize(head.last_layer.weight, dim=1).T, atol=1e-6)
+
+
 def test_dino_freezes_its_last_layer_warms_its_teacher_and_centres_on_the_batch(tmp_path):
     cfg = overrides("dino", 16)
     pretrain(compose_cfg(cfg), tmp_path)
@@ -109,13 +130,13 @@ def test_unknown_method_lists_every_method():
     "method, views, message",
     [
         ("byol", "augmentation=multicrop_digits", r"only used by methods that take local crops \(dino, swav\)"),
-        ("dino", "augmentation.views.1.size=32", r"local crops .* must be smaller than 16 px"),
+        ("dino", "augmentation=multicrop_digits augmentation.views.1.size=32", r"local crops .* must be smaller than 16 px"),
         ("swav", "augmentation=clip", r"swav compares 2 view\(s\) of one size first, but augmentation.views gives sizes \[16\]"),
     ],
 )
 def test_views_a_method_cannot_use_are_refused_with_the_reason(method, views, message):
     with pytest.raises(ConfigError, match=message):
-        compose_cfg(BASE + [f"method={method}", views])
+        compose_cfg(BASE + [f"method={method}", *views.split()])
 
 
 @pytest.mark.parametrize(

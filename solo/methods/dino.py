@@ -18,6 +18,7 @@ from solo.methods.base import Method, cosine_momentum, ema_update, make_teacher,
 class DINOConfig:
     name: str = "dino"
     proj_hidden_dim: int = ruled(2048, AT_LEAST_ONE)
+    use_bn_in_head: bool = False  # BatchNorm after the head's hidden layers (DINO's --use_bn_in_head, for ResNets)
     bottleneck_dim: int = ruled(256, AT_LEAST_ONE)
     num_prototypes: int = ruled(65536, AT_LEAST_ONE)  # the head's output dimension, K
     student_temperature: float = ruled(0.1, POSITIVE)
@@ -34,12 +35,17 @@ class DINOHead(nn.Module):
     """MLP (GELU) -> bottleneck -> L2 normalisation -> weight-normalised linear layer to K prototypes, whose
     norms are fixed at 1 (DINO's `norm_last_layer`, the default that keeps training stable)."""
 
-    def __init__(self, in_dim: int, hidden_dim: int, bottleneck_dim: int, out_dim: int):
+    def __init__(self, in_dim: int, hidden_dim: int, bottleneck_dim: int, out_dim: int, use_bn: bool = False):
         super().__init__()
+        norm = (lambda: nn.BatchNorm1d(hidden_dim)) if use_bn else nn.Identity
         self.mlp = nn.Sequential(
-            nn.Linear(in_dim, hidden_dim), nn.GELU(), nn.Linear(hidden_dim, hidden_dim), nn.GELU(),
+            nn.Linear(in_dim, hidden_dim), norm(), nn.GELU(), nn.Linear(hidden_dim, hidden_dim), norm(), nn.GELU(),
             nn.Linear(hidden_dim, bottleneck_dim),
         )
+        for layer in self.mlp:
+            if isinstance(layer, nn.Linear):  # DINO's initialisation: small weights (its bounds are +-2), zero biases
+                nn.init.trunc_normal_(layer.weight, std=0.02)
+                nn.init.zeros_(layer.bias)
         self.last_layer = nn.Linear(bottleneck_dim, out_dim, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -55,7 +61,7 @@ class DINO(Method):
     def __init__(self, backbone, feature_dim: int, cfg: DINOConfig):
         super().__init__(backbone, feature_dim)
         self.cfg = cfg
-        self.head = DINOHead(feature_dim, cfg.proj_hidden_dim, cfg.bottleneck_dim, cfg.num_prototypes)
+        self.head = DINOHead(feature_dim, cfg.proj_hidden_dim, cfg.bottleneck_dim, cfg.num_prototypes, cfg.use_bn_in_head)
         self.teacher = make_teacher(nn.ModuleList([backbone, self.head]))
         # Buffers: part of the checkpoint, so a resumed run goes on with the same centre and temperature.
         self.register_buffer("center", torch.zeros(cfg.num_prototypes))
