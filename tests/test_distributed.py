@@ -145,7 +145,8 @@ def test_cli_passes_registered_and_fails_a_wrong_loss():
 
 @pytest.mark.parametrize(
     "args, n_losses",
-    [pytest.param(["nt_xent", "clip"], len(BUILTIN), marks=pytest.mark.slow), (["--only", *USER_SPECS], len(USER_SPECS))],
+    [pytest.param(["nt_xent", "clip"], len(BUILTIN), marks=pytest.mark.slow),
+     pytest.param(["--only", *USER_SPECS], len(USER_SPECS), marks=pytest.mark.slow)],
     ids=["registered", "dozen_user_losses"],
 )
 def test_cli_with_many_results_does_not_deadlock(args, n_losses):
@@ -162,6 +163,7 @@ def test_a_worker_that_raises_is_an_error_not_a_hang():
     assert "ProcessRaisedException" in run.stderr and "boom on the last rank" in run.stderr
 
 
+@pytest.mark.slow
 def test_a_loss_that_needs_equal_batches_is_told_to_use_even_only():
     run = _run_cli("--only", "tests.wrong_losses:needs_equal_batches", "--world-sizes", "2", timeout=120)
     assert run.returncode == 2 and "Traceback" not in run.stderr, run.stderr
@@ -266,3 +268,65 @@ def test_first_host(nodelist, host):
 def test_slurm_port_is_in_range_and_differs_between_jobs():
     ports = {slurm_port(str(j)) for j in range(1000, 1100)}
     assert len(ports) == 100 and all(15000 <= p < 35000 for p in ports)
+
+
+def _batchnorm_inputs(sizes):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(sum(sizes), 3, 4, 4, dtype=torch.float64, generator=g) * 2 + 5  # a large mean: stability matters
+    upstream = torch.randn(x.shape, dtype=torch.float64, generator=g)  # the gradient arriving at the output
+    return x, upstream
+
+
+def _batchnorm_worker(rank, world, store, sizes, device, queue):
+    from solo.distributed.batchnorm import convert_sync_batchnorm
+
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+    x, upstream = _batchnorm_inputs(sizes)
+    start = sum(sizes[:rank])
+    mine = x[start : start + sizes[rank]].to(device).requires_grad_()
+    bn = torch.nn.Sequential(torch.nn.BatchNorm2d(3, dtype=torch.float64)).to(device)
+    with torch.no_grad():
+        bn[0].weight.copy_(torch.tensor([0.5, 1.0, 2.0])), bn[0].bias.copy_(torch.tensor([0.1, -0.2, 0.3]))
+    bn = convert_sync_batchnorm(bn)
+    # The objective is the sum over ranks of what each rank computes (solo's convention): sum(y * upstream).
+    (bn(mine) * upstream[start : start + sizes[rank]].to(device)).sum().backward()
+    grads = [bn[0].weight.grad.clone(), bn[0].bias.grad.clone()]
+    for g in grads:  # the parameters' gradients are local: DDP sums them (and divides by W, as for any loss)
+        dist.all_reduce(g)
+    queue.put((rank, type(bn[0]).__module__, mine.grad.cpu().numpy(), [g.cpu().numpy() for g in grads],
+               bn[0].running_mean.cpu().numpy(), bn[0].running_var.cpu().numpy()))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("device, sizes", [
+    ("cpu", [4, 4]), ("cpu", [5, 0, 2]),
+    pytest.param("cuda", [4, 4], marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")),
+])
+def test_sync_batchnorm_equals_batchnorm_on_the_whole_batch(device, sizes):
+    """W processes (uneven and empty shards included) give every rank exactly the gradient of one BatchNorm on the
+    whole batch, and the same running statistics: solo's SyncBatchNorm on the CPU, torch's on a GPU (float64)."""
+    world = len(sizes)
+    ctx = mp.get_context("spawn")
+    queue = ctx.SimpleQueue()
+    with tempfile.TemporaryDirectory() as tmp:
+        mp.start_processes(_batchnorm_worker, args=(world, f"{tmp}/store", sizes, device, queue), nprocs=world,
+                           start_method="spawn")
+    x, upstream = _batchnorm_inputs(sizes)
+    x.requires_grad_()
+    bn = torch.nn.BatchNorm2d(3, dtype=torch.float64)
+    with torch.no_grad():
+        bn.weight.copy_(torch.tensor([0.5, 1.0, 2.0])), bn.bias.copy_(torch.tensor([0.1, -0.2, 0.3]))
+    (bn(x) * upstream).sum().backward()
+    results = {}
+    while not queue.empty():
+        rank, module, grad, param_grads, mean, var = queue.get()
+        results[rank] = module
+        start = sum(sizes[:rank])
+        assert torch.allclose(torch.from_numpy(grad), x.grad[start : start + sizes[rank]], rtol=1e-10, atol=1e-12)
+        for got, want in zip(param_grads, (bn.weight.grad, bn.bias.grad)):
+            assert torch.allclose(torch.from_numpy(got), want, rtol=1e-10)
+        assert torch.allclose(torch.from_numpy(mean), bn.running_mean, rtol=1e-10)
+        assert torch.allclose(torch.from_numpy(var), bn.running_var, rtol=1e-10)
+    expected = "torch.nn.modules.batchnorm" if device == "cuda" else "solo.distributed.batchnorm"
+    assert sorted(results) == list(range(world)) and set(results.values()) == {expected}

@@ -116,6 +116,7 @@ def test_online_knn_equals_offline_knn_and_plots_are_written(tmp_path, monkeypat
     assert [p.stat().st_mtime_ns for p in cached] == mtimes
 
 
+@pytest.mark.slow
 def test_random_init_and_finetune(tmp_path, monkeypatch):
     monkeypatch.setenv("SOLO_CACHE", str(tmp_path / "cache"))
     run_dir = tmp_path / "run"
@@ -139,6 +140,7 @@ def test_plot_curves_needs_metrics(tmp_path):
     _looks_drawn(plot_curves(tmp_path / "metrics.jsonl", tmp_path / "curves.png"))
 
 
+@pytest.mark.slow
 def test_unlabelled_data_is_refused(tmp_path):
     (tmp_path / "data" / "train").mkdir(parents=True)
     (tmp_path / "data" / "val").mkdir(parents=True)

@@ -55,8 +55,9 @@ def test_unknown_keys_added_with_plus_are_refused():
     "overrides, message",
     [
         (["data=imagefolder", "data.root=/nowhere"], "error: imagefolder: no folder /nowhere/train"),
-        (["data.batch_size=128"], "error: the global batch (128 per process x 1 processes = 128) is larger than the dataset (64"),
-        (["method.temperature=0"], "error: method.temperature=0.0: must be > 0"),
+        pytest.param(["data.batch_size=128"], "error: the global batch (128 per process x 1 processes = 128) is larger than the dataset (64",
+                     marks=pytest.mark.slow),  # each a fresh process: about 10 s
+        pytest.param(["method.temperature=0"], "error: method.temperature=0.0: must be > 0", marks=pytest.mark.slow),
         (["optim.lr=-1"], "error: optim.lr=-1.0: must be > 0"),
     ],
 )
@@ -103,6 +104,7 @@ def test_skipped_images_are_the_same_on_every_world_size(tmp_path):
     assert all(torch.allclose(a[k], b[k], rtol=0, atol=1e-10) for k in a)
 
 
+@pytest.mark.slow
 def test_ctrl_c_checkpoints_the_current_step_and_the_rerun_redoes_no_step(tmp_path):
     overrides = TINY + ["data.num_samples=256", "data.batch_size=8", "trainer.max_steps=60"]
     proc = launch(overrides, tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

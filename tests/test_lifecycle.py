@@ -37,6 +37,7 @@ def checkpoint(run_dir, step=None) -> dict:
     return torch.load(run_dir / "checkpoints" / name, map_location="cpu", weights_only=True)
 
 
+@pytest.mark.slow
 def test_a_method_from_its_own_file_trains_with_its_teacher_and_resumes_exactly(tmp_path):
     run(TOY, tmp_path / "straight", nproc=2)
     model = checkpoint(tmp_path / "straight")["model"]

@@ -78,7 +78,7 @@ def metrics(run_dir) -> list[dict]:
 
 
 @pytest.mark.parametrize("precision, tolerance", [("64", 1e-10), pytest.param("32", 1e-4, marks=pytest.mark.slow)])
-@pytest.mark.parametrize("method, augment_on", [("simclr", "cpu"), ("simclr", "device"),
+@pytest.mark.parametrize("method, augment_on", [("simclr", "cpu"), pytest.param("simclr", "device", marks=pytest.mark.slow),
                                                 pytest.param("barlow_twins", "cpu", marks=pytest.mark.slow)])
 def test_world_size_invariance(tmp_path, method, augment_on, precision, tolerance):
     """1 process with batch 16 and 2 processes with batch 8 end with the same weights (SyncBatchNorm on), with
@@ -126,7 +126,7 @@ def weights_at_init(overrides) -> dict:
     return {k: v for k, v in build_model(cfg, 10).state_dict().items() if v.is_floating_point()}
 
 
-@pytest.mark.slow  # tests/test_lifecycle.py kills and resumes a 2-process run in the default suite
+@pytest.mark.slow  # kills and restarts 2-process runs: about a minute each
 @pytest.mark.parametrize("augment_on", ["cpu", "device"])
 def test_resume_after_kill_is_bit_identical(tmp_path, augment_on):
     """Kill a 2-process run right after a mid-epoch checkpoint, restart it: same final weights as uninterrupted."""
