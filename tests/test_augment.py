@@ -117,3 +117,36 @@ def test_crop_boxes_follow_random_resized_crop(height, width):
         if not fallback:
             assert 0.2 - 0.05 <= h * w / (height * width) <= 0.9 + 0.05
             assert 3 / 4 - 0.1 <= w / h <= 4 / 3 + 0.1
+
+
+def test_a_jpeg_that_parses_but_does_not_decode_is_unreadable_in_the_worker():
+    """Its header and end marker pass the workers' check (kept encoded for the device), but on the CPU path it is
+    decoded in the worker's read: named, and skipped with data.on_bad_image=skip, not a crash of the batch."""
+    import io
+
+    from PIL import Image
+
+    from solo.data.datasets import ImageReadError
+    from solo.data.multiview import MultiViewDataset, raw_image
+
+    buffer = io.BytesIO()
+    Image.new("RGB", (32, 32), (200, 30, 90)).save(buffer, "JPEG")
+    good = buffer.getvalue()
+    bad = good[:600] + bytes(len(good) - 602) + b"\xff\xd9"  # the header, then zeros where the scan was
+    assert raw_image(bad, "image bad.jpg")[0].dim() == 1
+
+    class Files:
+        def __len__(self):
+            return 2
+
+        def image_bytes(self, index):
+            return (bad, "image bad.jpg") if index == 0 else (good, "image good.jpg")
+
+        def label(self, index):
+            return index
+
+    recipe = ViewRecipe(EVERYTHING, 16, MEAN, STD)
+    with pytest.raises(ImageReadError, match="cannot read image bad.jpg"):
+        MultiViewDataset(Files(), [recipe], seed=0)[(0, 0)]
+    samples = MultiViewDataset(Files(), [recipe], seed=0, skip_bad=True).__getitems__([(0, 0), (0, 1)])
+    assert [s["skipped"] for s in samples] == [1, 0] and samples[0]["label"] == 1

@@ -7,8 +7,9 @@ from typing import Callable, Dict, Sequence, Tuple
 import torch
 from PIL import Image
 from torch.utils.data import default_collate
+from torchvision.io import ImageReadMode, decode_jpeg
 
-from solo.data.augment import as_uint8_tensor, decode
+from solo.data.augment import as_uint8_tensor
 from solo.data.datasets import ImageReadError
 from solo.data.seeding import sample_seed, seeded_rng
 from solo.errors import DataError
@@ -121,8 +122,8 @@ class MultiViewDataset:
         data, name = self.base.image_bytes(index)
         image, height, width = raw_image(data, name)
         if image.dim() == 1 and not self.raw:
-            try:
-                image = decode([image], torch.device("cpu"))[0]
+            try:  # torchvision directly: solo.data.augment.decode's error is the device path's
+                image = decode_jpeg(image, mode=ImageReadMode.RGB)
             except RuntimeError as e:
                 raise ImageReadError(f"cannot read {name}: {e}") from e
         return (image, height, width), self.base.label(index)
