@@ -4,15 +4,18 @@ Linear and k-NN classification on frozen cached features (zero-shot too for CLIP
 fine-tuning (finetune.enabled=true); results in <run dir>/metrics.jsonl and summary.json.
 """
 
+import sys
+
 import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from solo.cli import friendly_errors
+from solo.cli import friendly_errors, import_command_line_modules
 from solo.config import register_configs
 from solo.eval.offline import evaluate_pretrained
 
 register_configs()
+import_command_line_modules(sys.argv)  # so that --help lists what they register
 
 
 @hydra.main(config_path="configs", config_name="linear", version_base="1.3")

@@ -5,14 +5,13 @@ from __future__ import annotations
 import functools
 import logging
 import os
-import re
 import sys
-from pathlib import Path
 
 from tqdm import tqdm
 
 from omegaconf.errors import OmegaConfBaseException
 
+from solo.config import import_modules
 from solo.errors import SoloError
 
 WORKER_TRACEBACK = "Original Traceback (most recent call last):"
@@ -52,9 +51,12 @@ class ProgressBarSafeHandler(logging.StreamHandler):
         tqdm.write(self.format(record), file=sys.stdout)
 
 
-def eval_name(pretrained: str, random_init: bool) -> str:
-    """A run-directory name for evaluating `pretrained`: a zoo name, or the run (and step) a path points to."""
-    path = Path(str(pretrained))
-    parts = [path.parent.parent.name, path.stem] if path.parent.name == "checkpoints" else [path.stem if path.suffix else path.name]
-    name = re.sub(r"[^A-Za-z0-9_.-]+", "_", "-".join(p for p in parts if p))
-    return name + ("-random_init" if random_init else "")
+def import_command_line_modules(argv: list[str]) -> None:
+    """Import the modules of an `imports=[...]` override on the command line before Hydra starts, so that what they
+    register (methods, datasets, backbones, ...) is listed by --help."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    given = [arg for arg in argv[1:] if arg.startswith("imports=")]
+    for override in OverridesParser.create().parse_overrides(given):
+        value = override.value()
+        friendly_errors(import_modules)(value if isinstance(value, list) else [value])

@@ -12,75 +12,32 @@ from __future__ import annotations
 import importlib
 import re
 from dataclasses import dataclass, field
-from enum import Enum
-from typing import Any, Dict, List, Optional
+from pathlib import Path
+from typing import Any, List, Optional
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from solo.cli import eval_name
+from solo.backbones import BACKBONES
+from solo.data import DATASETS, view_sizes
 from solo.data.transforms import ViewAugmentation
 from solo.distributed.env import detect
 from solo.errors import ConfigError
 from solo.eval.linear import LinearProtocol
-from solo.schema import AT_LEAST_ONE, MOMENTUM, NON_NEGATIVE, POSITIVE, check_values, ruled
-
-
-class Choice(str, Enum):
-    """A fixed set of strings; YAML and the command line give `32` as an int, so values match as strings."""
-
-    @classmethod
-    def _missing_(cls, value):
-        return cls._value2member_map_.get(str(value))
-
-    def __str__(self) -> str:
-        return self.value
-
-
-def choices(name: str, *values: str) -> type[Choice]:
-    return Choice(name, {v: v for v in values})
-
+from solo.loggers import LOGGERS
+from solo.methods import METHODS
+from solo.optim import OPTIMIZERS
+from solo.registry import Registry
+from solo.schema import AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, check_values, choices, ruled
 
 # 16: CUDA only, with a gradient scaler; 64: for exactness checks, not for speed.
 Precision = choices("Precision", "32", "bf16", "16", "64")
-# linear: lr x global_batch / 256; sqrt: lr x sqrt(global_batch / 256).
-LRScaling = choices("LRScaling", "linear", "sqrt", "none")
-# auto: online with credentials, else offline.
-WandbMode = choices("WandbMode", "auto", "online", "offline")
-# error: an unreadable image stops the run, naming it; skip: the next readable sample takes its place, counted.
-OnBadImage = choices("OnBadImage", "error", "skip")
-# Where the training views' pixels are computed: cpu (per sample, in the DataLoader workers), device (the
-# whole batch on the training device; parameters still drawn per sample in the workers), auto: device on CUDA.
-AugmentOn = choices("AugmentOn", "auto", "cpu", "device")
 
 
-@dataclass
-class BackboneConfig:
-    name: str = "resnet18"  # a timm model name, or torchvision.resnet18 / torchvision.resnet50 / ...
-    small_stem: bool = False  # 3x3 stride-1 first conv and no max-pool, for 32px-sized images
-    pretrained: bool = False
-    kwargs: Dict[str, Any] = field(default_factory=dict)  # passed to timm.create_model
-
-
-@dataclass
-class DataConfig:
-    name: str = "digits"  # a registered dataset: see solo.data.DATASETS
-    root: Optional[str] = None
-    file: Optional[str] = None  # csv only: the captions file, may contain {split}, relative paths from root
-    download: bool = False
-    image_size: int = ruled(16, AT_LEAST_ONE)  # the size of every view that sets no size of its own, and of evaluation images
-    batch_size: int = ruled(128, AT_LEAST_ONE)  # per process; the global batch is batch_size x world size
-    num_workers: Optional[int] = ruled(None, NON_NEGATIVE)  # DataLoader workers per process; None: what the machine has
-    on_bad_image: OnBadImage = OnBadImage("error")
-    check_images: int = ruled(100, NON_NEGATIVE)  # decoded at start, to find unreadable files before training
-    augment_on: AugmentOn = AugmentOn("auto")
-    shards: Optional[str] = None  # webdataset only: the train shards, a brace pattern ('/data/{00000..00331}.tar')
-    val_shards: Optional[str] = None  # webdataset only: the val shards; None: no validation
-    shuffle_window: int = ruled(4, AT_LEAST_ONE)  # webdataset only: shards whose samples are shuffled together
-    cache_dir: Optional[str] = None  # webdataset only: shard indexes and fetched shards; None: ~/.cache/solo/shards
-    num_samples: int = ruled(1000, AT_LEAST_ONE)  # synthetic only
-    num_classes: int = ruled(10, AT_LEAST_ONE)  # synthetic only
+def registered_groups() -> dict[str, Registry]:
+    """The config groups typed by a registry: each option's schema is its registered entry's (`<group>.name`)."""
+    return {"backbone": BACKBONES, "method": METHODS, "data": DATASETS, "optim": OPTIMIZERS, "logger": LOGGERS}
 
 
 @dataclass
@@ -90,27 +47,10 @@ class AugmentationConfig:
 
 
 @dataclass
-class OptimConfig:
-    name: str = "lars"  # a registered optimizer: lars | sgd | adamw
-    lr: float = ruled(0.3, POSITIVE)  # for a global batch of 256 under lr_scaling=linear
-    lr_scaling: LRScaling = LRScaling("linear")
-    weight_decay: float = ruled(1e-6, NON_NEGATIVE)
-    momentum: float = ruled(0.9, MOMENTUM)
-    eta: float = ruled(0.02, POSITIVE)  # LARS trust coefficient
-    betas: List[float] = field(default_factory=lambda: [0.9, 0.999])  # AdamW
-    exclude_bias_and_norm: bool = True
-    warmup_epochs: float = ruled(1.0, NON_NEGATIVE)
-    warmup_start_lr: float = ruled(0.0, NON_NEGATIVE)
-    final_lr: float = ruled(0.0, NON_NEGATIVE)
-    grad_clip: Optional[float] = ruled(None, POSITIVE)  # max global gradient norm
-    probe_lr: float = ruled(0.1, POSITIVE)  # online linear probe (no weight decay, not LARS-adapted)
-
-
-@dataclass
 class TrainerConfig:
     max_epochs: int = ruled(10, AT_LEAST_ONE)
-    max_steps: int = -1  # > 0 stops there (and sets the schedule's length)
-    seed: int = 0
+    max_steps: Optional[int] = ruled(None, AT_LEAST_ONE)  # stop there (and set the schedule's length); None: max_epochs
+    seed: int = ruled(0, NON_NEGATIVE)
     # Micro-batches per step: data.batch_size is split in `accumulate` parts, the gradient stays the whole batch's.
     accumulate: int = ruled(1, AT_LEAST_ONE)
     precision: Precision = Precision("32")
@@ -134,29 +74,23 @@ class TrainerConfig:
 
 
 @dataclass
-class LoggerConfig:
-    name: str = "jsonl"  # a registered logger: jsonl | wandb (metrics.jsonl is always written)
-    project: str = "solo"
-    entity: Optional[str] = None
-    mode: WandbMode = WandbMode("auto")
-
-
-@dataclass
 class PretrainConfig:
-    backbone: BackboneConfig = MISSING
-    method: Any = MISSING  # typed by the method's registered schema in validate_pretrain
-    data: DataConfig = MISSING
+    # The registered groups (registered_groups) are typed by their option's schema: in the option's YAML while the
+    # config is composed, and by the named entry's in validate_pretrain.
+    backbone: Any = MISSING
+    method: Any = MISSING
+    data: Any = MISSING
     augmentation: AugmentationConfig = MISSING
-    optim: OptimConfig = MISSING
-    logger: LoggerConfig = MISSING
+    optim: Any = MISSING
+    logger: Any = MISSING
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     imports: List[str] = field(default_factory=list)  # Python modules that register your own methods, datasets, ...
 
 
 @dataclass
 class KNNConfig:
-    k: int = 20
-    temperature: float = 0.07  # votes weighted by exp(cosine / temperature)
+    k: int = ruled(20, AT_LEAST_ONE)
+    temperature: float = ruled(0.07, POSITIVE)  # votes weighted by exp(cosine / temperature)
 
 
 @dataclass
@@ -173,26 +107,38 @@ class FinetuneConfig:
 class LinearEvalConfig:
     pretrained: str = MISSING  # zoo name, solo .safetensors file, training checkpoint .pt, or pretraining run dir
     random_init: bool = False  # the same architecture freshly initialised: the baseline the weights must beat
-    seed: int = 0
+    seed: int = ruled(0, NON_NEGATIVE)
     feature_cache: bool = True  # features under $SOLO_CACHE/features (default ~/.cache/solo), keyed by weights + data
     plots: bool = True  # embedding.png (val features, 2-D) and curves.png in the run dir
-    data: DataConfig = MISSING
-    logger: LoggerConfig = MISSING
+    data: Any = MISSING  # typed as in PretrainConfig
+    logger: Any = MISSING
     linear: LinearProtocol = field(default_factory=LinearProtocol)  # its seed is ${seed} (linear.yaml)
     knn: KNNConfig = field(default_factory=KNNConfig)
     finetune: FinetuneConfig = field(default_factory=FinetuneConfig)
 
 
 def register_configs() -> None:
-    import solo.methods  # noqa: F401  (stores each method's schema as /schema/method/<name>)
-
     cs = ConfigStore.instance()
     cs.store(name="pretrain_schema", node=PretrainConfig)
     cs.store(name="linear_schema", node=LinearEvalConfig)
     # For the default run directory's name: data.batch_size x the processes the launcher starts.
     OmegaConf.register_new_resolver("solo.global_batch", lambda batch_size: int(batch_size) * detect().world_size, replace=True)
     OmegaConf.register_new_resolver("solo.eval_name", eval_name, replace=True)
+    OmegaConf.register_new_resolver("solo.registered", registered, replace=True)
     OmegaConf.register_new_resolver("solo.image_tower", image_tower, replace=True)
+
+
+def eval_name(pretrained: str, random_init: bool) -> str:
+    """A run-directory name for evaluating `pretrained`: a zoo name, or the run (and step) a path points to."""
+    path = Path(str(pretrained))
+    parts = [path.parent.parent.name, path.stem] if path.parent.name == "checkpoints" else [path.stem if path.suffix else path.name]
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "_", "-".join(p for p in parts if p))
+    return name + ("-random_init" if random_init else "")
+
+
+def registered() -> str:
+    """What --help lists: every registry's names (after the command line's imports=[...] are imported)."""
+    return "\n".join(f"  {r.describe()}" for r in registered_groups().values())
 
 
 def image_tower(backbone: str, model: str | None) -> str:
@@ -227,31 +173,50 @@ def _flatten(value, key: str = "") -> dict:
     return {key: value}
 
 
-def validate_pretrain(cfg: DictConfig) -> DictConfig:
-    """The composed config checked against every schema, `cfg.imports` imported first; raises ConfigError."""
-    for module in cfg.get("imports") or []:
+def import_modules(modules) -> None:
+    """Import the config's `imports` (the user's modules, which register their methods, datasets, ...)."""
+    for module in modules or []:
         try:
             importlib.import_module(module)
         except ImportError as e:
             raise ConfigError(f"imports: cannot import {module!r} ({e}); is it on PYTHONPATH?") from None
-    from solo.data import DATASETS, view_sizes
-    from solo.methods import METHODS
-    from solo.train.metrics import LOGGERS
-    from solo.train.optim import OPTIMIZERS
 
-    schema = OmegaConf.structured(PretrainConfig)
-    method = METHODS[OmegaConf.select(cfg, "method.name", default="<unset>")]
-    schema.method = OmegaConf.structured(method.schema)
+
+def typed(cfg: DictConfig, schema: type, groups: tuple[str, ...]) -> DictConfig:
+    """`cfg` merged onto `schema`, each of `groups` typed by its named entry's schema, every value checked."""
+    typed_schema = OmegaConf.structured(schema)
+    for group in groups:
+        registry = registered_groups()[group]
+        typed_schema[group] = OmegaConf.structured(registry[OmegaConf.select(cfg, f"{group}.name", default="<unset>")].schema)
     try:
-        checked = OmegaConf.merge(schema, cfg)
+        checked = OmegaConf.merge(typed_schema, cfg)
     except OmegaConfBaseException as e:
         raise ConfigError(f"invalid config: {e}") from None
     check_values(checked)
-    DATASETS[checked.data.name], OPTIMIZERS[checked.optim.name], LOGGERS[checked.logger.name]  # noqa: B018
-    method.target.check_data(view_sizes(checked.augmentation.views, checked.data.image_size), DATASETS[checked.data.name])
-    method.target.check_config(checked)
-    _check_accumulation(checked, method.target)
     return checked
+
+
+def validate_pretrain(cfg: DictConfig) -> DictConfig:
+    """The composed config checked against every schema, `cfg.imports` imported first; raises ConfigError."""
+    import_modules(cfg.get("imports"))
+    checked = typed(cfg, PretrainConfig, tuple(registered_groups()))
+    method = METHODS[checked.method.name].target
+    method.check_data(view_sizes(checked.augmentation.views, checked.data.image_size), DATASETS[checked.data.name])
+    method.check_config(checked)
+    _check_accumulation(checked, method)
+    return checked
+
+
+def check_required(cfg: DictConfig) -> None:
+    """Raise ConfigError for the first required key left unset (??? in the YAML: data.root of data=imagefolder)."""
+    missing = sorted(OmegaConf.missing_keys(cfg))
+    if missing:
+        raise ConfigError(f"{missing[0]} is required and not set: add {missing[0]}=... to the command line")
+
+
+def validate_linear(cfg: DictConfig) -> DictConfig:
+    """main_linear.py's composed config checked against its schemas; raises ConfigError."""
+    return typed(cfg, LinearEvalConfig, ("data", "logger"))
 
 
 def _check_accumulation(cfg: DictConfig, method) -> None:

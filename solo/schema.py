@@ -5,11 +5,28 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any, Callable
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from solo.errors import ConfigError
+
+
+class Choice(str, Enum):
+    """A fixed set of strings; YAML and the command line give `32` as an int, so values match as strings. A member
+    equals its string (`cfg.data.on_bad_image == "skip"`)."""
+
+    @classmethod
+    def _missing_(cls, value):
+        return cls._value2member_map_.get(str(value))
+
+    def __str__(self) -> str:
+        return self.value
+
+
+def choices(name: str, *values: str) -> type[Choice]:
+    return Choice(name, {v: v for v in values})
 
 
 @dataclass(frozen=True)

@@ -185,8 +185,8 @@ def test_augmentation_yamls_match_schema():
 def test_digits_split_sizes_stratified_and_disjoint():
     from sklearn.datasets import load_digits
 
-    train = build_dataset("digits", "train", root=None, image_size=SIZE)
-    val = build_dataset("digits", "val", root=None, image_size=SIZE)
+    train = build_dataset("digits", "train", image_size=SIZE)
+    val = build_dataset("digits", "val", image_size=SIZE)
     assert (len(train), len(val)) == (1437, 360)
     assert set(train.source_indices).isdisjoint(val.source_indices)
     assert len(set(train.source_indices) | set(val.source_indices)) == 1797
@@ -201,7 +201,7 @@ def test_digits_pixels_match_sklearn_at_native_size():
     from sklearn.datasets import load_digits
 
     ref = load_digits()
-    val = build_dataset("digits", "val", root=None, image_size=8)
+    val = build_dataset("digits", "val", image_size=8)
     for i in (0, 100, 359):
         src = val.source_indices[i]
         expected = np.round(ref.images[src] * 255 / 16).astype(np.uint8)
@@ -213,7 +213,7 @@ def test_digits_pixels_match_sklearn_at_native_size():
 
 
 def test_digits_stats_match_train_split():
-    train = build_dataset("digits", "train", root=None, image_size=16)
+    train = build_dataset("digits", "train", image_size=16)
     pixels = train.images.astype(np.float64) / 255
     mean, std = dataset_stats("digits")
     assert np.allclose(pixels.mean(axis=(0, 1, 2)), mean, atol=1e-3)
@@ -224,9 +224,9 @@ def test_digits_stats_match_train_split():
 
 
 def test_synthetic_is_deterministic_and_split_dependent():
-    a = build_dataset("synthetic", "train", root=None, image_size=SIZE, num_samples=20, num_classes=5, seed=1)
+    a = build_dataset("synthetic", "train", image_size=SIZE, num_samples=20, num_classes=5, seed=1)
     b = SyntheticDataset(20, SIZE, num_classes=5, seed=1)
-    val = build_dataset("synthetic", "val", root=None, image_size=SIZE, num_samples=20, num_classes=5, seed=1)
+    val = build_dataset("synthetic", "val", image_size=SIZE, num_samples=20, num_classes=5, seed=1)
     assert len(a) == 20 and len(a.classes) == 5
     assert np.array_equal(np.asarray(a[13][0]), np.asarray(b[13][0]))
     assert a[13][1] == 3 and a[13][0].size == (SIZE, SIZE)
@@ -354,9 +354,9 @@ def test_cifar_missing_without_download(tmp_path):
 
 def test_build_dataset_unknown_name_lists_valid_names():
     with pytest.raises(ValueError) as err:
-        build_dataset("mnist", "train", root=None, image_size=SIZE)
+        build_dataset("mnist", "train", image_size=SIZE)
     assert "mnist" in str(err.value)
     for name in DATASETS.names():
         assert name in str(err.value)
     with pytest.raises(ValueError, match="split"):
-        build_dataset("digits", "test", root=None, image_size=SIZE)
+        build_dataset("digits", "test", image_size=SIZE)

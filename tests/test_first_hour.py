@@ -13,7 +13,7 @@ from PIL import Image
 import solo.zoo
 from solo.errors import CheckpointError, ConfigError
 from solo.train.trainer import pretrain
-from tests.test_train import REPO, TINY, compose_cfg, launch, metrics, weights
+from tests.test_train import REPO, TINY, TINY_FILES, compose_cfg, launch, metrics, weights
 
 SHORT = TINY + ["data.batch_size=16", "trainer.max_steps=4"]
 
@@ -62,7 +62,7 @@ def test_unknown_keys_added_with_plus_are_refused():
     ],
 )
 def test_bad_input_is_one_short_message(tmp_path, overrides, message):
-    code, out = main_pretrain(TINY + overrides, tmp_path)
+    code, out = main_pretrain((TINY_FILES if overrides[0].startswith("data=") else TINY) + overrides, tmp_path)
     assert code == 2 and out.splitlines()[0].startswith(message), out
     assert len(out.splitlines()) <= 3 and "Traceback" not in out, out
     if overrides == ["optim.lr=-1"]:  # once is enough: the whole traceback on demand
@@ -82,18 +82,18 @@ def _images(root, bad=()):
 def test_a_corrupt_image_read_by_a_worker_is_named_in_one_message(tmp_path):
     _images(tmp_path / "data", bad=["broken.png"])
     data = ["data=imagefolder", f"data.root={tmp_path / 'data'}", "data.batch_size=8", "data.num_workers=1", "trainer.max_steps=2"]
-    code, out = main_pretrain(TINY + data + ["data.check_images=0"], tmp_path / "run")
+    code, out = main_pretrain(TINY_FILES + data + ["data.check_images=0"], tmp_path / "run")
     error = out[out.index("error:"):]  # after the run's start line
     assert code == 2 and len(error.splitlines()) <= 3 and "Traceback" not in out, out
     assert error.startswith(f"error: cannot read image {tmp_path / 'data' / 'train' / 'b' / 'broken.png'}"), out
-    code, out = main_pretrain(TINY + data, tmp_path / "run2")  # found at start, before training
+    code, out = main_pretrain(TINY_FILES + data, tmp_path / "run2")  # found at start, before training
     assert code == 2 and "1 of the first 25 images cannot be read" in out and "data.on_bad_image=skip" in out, out
 
 
 @pytest.mark.slow
 def test_skipped_images_are_the_same_on_every_world_size(tmp_path):
     _images(tmp_path / "data", bad=["broken1.png", "broken2.png"])
-    data = TINY + ["data=imagefolder", f"data.root={tmp_path / 'data'}", "data.on_bad_image=skip", "trainer.max_steps=6",
+    data = TINY_FILES + ["data=imagefolder", f"data.root={tmp_path / 'data'}", "data.on_bad_image=skip", "trainer.max_steps=6",
                    "trainer.log_every_steps=1", "trainer.precision=64"]
     subprocess.run([sys.executable, "main_pretrain.py", *data, "data.batch_size=8", f"hydra.run.dir={tmp_path / 'w1'}"],
                    cwd=REPO, check=True, capture_output=True, timeout=300)

@@ -8,9 +8,11 @@ import warnings
 import numpy as np
 import pytest
 import torch
+from omegaconf.errors import MissingMandatoryValue
 from PIL import Image
 
 from solo.data import (
+    build_dataset,
     dataset_stats,
     ImageReadError,
     ViewAugmentation,
@@ -23,7 +25,6 @@ from solo.data.image_text import (
     DigitsPairs,
     ImageTextDataset,
     ZeroShotEvalDataset,
-    build_image_text_pairs,
     digit_caption,
 )
 from solo.data.seeding import sample_seed
@@ -298,16 +299,16 @@ def test_build_image_text_pairs(tmp_path):
     rows = [[p, f"image {i}"] for i, p in enumerate(paths)]
     _write_csv(tmp_path / "captions_train.csv", ["image", "caption"], rows)
     pattern = str(tmp_path / "captions_{split}.csv")
-    train = build_image_text_pairs("csv", "train", root=str(tmp_path), file=pattern, image_size=SIZE)
+    train = build_dataset("csv", "train", pairs=True, root=str(tmp_path), file=pattern, image_size=SIZE)
     assert isinstance(train, CsvPairs) and len(train) == 3
-    assert build_image_text_pairs("csv", "val", root=str(tmp_path), file=pattern, image_size=SIZE) is None
+    assert build_dataset("csv", "val", pairs=True, root=str(tmp_path), file=pattern, image_size=SIZE) is None
     _write_csv(tmp_path / "captions_val.csv", ["image", "caption"], [[paths[0], "val image"]])
-    val = build_image_text_pairs("csv", "val", root=str(tmp_path), file=pattern, image_size=SIZE)
+    val = build_dataset("csv", "val", pairs=True, root=str(tmp_path), file=pattern, image_size=SIZE)
     assert len(val) == 1 and val.caption_options(0) == ["val image"]
 
-    digits = build_image_text_pairs("digits", "val", root=None, file=None, image_size=SIZE)
+    digits = build_dataset("digits", "val", pairs=True, image_size=SIZE)
     assert isinstance(digits, DigitsPairs) and len(digits) == 360
     with pytest.raises(ValueError, match="coco.*csv, digits"):
-        build_image_text_pairs("coco", "train", root=None, file=None, image_size=SIZE)
-    with pytest.raises(ValueError, match="caption file"):
-        build_image_text_pairs("csv", "train", root=None, file=None, image_size=SIZE)
+        build_dataset("coco", "train", pairs=True, image_size=SIZE)
+    with pytest.raises(MissingMandatoryValue, match="file"):
+        build_dataset("csv", "train", pairs=True, image_size=SIZE)

@@ -1,4 +1,4 @@
-"""Tests for solo.train.optim, checked against hand-computed numbers and torch's own optimizers."""
+"""Tests for solo.optim, checked against hand-computed numbers and torch's own optimizers."""
 
 import math
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from solo.train.optim import LARS, build_optimizer, param_groups, warmup_cosine
+from solo.optim import LARS, OPTIMIZERS, build_optimizer, param_groups, warmup_cosine
 
 
 def _param(values):
@@ -195,7 +195,8 @@ def test_warmup_cosine_no_warmup_and_bad_args():
 def test_build_optimizer(name, cls):
     model = _small_model()
     groups = param_groups(model, 1e-4)
-    opt = build_optimizer(name, groups, lr=0.3, weight_decay=0.5, momentum=0.8, betas=(0.8, 0.99), eta=0.01)
+    own = {"sgd": {"momentum": 0.8}, "lars": {"momentum": 0.8, "eta": 0.01}, "adamw": {"betas": [0.8, 0.99]}}[name]
+    opt = build_optimizer(OPTIMIZERS.config(name, weight_decay=0.5, **own), groups, lr=0.3)
     assert type(opt) is cls
     decay, no_decay = opt.param_groups
     assert decay["lr"] == no_decay["lr"] == 0.3
@@ -222,14 +223,14 @@ def test_build_optimizer(name, cls):
 
 def test_build_optimizer_defaults_apply_to_groups_without_keys():
     p = nn.Parameter(torch.randn(3, 3))
-    opt = build_optimizer("lars", [{"params": [p]}], lr=0.1, weight_decay=0.2)
+    opt = build_optimizer(OPTIMIZERS.config("lars", weight_decay=0.2), [{"params": [p]}], lr=0.1)
     (g,) = opt.param_groups
     assert g["weight_decay"] == 0.2 and g["lars_exclude"] is False and g["eta"] == 0.02
 
 
 def test_build_optimizer_unknown_name():
     with pytest.raises(ValueError) as err:
-        build_optimizer("adam", [{"params": [nn.Parameter(torch.zeros(1))]}], lr=0.1, weight_decay=0.0)
+        OPTIMIZERS.config("adam")
     for name in ("sgd", "lars", "adamw"):
         assert name in str(err.value)
 
@@ -245,7 +246,7 @@ def test_lars_state_dict_round_trip_weights_only(tmp_path):
     def make_opt(m):
         groups = param_groups(m, 1e-4)
         groups[1]["lr_scale"] = 0.5  # extra loop-level key must survive the checkpoint too
-        return build_optimizer("lars", groups, lr=0.2, weight_decay=1e-4, momentum=0.9, eta=0.02)
+        return build_optimizer(OPTIMIZERS.config("lars", weight_decay=1e-4, momentum=0.9, eta=0.02), groups, lr=0.2)
 
     def train_step(m, opt):
         opt.zero_grad()

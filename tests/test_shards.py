@@ -13,7 +13,8 @@ import torch
 import webdataset as wds
 
 from solo.data import MultiViewDataset, SyntheticDataset, build_view_transforms
-from solo.data.datasets import ImageReadError, build_split
+from solo.data import build_split
+from solo.data.datasets import ImageReadError
 from solo.data.image_text import CsvPairs
 from solo.data.make_shards import main as make_shards
 from solo.data.shards import ShardDataset, ShardPairs
@@ -167,8 +168,8 @@ def test_caption_pairs_from_a_csv(tmp_path, folder):
 
 
 def test_missing_shards_setting_says_what_to_set():
-    with pytest.raises(ConfigError, match=r"data=webdataset reads tar shards: set data.shards="):
-        build_split(compose_cfg(["data=webdataset"]).data, "train", seed=0)
+    with pytest.raises(ConfigError, match=r"data.shards is required and not set: add data.shards=\.\.\. to the command line"):
+        pretrain(compose_cfg(["data=webdataset"]), "/nonexistent-run-dir")
 
 
 SHARD_RUN = [o for o in TINY if not o.startswith("data")] + ["data=webdataset", "data.image_size=16", "data.num_workers=1",

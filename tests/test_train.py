@@ -34,6 +34,8 @@ TINY = [
     "trainer.log_every_steps=1",
     "trainer.plots=false",  # t-SNE at every test run's end costs time; test_eval checks the pictures
 ]
+# TINY for another dataset (data=...): without the synthetic dataset's own keys.
+TINY_FILES = [o for o in TINY if not o.startswith("data.num_samples")]
 
 
 def compose_cfg(overrides):
@@ -192,7 +194,7 @@ def test_unknown_backbone_suggests_names(tmp_path):
 def test_missing_data_path(tmp_path):
     missing = tmp_path / "nowhere"
     with pytest.raises(FileNotFoundError, match=str(missing)):
-        pretrain(compose_cfg(TINY + ["data=imagefolder", f"data.root={missing}"]), tmp_path / "run")
+        pretrain(compose_cfg(TINY_FILES + ["data=imagefolder", f"data.root={missing}"]), tmp_path / "run")
 
 
 def test_corrupt_image_is_named(tmp_path):
@@ -202,7 +204,7 @@ def test_corrupt_image_is_named(tmp_path):
             Image.new("RGB", (20, 20), (i * 20, 0, 0)).save(tmp_path / "data" / "train" / cls / f"{i}.png")
     bad = tmp_path / "data" / "train" / "b" / "broken.png"
     bad.write_bytes(b"not a png at all")
-    overrides = TINY + ["data=imagefolder", f"data.root={tmp_path / 'data'}", "data.image_size=16", "data.batch_size=17"]
+    overrides = TINY_FILES + ["data=imagefolder", f"data.root={tmp_path / 'data'}", "data.image_size=16", "data.batch_size=17"]
     with pytest.raises(Exception, match="broken.png"):
         pretrain(compose_cfg(overrides + ["trainer.max_steps=1"]), tmp_path / "run")
 
@@ -239,7 +241,7 @@ def test_unlabeled_imagefolder_trains_without_probe(tmp_path):
     (tmp_path / "data" / "train").mkdir(parents=True)
     for i in range(16):
         Image.new("RGB", (20, 20), (i * 15, 255 - i * 15, 0)).save(tmp_path / "data" / "train" / f"{i}.png")
-    overrides = TINY + ["data=imagefolder", f"data.root={tmp_path / 'data'}", "data.image_size=16", "data.batch_size=8"]
+    overrides = TINY_FILES + ["data=imagefolder", f"data.root={tmp_path / 'data'}", "data.image_size=16", "data.batch_size=8"]
     final = pretrain(compose_cfg(overrides + ["trainer.max_steps=2"]), tmp_path / "run")
     rows = metrics(tmp_path / "run")
     assert "train/loss" in final and not any("val/acc1" in r or "train/probe_loss" in r for r in rows)

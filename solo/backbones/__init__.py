@@ -1,6 +1,14 @@
-"""Backbone factory: timm models by name, torchvision ResNets with a ``torchvision.`` prefix."""
+"""Backbones (one registry, each with its typed config: the `backbone` group). `build_backbone(cfg)` is the one
+factory: a registered name builds that backbone; any other name is a timm model, or a torchvision ResNet with
+a ``torchvision.`` prefix.
+
+    @register_backbone("my_net", schema=MyNetConfig)   # MyNetConfig extends BackboneConfig
+    def my_net(cfg) -> tuple[nn.Module, int]: ...      # (images -> pooled features, their width)
+"""
 
 import difflib
+from dataclasses import dataclass, field
+from typing import Any, Dict
 
 import timm
 import torch
@@ -8,6 +16,39 @@ import torchvision
 from torch import nn
 
 from solo.errors import ConfigError
+from solo.registry import Registry
+
+BACKBONES = Registry("backbone", "backbone.name", group="backbone")
+
+
+@dataclass
+class BackboneConfig:
+    """What every backbone takes."""
+
+    name: str = "resnet18"  # a registered backbone, a timm model name, or torchvision.resnet18 / torchvision.resnet50 / ...
+    pretrained: bool = False  # the library's pretrained weights (timm's, torchvision's), where it has them
+
+
+@dataclass
+class TimmBackboneConfig(BackboneConfig):
+    small_stem: bool = False  # 3x3 stride-1 first conv and no max-pool, for 32px-sized images
+    kwargs: Dict[str, Any] = field(default_factory=dict)  # passed to timm.create_model (torchvision: get_model)
+
+
+def register_backbone(name: str, *, schema: type = BackboneConfig):
+    """Decorator for a builder `(backbone config) -> (module mapping (B, 3, H, W) to (B, width), width)`."""
+    return BACKBONES.register(name, schema=schema)
+
+
+def build_backbone(cfg) -> tuple[torch.nn.Module, int]:
+    """The backbone of a `backbone` config (a mapping with `name`) and its feature width."""
+    return BACKBONES[cfg["name"]].target(cfg)
+
+
+@BACKBONES.register_fallback("any timm model, torchvision.<resnet>", schema=TimmBackboneConfig)
+def _timm_or_torchvision(cfg) -> tuple[torch.nn.Module, int]:
+    return create_backbone(cfg["name"], small_stem=cfg.get("small_stem", False), pretrained=cfg.get("pretrained", False),
+                           **cfg.get("kwargs", {}))
 
 TORCHVISION_PREFIX = "torchvision."
 # Only the ResNet family: they all expose `fc` as the head and `conv1`/`maxpool` as the stem.

@@ -1,18 +1,13 @@
-"""Data pipeline: base datasets (one registry), augmentations, per-sample seeded multi-view wrappers and
+"""Data pipeline: base datasets (one registry, solo.data.registry), augmentations, per-sample seeded multi-view wrappers and
 the stateful data sources the trainer reads batches from."""
 
 from solo.data.datasets import (
-    DATASETS,
     CIFAR10Dataset,
     CIFAR100Dataset,
     DigitsDataset,
     ImageFolderDataset,
     ImageReadError,
     SyntheticDataset,
-    build_dataset,
-    build_split,
-    dataset_stats,
-    register_dataset,
 )
 from solo.data.image_text import (
     DIGIT_TEMPLATES,
@@ -21,8 +16,15 @@ from solo.data.image_text import (
     ImageTextDataset,
     ImageTextPairs,
     ZeroShotEvalDataset,
-    build_image_text_pairs,
     digit_caption,
+)
+from solo.data.registry import (
+    DATASETS,
+    DataConfig,
+    build_dataset,
+    build_split,
+    dataset_stats,
+    register_dataset,
 )
 from solo.data.multiview import EvalDataset, MultiViewDataset
 from solo.data.shards import ShardDataset, ShardPairs, expand_shards
@@ -39,6 +41,7 @@ from solo.data.transforms import (
 
 __all__ = [
     "DATASETS",
+    "DataConfig",
     "CIFAR10Dataset",
     "CIFAR100Dataset",
     "DigitsDataset",
@@ -55,7 +58,6 @@ __all__ = [
     "ImageTextDataset",
     "ImageTextPairs",
     "ZeroShotEvalDataset",
-    "build_image_text_pairs",
     "digit_caption",
     "EvalDataset",
     "MultiViewDataset",

@@ -8,45 +8,20 @@ randomness lives in :mod:`solo.data.multiview`.
 import colorsys
 import os
 import pickle
-from types import SimpleNamespace
+from dataclasses import dataclass
 from typing import List, Optional, Tuple
 
 import numpy as np
 from PIL import Image
 
-from solo.errors import ConfigError, DataError, NotFound, SoloError
-from solo.registry import Registry
+from solo.data.registry import DataConfig, DownloadConfig, FolderConfig, check_split, register_dataset
+from solo.errors import DataError, NotFound, SoloError
+from solo.schema import AT_LEAST_ONE, ruled
 
-# (mean, std) per RGB channel, in [0, 1] units, used by the Normalize transform.
-IMAGENET_STATS = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
 # Computed once from the digits train split at image_size=16 (the size the digits configs use; the mean is
 # size-independent, the std is 0.32-0.33 for sizes >= 16). Grey images, so all three channels are equal.
 DIGITS_STATS = ((0.3054, 0.3054, 0.3054), (0.3187, 0.3187, 0.3187))
-
-# Each dataset: a builder `(data config, split, seed, pairs) -> base dataset, or None for a missing val split`,
-# its normalisation statistics, whether images come at any size (the eval transform then resizes), and
-# whether it has images (`images`) and image-text pairs (`pairs`), and whether building it writes a cache
-# (`writes_cache`: rank 0 builds first, the other ranks then read the cache).
-DATASETS = Registry("dataset", "data.name")
-
-
-def register_dataset(name: str, *, stats=IMAGENET_STATS, any_size: bool = False, images: bool = True, pairs: bool = False,
-                     writes_cache: bool = False):
-    return DATASETS.register(name, stats=stats, any_size=any_size, images=images, pairs=pairs, writes_cache=writes_cache)
-
-
-def dataset_stats(name: str):
-    """(mean, std) to normalise dataset `name` with."""
-    return DATASETS[name].stats
-
-
-SPLITS = ("train", "val")
 IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".pgm", ".bmp", ".tif", ".tiff", ".webp")
-
-
-def _check_split(split: str, dataset: str) -> None:
-    if split not in SPLITS:
-        raise DataError(f"{dataset}: unknown split {split!r}; expected one of {list(SPLITS)}")
 
 
 def _check_index(index: int, length: int, dataset: str) -> int:
@@ -75,7 +50,7 @@ class DigitsDataset:
         from sklearn.datasets import load_digits
         from sklearn.model_selection import train_test_split
 
-        _check_split(split, "digits")
+        check_split(split, "digits")
         digits = load_digits()
         all_idx = np.arange(len(digits.target))
         train_idx, val_idx = train_test_split(
@@ -125,11 +100,11 @@ class SyntheticDataset:
                 "SyntheticDataset needs positive sizes, got "
                 f"num_samples={num_samples}, image_size={image_size}, num_classes={num_classes}"
             )
-        _check_split(split, "synthetic")
+        check_split(split, "synthetic")
         self.num_samples = num_samples
         self.image_size = image_size
         self.seed = seed
-        self._split_id = SPLITS.index(split)  # train and val images differ for the same seed
+        self._split_id = ("train", "val").index(split)  # train and val images differ for the same seed
         self.classes = [f"class_{c}" for c in range(num_classes)]
 
     def __len__(self) -> int:
@@ -171,7 +146,7 @@ class _CIFARBase:
     names_key = ""
 
     def __init__(self, root: str, split: str, download: bool = False):
-        _check_split(split, self.name)
+        check_split(split, self.name)
         self.root = root
         base = os.path.join(root, self.folder)
         files = self.train_files + self.val_files + [self.meta_file]
@@ -275,7 +250,7 @@ class ImageFolderDataset:
     """
 
     def __init__(self, root: str, split: str, classes: Optional[List[str]] = None):
-        _check_split(split, "imagefolder")
+        check_split(split, "imagefolder")
         self.split_dir = os.path.join(root, split)
         if not os.path.isdir(self.split_dir):
             raise NotFound(
@@ -357,68 +332,39 @@ def _walk_images(folder: str) -> List[str]:
 
 
 # ---------------------------------------------------------------------------- build
+# (digits is registered with its image-text pairs, in solo.data.image_text)
 
 
-def build_split(d, split: str, seed: int, *, pairs: bool = False):
-    """The base dataset of data config `d` (the `data` group) for `split` ("train" or "val"): image-text
-    pairs when `pairs`, else (image, label) images; None for a val split that does not exist."""
-    entry = DATASETS[d.name]
-    _check_split(split, d.name)
-    if pairs and not entry.pairs:
-        with_pairs = ", ".join(e.name for e in DATASETS if e.pairs)
-        raise ConfigError(f"data={d.name} has no image-text pairs; datasets with pairs: {with_pairs}")
-    if not pairs and not entry.images:
-        raise ConfigError(f"data={d.name} holds image-text pairs only")
-    return entry.target(d, split, seed=seed, pairs=pairs)
+@dataclass
+class SyntheticConfig(DataConfig):
+    num_samples: int = ruled(1000, AT_LEAST_ONE)  # per split
+    num_classes: int = ruled(10, AT_LEAST_ONE)
 
 
-def build_dataset(name: str, split: str, *, root: Optional[str], image_size: int, download: bool = False,
-                  num_samples: int = 1000, num_classes: int = 10, seed: int = 0):
-    """The base image dataset `name` for `split`, from keyword arguments instead of a data config."""
-    d = SimpleNamespace(name=name, root=root, file=None, image_size=image_size, download=download,
-                        num_samples=num_samples, num_classes=num_classes)
-    return build_split(d, split, seed)
-
-
-def _root(d) -> str:
-    if d.root is None:
-        raise ConfigError(f"data={d.name} reads files: set data.root")
-    return d.root
-
-
-@register_dataset("digits", stats=DIGITS_STATS, pairs=True)
-def _digits(d, split: str, seed: int, pairs: bool):
-    """scikit-learn's bundled digits; as pairs, captioned from templates (solo.data.image_text)."""
-    from solo.data.image_text import DigitsPairs
-
-    return DigitsPairs(split, d.image_size) if pairs else DigitsDataset(split, d.image_size)
-
-
-@register_dataset("synthetic", stats=((0.5, 0.5, 0.5), (0.5, 0.5, 0.5)))
+@register_dataset("synthetic", schema=SyntheticConfig, stats=((0.5, 0.5, 0.5), (0.5, 0.5, 0.5)))
 def _synthetic(d, split: str, seed: int, pairs: bool):
     """`num_samples` images of `num_classes` classes for *each* split (train and val images differ)."""
     return SyntheticDataset(d.num_samples, d.image_size, num_classes=d.num_classes, seed=seed, split=split)
 
 
-@register_dataset("cifar10", stats=((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)))
+@register_dataset("cifar10", schema=DownloadConfig, stats=((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)))
 def _cifar10(d, split: str, seed: int, pairs: bool):
-    return CIFAR10Dataset(_root(d), split, download=d.download)
+    return CIFAR10Dataset(d.root, split, download=d.download)
 
 
-@register_dataset("cifar100", stats=((0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762)))
+@register_dataset("cifar100", schema=DownloadConfig, stats=((0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762)))
 def _cifar100(d, split: str, seed: int, pairs: bool):
-    return CIFAR100Dataset(_root(d), split, download=d.download)
+    return CIFAR100Dataset(d.root, split, download=d.download)
 
 
-@register_dataset("imagefolder", any_size=True)
+@register_dataset("imagefolder", schema=FolderConfig, any_size=True)
 def _imagefolder(d, split: str, seed: int, pairs: bool):
     """`root/train` and `root/val`; no `root/val`: None (validation and the online probe are skipped)."""
-    root = _root(d)
     if split == "train":
-        return ImageFolderDataset(root, split)
-    if not os.path.isdir(os.path.join(root, "val")):
+        return ImageFolderDataset(d.root, split)
+    if not os.path.isdir(os.path.join(d.root, "val")):
         return None
-    train_dir = os.path.join(root, "train")
+    train_dir = os.path.join(d.root, "train")
     # Reuse the train class list so label i means the same class in both splits.
     train_classes = _list_class_dirs(train_dir) if os.path.isdir(train_dir) else []
-    return ImageFolderDataset(root, split, classes=train_classes or None)
+    return ImageFolderDataset(d.root, split, classes=train_classes or None)

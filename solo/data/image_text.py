@@ -21,14 +21,16 @@ import operator
 import os
 import re
 import warnings
-from types import SimpleNamespace
+from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
+from omegaconf import MISSING
 from PIL import Image
 
-from solo.data.datasets import DigitsDataset, ImageReadError, build_split, read_file, register_dataset
-from solo.errors import ConfigError, DataError, NotFound
+from solo.data.datasets import DIGITS_STATS, DigitsDataset, ImageReadError, read_file
+from solo.data.registry import DataConfig, register_dataset
+from solo.errors import DataError, NotFound
 from solo.data.multiview import epoch_and_index, raw_image, raw_pixels, read_or_skip
 from solo.data.seeding import sample_seed, seeded_rng
 
@@ -428,24 +430,25 @@ class ZeroShotEvalDataset:
 # ---------------------------------------------------------------------------- build
 
 
-@register_dataset("csv", any_size=True, images=False, pairs=True)
+@register_dataset("digits", stats=DIGITS_STATS, pairs=True)
+def _digits(d, split: str, seed: int, pairs: bool):
+    """scikit-learn's bundled digits; as pairs, captioned from templates."""
+    return DigitsPairs(split, d.image_size) if pairs else DigitsDataset(split, d.image_size)
+
+
+@dataclass
+class CsvConfig(DataConfig):
+    file: str = MISSING  # required: the captions file (.csv or .jsonl); '{split}' in it is replaced by train / val
+    root: Optional[str] = None  # what image paths are relative to; None: the captions file's folder
+
+
+@register_dataset("csv", schema=CsvConfig, any_size=True, images=False, pairs=True)
 def _csv_pairs(d, split: str, seed: int, pairs: bool) -> Optional[CsvPairs]:
     """:class:`CsvPairs` over `d.file` (.csv or .jsonl) with image paths relative to `d.root` (the caption
     file's folder when None). `{split}` in the file name is replaced by the split, e.g.
     `captions_{split}.csv`. For split "val" this returns None (no validation, no zero-shot) when that file
     does not exist, or when the name has no `{split}` (one file for both would evaluate on training pairs)."""
-    if not d.file:
-        raise ConfigError(
-            "data=csv reads a caption file: set data.file (.csv or .jsonl; '{split}' in it is replaced by train / val)"
-        )
     path = d.file.replace("{split}", split)
     if split == "val" and ("{split}" not in d.file or not os.path.isfile(path)):
         return None
     return CsvPairs(path, d.root)
-
-
-def build_image_text_pairs(name: str, split: str, *, root: Optional[str], file: Optional[str], image_size: int):
-    """The image-text pairs of dataset `name` for `split`, from keyword arguments instead of a data config."""
-    d = SimpleNamespace(name=name, root=root, file=file, image_size=image_size)
-    return build_split(d, split, seed=0, pairs=True)
-

@@ -22,14 +22,18 @@ import json
 import os
 import tarfile
 import tempfile
+from dataclasses import dataclass
 from typing import Dict, List, Optional, Tuple
 
 import torch
+from omegaconf import MISSING
 from PIL import Image
 
-from solo.data.datasets import IMG_EXTENSIONS, ImageReadError, register_dataset
+from solo.data.datasets import IMG_EXTENSIONS, ImageReadError
+from solo.data.registry import DataConfig, register_dataset
 from solo.data.image_text import ImageTextPairs
 from solo.errors import ConfigError, DataError, NotFound
+from solo.schema import AT_LEAST_ONE, ruled
 
 INDEX_VERSION = 1
 IMAGE_EXTENSIONS = tuple(e.lstrip(".") for e in IMG_EXTENSIONS)
@@ -258,13 +262,19 @@ class ShardPairs(ShardDataset, ImageTextPairs):
         return [self.caption_options(i)[0] for i in range(min(len(self), CAPTIONS_CHECKED))]
 
 
-@register_dataset("webdataset", any_size=True, pairs=True, writes_cache=True)
+@dataclass
+class ShardsConfig(DataConfig):
+    shards: str = MISSING  # required: the train shards, a brace pattern ('/data/{00000..00331}.tar'); several joined by '::'
+    val_shards: Optional[str] = None  # the val shards; None: no validation
+    shuffle_window: int = ruled(4, AT_LEAST_ONE)  # shards whose samples are shuffled together
+    cache_dir: Optional[str] = None  # shard indexes and fetched shards; None: ~/.cache/solo/shards
+
+
+@register_dataset("webdataset", schema=ShardsConfig, any_size=True, pairs=True, writes_cache=True)
 def _webdataset(d, split: str, seed: int, pairs: bool) -> Optional[ShardDataset]:
     """`data.shards` for train, `data.val_shards` for val (None: no validation); image-text pairs when the method
     reads them (`.txt` captions), else images with the `.cls` labels."""
     spec = d.shards if split == "train" else d.val_shards
-    if split == "train" and not spec:
-        raise ConfigError("data=webdataset reads tar shards: set data.shards='/path/to/{00000..00099}.tar'")
     if not spec:
         return None
     return (ShardPairs if pairs else ShardDataset)(spec, d.cache_dir, d.shuffle_window)

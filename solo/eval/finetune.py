@@ -16,7 +16,7 @@ from solo.data import EvalDataset, MultiViewDataset, ViewAugmentation, build_vie
 from solo.data.source import MapDataSource, loader_workers
 from solo.eval.probe import evaluate
 from solo.train.distribute import distribute
-from solo.train.optim import warmup_cosine
+from solo.optim import warmup_cosine
 from solo.train.step import TrainStep
 
 

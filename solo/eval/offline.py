@@ -23,14 +23,16 @@ from solo.eval.linear import LinearProtocol, train_linear
 from solo.eval.plots import plot_curves, plot_embedding
 from solo.eval.probe import topk_correct
 from solo.eval.zero_shot import class_embeddings, class_prompts
-from solo.config import plain
-from solo.train.metrics import Loggers
+from solo.config import check_required, plain, validate_linear
+from solo.loggers import Loggers
 from solo.zoo.files import cache_dir
 from solo.zoo.pretrained import resolve
 
 
 def evaluate_pretrained(cfg: DictConfig, run_dir: str | Path) -> dict:
     """Evaluate cfg.pretrained on cfg.data; returns (and writes to <run_dir>/summary.json) the results."""
+    cfg = validate_linear(cfg)
+    check_required(cfg)
     with process_group() as (env, device):
         return _evaluate(cfg, Path(run_dir), env, device)
 
@@ -92,9 +94,10 @@ class CachedFeatures:
         self.backbone, self.transform, self.env, self.device, self.data = backbone, transform, env, device, d
         self.cache = FeatureCache(cache_dir() / "features" if cfg.feature_cache else None)
         mean, std = DATASETS[d.name].stats
+        # What decides the images: the dataset's keys, but for how they are read.
+        read_only = ("batch_size", "num_workers", "on_bad_image", "check_images", "augment_on", "download")
         data_id = json.dumps(
-            {k: d[k] for k in ("name", "root", "file", "image_size", "num_samples", "num_classes")}
-            | {"mean": mean, "std": std, "seed": cfg.seed}, sort_keys=True
+            {k: v for k, v in plain(d).items() if k not in read_only} | {"mean": mean, "std": std, "seed": cfg.seed}, sort_keys=True
         )
         self.key_prefix = f"{state_fingerprint(backbone)}|{data_id}"
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from omegaconf import OmegaConf
 
-from solo.backbones import create_backbone
+from solo.backbones import build_backbone
 from solo.methods import barlow_twins, byol, clip, dino, mocov3, siglip, simclr, swav, vicreg  # noqa: F401  (registers them)
 from solo.methods.base import METHODS, Method, register_method
 
@@ -24,15 +24,12 @@ def build_method(cfg, backbone, feature_dim: int) -> Method:
     return METHODS[cfg["name"]].target(backbone, feature_dim, method_config(cfg))
 
 
-def create_method(cfg, backbone_cfg, *, pretrained_backbone: bool = False) -> Method:
-    """The method of `cfg` (the `method` group) around a new backbone of `backbone_cfg` (the `backbone` group; timm's
-    pretrained weights with `pretrained_backbone`), unless the method builds its own image encoder (CLIP and SigLIP
-    with method.model: open_clip's)."""
+def create_method(cfg, backbone_cfg) -> Method:
+    """The method of `cfg` (the `method` group) around a new backbone of `backbone_cfg` (the `backbone` group), unless
+    the method builds its own image encoder (CLIP and SigLIP with method.model: open_clip's)."""
     if METHODS[cfg["name"]].target.builds_own_backbone(cfg):
         return build_method(cfg, None, 0)
-    b = backbone_cfg
-    backbone, width = create_backbone(b["name"], small_stem=b["small_stem"], pretrained=pretrained_backbone, **b["kwargs"])
-    return build_method(cfg, backbone, width)
+    return build_method(cfg, *build_backbone(backbone_cfg))
 
 
 __all__ = ["METHODS", "Method", "build_method", "create_method", "method_config", "register_method"]

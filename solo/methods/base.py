@@ -21,12 +21,12 @@ from typing import Callable, ClassVar
 
 import torch
 import torch.nn as nn
-from hydra.core.config_store import ConfigStore
 
 from solo.errors import ConfigError
+from solo.optim import param_groups
 from solo.registry import Registry
 
-METHODS = Registry("method", "method")
+METHODS = Registry("method", "method", group="method")
 
 
 def register_method(name: str, schema: type) -> Callable:
@@ -38,7 +38,6 @@ def register_method(name: str, schema: type) -> Callable:
 
     def add(cls):
         cls.name = name
-        ConfigStore.instance().store(group="schema/method", name=name, node=schema)
         return METHODS.register(name, schema=schema)(cls)
 
     return add
@@ -108,8 +107,6 @@ class Method(nn.Module):
 
     def param_groups(self, weight_decay: float, exclude_bias_and_norm: bool) -> list[dict]:
         """The optimizer's groups over the trained parameters (teachers excluded by having no gradient)."""
-        from solo.train.optim import param_groups
-
         return param_groups(self, weight_decay, exclude_bias_and_norm=exclude_bias_and_norm)
 
     def encode(self, batch: dict) -> dict:
@@ -234,7 +231,7 @@ class MomentumTwoViewMethod(Method):
 
 def with_frozen(groups: list[dict], params, frozen_steps: int) -> list[dict]:
     """`groups` with `params` moved to groups of their own that the optimizer leaves untouched for the first
-    `frozen_steps` steps (see solo.train.optim), keeping their group's other settings."""
+    `frozen_steps` steps (see solo.optim), keeping their group's other settings."""
     frozen_ids = {id(p) for p in params}
     out = []
     for group in groups:

@@ -53,7 +53,7 @@ class Loaders:
 def build_splits(d, env: DistEnv, seed: int, pairs: bool) -> Splits:
     """The train and val base datasets of data config `d`; rank 0 downloads (or builds the shard index) first,
     the others read what it wrote."""
-    first = (d.download or DATASETS[d.name].writes_cache) and env.world_size > 1
+    first = (d.get("download", False) or DATASETS[d.name].writes_cache) and env.world_size > 1
     if first and not env.is_main:
         dist.barrier()
     train, val = (build_split(d, split, seed, pairs=pairs) for split in ("train", "val"))
@@ -71,10 +71,10 @@ def build_loaders(splits: Splits, d, views, env: DistEnv, *, seed: int, tokenize
     mean, std = entry.stats
     transforms = build_view_transforms(views, d.image_size, mean, std)
     eval_transform = build_eval_transform(d.image_size, mean, std, resize=entry.any_size)
-    skip = str(d.on_bad_image) == "skip"
+    skip = d.on_bad_image == "skip"
     read = splits.train.image if splits.pairs else splits.train.__getitem__
     unreadable = getattr(splits.train, "problems", []) + check_images(read, min(d.check_images, len(splits.train)), skip)
-    on_device = str(d.augment_on) == "device" or (str(d.augment_on) == "auto" and device.type == "cuda")
+    on_device = d.augment_on == "device" or (d.augment_on == "auto" and device.type == "cuda")
     if splits.pairs:
         train_set = ImageTextDataset(splits.train, transforms[0], tokenizer, seed=seed, skip_bad=skip, raw=on_device)
     else:

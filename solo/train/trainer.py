@@ -16,18 +16,18 @@ import torch.nn.functional as F
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
-from solo.config import changed_keys, plain, validate_pretrain
+from solo.config import changed_keys, check_required, plain, validate_pretrain
 from solo.distributed import DistEnv
 from solo.distributed.env import process_group
 from solo.errors import CheckpointError
 from solo.losses._checks import full_precision
+from solo.loggers import Loggers
 from solo.methods import METHODS, create_method
+from solo.optim import build_optimizer, scaled_lr, warmup_cosine
 from solo.train.checkpoint import Checkpointer, Checkpoints, RNGState
 from solo.train.distribute import distribute
 from solo.train.evaluator import Evaluator
 from solo.train.loaders import build_loaders, build_splits
-from solo.train.metrics import Loggers
-from solo.train.optim import build_optimizer, scaled_lr, warmup_cosine
 from solo.train.preemption import Preemption, requeue_slurm_job
 from solo.train.step import TrainStep, merge_encoded
 
@@ -65,7 +65,7 @@ class PretrainModel(nn.Module):
 
 
 def build_model(cfg: DictConfig, num_classes: int | None) -> PretrainModel:
-    return PretrainModel(create_method(cfg.method, cfg.backbone, pretrained_backbone=cfg.backbone.pretrained), num_classes)
+    return PretrainModel(create_method(cfg.method, cfg.backbone), num_classes)
 
 
 def build_optimizer_for(model: PretrainModel, optim_cfg, lr: float):
@@ -74,13 +74,13 @@ def build_optimizer_for(model: PretrainModel, optim_cfg, lr: float):
     if model.probe is not None:
         groups.append({"params": list(model.probe.parameters()), "weight_decay": 0.0, "lars_exclude": True,
                        "lr_scale": optim_cfg.probe_lr / optim_cfg.lr})
-    o = optim_cfg
-    return build_optimizer(o.name, groups, lr=lr, weight_decay=o.weight_decay, momentum=o.momentum, betas=tuple(o.betas), eta=o.eta)
+    return build_optimizer(optim_cfg, groups, lr)
 
 
 def pretrain(cfg: DictConfig, run_dir: str | Path) -> dict:
     """Run (or resume) the pretraining described by `cfg` in `run_dir`; returns the last metrics."""
     cfg = validate_pretrain(cfg)
+    check_required(cfg)
     with process_group() as (env, device):
         return Trainer(cfg, Path(run_dir), env, device).fit()
 
@@ -97,7 +97,7 @@ class Trainer:
         splits = build_splits(cfg.data, env, t.seed, pairs=METHODS[cfg.method.name].target.inputs == "image_text")
         self.model = model = build_model(cfg, splits.num_classes if t.probe else None)
         self.channels_last = t.channels_last and device.type == "cuda"
-        self.dtype = torch.float64 if str(t.precision) == "64" else torch.float32
+        self.dtype = torch.float64 if t.precision == "64" else torch.float32
         model.to(device, dtype=self.dtype, memory_format=torch.channels_last if self.channels_last else torch.preserve_format)
         keep_local = () if model.method.sync_teacher_batchnorm else model.teachers()
         forward = distribute(model, device, sync_batchnorm=t.sync_batchnorm, keep_local=keep_local)
@@ -110,7 +110,7 @@ class Trainer:
             self.say(f"{len(self.loaders.unreadable)} of the first {cfg.data.check_images} train images cannot be read and "
                      f"are skipped (data.on_bad_image=skip), e.g. {self.loaders.unreadable[0]}")
         self.lr = scaled_lr(cfg.optim, source.global_batch)
-        self.total_steps = t.max_steps if t.max_steps > 0 else t.max_epochs * source.steps_per_epoch
+        self.total_steps = t.max_steps or t.max_epochs * source.steps_per_epoch
         model.method.set_schedule(source.steps_per_epoch, self.total_steps)
         optimizer = build_optimizer_for(model, cfg.optim, self.lr)
         warmup_steps = min(round(cfg.optim.warmup_epochs * source.steps_per_epoch), self.total_steps)
@@ -216,7 +216,7 @@ class Trainer:
                    "train/img_per_s": self.source.global_batch * steps / elapsed}
         if self.model.probe is not None:
             metrics["train/probe_loss"] = losses[1]
-        if str(self.cfg.data.on_bad_image) == "skip":
+        if self.cfg.data.on_bad_image == "skip":
             metrics["data/skipped_images"] = window["skipped"]  # unreadable images read in this window, all ranks
         metrics |= {k: float(v) for k, v in self.model.method.metrics().items()}
         self.last_metrics = metrics

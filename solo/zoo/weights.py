@@ -22,7 +22,7 @@ import torch.nn as nn
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from solo.backbones import create_backbone
+from solo.backbones import build_backbone
 from solo.data import dataset_stats
 from solo.methods import METHODS, create_method
 
@@ -37,7 +37,7 @@ class Pretrained:
 
     state: dict[str, torch.Tensor]
     contents: str  # "backbone" | "model"
-    backbone: dict  # BackboneConfig fields
+    backbone: dict  # the backbone config (solo.backbones)
     method: dict  # MethodConfig fields (name + hyper-parameters)
     data: dict  # name, image_size, mean, std: the preprocessing the weights expect
     source: str  # where they came from, for error messages
@@ -55,8 +55,7 @@ class Pretrained:
         if self.contents == "model" and METHODS[self.method["name"]].target.builds_own_backbone(self.method):
             backbone = self._new_model().backbone  # the method's own image tower (open_clip's)
         else:
-            b = self.backbone
-            backbone, _ = create_backbone(b["name"], small_stem=b["small_stem"], pretrained=False, **b["kwargs"])
+            backbone, _ = build_backbone({**self.backbone, "pretrained": False})
         if not random_init:
             load_strict(backbone, self.backbone_state(), f"the backbone in {self.source}")
         return backbone

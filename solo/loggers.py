@@ -6,12 +6,30 @@ import json
 import os
 import time
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Optional
 
 from solo.registry import Registry
+from solo.schema import choices
 
 # Each entry: a MetricsLogger class built as `cls(run_dir, logger config, config as a dict, resume_step)`.
-LOGGERS = Registry("logger", "logger.name")
+LOGGERS = Registry("logger", "logger.name", group="logger")
+
+# auto: online with credentials, else offline.
+WandbMode = choices("WandbMode", "auto", "online", "offline")
+
+
+@dataclass
+class LoggerConfig:
+    name: str = "jsonl"  # a registered logger: jsonl | wandb (metrics.jsonl is always written)
+
+
+@dataclass
+class WandbConfig(LoggerConfig):
+    project: str = "solo"
+    entity: Optional[str] = None
+    mode: WandbMode = WandbMode("auto")
 
 
 class MetricsLogger:
@@ -24,7 +42,7 @@ class MetricsLogger:
         pass
 
 
-@LOGGERS.register("jsonl")
+@LOGGERS.register("jsonl", schema=LoggerConfig)
 class JsonlLogger(MetricsLogger):
     """One JSON object per event in <run dir>/metrics.jsonl, with the wall-clock `time` it was logged."""
 
@@ -49,7 +67,7 @@ class JsonlLogger(MetricsLogger):
             f.write(json.dumps(metrics | {"time": round(time.time(), 3)}) + "\n")
 
 
-@LOGGERS.register("wandb")
+@LOGGERS.register("wandb", schema=WandbConfig)
 class WandbLogger(MetricsLogger):
     """A Weights & Biases run whose id lives in the run directory, so a resumed (or requeued) job continues it."""
 
@@ -60,7 +78,7 @@ class WandbLogger(MetricsLogger):
         if not id_file.exists():
             id_file.write_text(uuid.uuid4().hex[:16])
         mode = str(cfg.mode)
-        if mode == "auto":
+        if cfg.mode == "auto":
             mode = "online" if os.environ.get("WANDB_API_KEY") or (Path.home() / ".netrc").exists() else "offline"
         self.run = wandb.init(
             project=cfg.project, entity=cfg.entity, id=id_file.read_text().strip(), resume="allow",

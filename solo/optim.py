@@ -1,4 +1,5 @@
-"""Optimizers, parameter groups and the learning-rate schedule for pretraining.
+"""Optimizers (one registry, each with its typed config: the `optim` group), parameter groups and the
+learning-rate schedule.
 
 Param-group keys understood here (besides torch's own ``params``/``lr``/``weight_decay``):
 
@@ -15,14 +16,55 @@ Param-group keys understood here (besides torch's own ``params``/``lr``/``weight
 """
 
 import math
+from dataclasses import dataclass, field
+from typing import List, Optional
 
 import torch
 from torch import nn
 
 from solo.registry import Registry
+from solo.schema import MOMENTUM, NON_NEGATIVE, POSITIVE, choices, ruled
 
-# Each entry: `(param groups, lr, weight_decay, momentum, betas, eta) -> torch.optim.Optimizer`.
-OPTIMIZERS = Registry("optimizer", "optim.name")
+# Each entry: `(param groups, optim config, lr) -> torch.optim.Optimizer`, with its config schema.
+OPTIMIZERS = Registry("optimizer", "optim.name", group="optim")
+
+# linear: lr x global_batch / 256; sqrt: lr x sqrt(global_batch / 256).
+LRScaling = choices("LRScaling", "linear", "sqrt", "none")
+
+
+@dataclass
+class OptimConfig:
+    """What every optimizer takes: the learning rate and its schedule, weight decay, clipping, the probe's lr."""
+
+    name: str = "lars"  # a registered optimizer: lars | sgd | adamw
+    lr: float = ruled(0.3, POSITIVE)  # for a global batch of 256 under lr_scaling=linear
+    lr_scaling: LRScaling = LRScaling("linear")
+    weight_decay: float = ruled(1e-6, NON_NEGATIVE)
+    exclude_bias_and_norm: bool = True
+    warmup_epochs: float = ruled(1.0, NON_NEGATIVE)
+    warmup_start_lr: float = ruled(0.0, NON_NEGATIVE)
+    final_lr: float = ruled(0.0, NON_NEGATIVE)
+    grad_clip: Optional[float] = ruled(None, POSITIVE)  # max global gradient norm
+    probe_lr: float = ruled(0.1, POSITIVE)  # online linear probe (no weight decay, not LARS-adapted)
+
+
+@dataclass
+class SGDConfig(OptimConfig):
+    momentum: float = ruled(0.9, MOMENTUM)
+
+
+@dataclass
+class LARSConfig(SGDConfig):
+    eta: float = ruled(0.02, POSITIVE)  # LARS trust coefficient
+
+
+@dataclass
+class AdamWConfig(OptimConfig):
+    betas: List[float] = field(default_factory=lambda: [0.9, 0.999])
+
+    def validate(self) -> None:
+        if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
+            raise ValueError(f"optim.betas={list(self.betas)}: must be two numbers in [0, 1)")
 
 
 def param_groups(model: nn.Module, weight_decay: float, *, exclude_bias_and_norm: bool = True) -> list[dict]:
@@ -96,37 +138,34 @@ class LARS(torch.optim.Optimizer):
         return loss
 
 
-@OPTIMIZERS.register("sgd")
-def _sgd(groups, lr, weight_decay, momentum, betas, eta):
-    return torch.optim.SGD(groups, lr=lr, momentum=momentum, weight_decay=weight_decay)
+@OPTIMIZERS.register("sgd", schema=SGDConfig)
+def _sgd(groups, cfg: SGDConfig, lr: float):
+    return torch.optim.SGD(groups, lr=lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
 
 
-@OPTIMIZERS.register("lars")
-def _lars(groups, lr, weight_decay, momentum, betas, eta):
-    return LARS(groups, lr=lr, momentum=momentum, weight_decay=weight_decay, eta=eta)
+@OPTIMIZERS.register("lars", schema=LARSConfig)
+def _lars(groups, cfg: LARSConfig, lr: float):
+    return LARS(groups, lr=lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay, eta=cfg.eta)
 
 
-@OPTIMIZERS.register("adamw")
-def _adamw(groups, lr, weight_decay, momentum, betas, eta):
-    return torch.optim.AdamW(groups, lr=lr, betas=tuple(betas), weight_decay=weight_decay)
+@OPTIMIZERS.register("adamw", schema=AdamWConfig)
+def _adamw(groups, cfg: AdamWConfig, lr: float):
+    return torch.optim.AdamW(groups, lr=lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay)
 
 
-def build_optimizer(name: str, groups: list[dict], *, lr: float, weight_decay: float, momentum: float = 0.9,
-                    betas: tuple[float, float] = (0.9, 0.999), eta: float = 0.02) -> torch.optim.Optimizer:
-    """The registered optimizer `name`; group-level weight_decay/lars_exclude keys from param_groups win over
-    the defaults. SGD and AdamW ignore lars_exclude (torch keeps unknown group keys, so it just rides along)."""
+def build_optimizer(cfg, groups: list[dict], lr: float) -> torch.optim.Optimizer:
+    """The optimizer `cfg.name` (an `optim` config) over `groups` at `lr`; group-level weight_decay/lars_exclude keys
+    from param_groups win over the config's. SGD and AdamW ignore lars_exclude (torch keeps unknown group keys)."""
     # Shallow copies: torch fills defaults into the group dicts in place, which would leak one
     # optimizer's lr/momentum into another built from the same groups.
-    groups = [dict(g) for g in groups]
-    return OPTIMIZERS[name].target(groups, lr, weight_decay, momentum, betas, eta)
+    return OPTIMIZERS[cfg.name].target([dict(g) for g in groups], cfg, lr)
 
 
 def scaled_lr(optim_cfg, global_batch: int) -> float:
     """optim.lr scaled to the global batch by optim.lr_scaling (the papers' lr are for a batch of 256)."""
-    rule = str(optim_cfg.lr_scaling)
-    if rule == "linear":
+    if optim_cfg.lr_scaling == "linear":
         return optim_cfg.lr * global_batch / 256
-    if rule == "sqrt":
+    if optim_cfg.lr_scaling == "sqrt":
         return optim_cfg.lr * math.sqrt(global_batch / 256)
     return optim_cfg.lr
 

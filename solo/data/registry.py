@@ -1,0 +1,91 @@
+"""The datasets' registry and their typed configs (the `data` config group): every dataset's config holds the keys
+all datasets share (`DataConfig`) and its own, so a key that does not apply (`data.root` with `data=digits`) is an
+error that names it.
+
+A dataset registers a builder `(data config, split, seed, pairs) -> base dataset, or None for a missing val split`,
+with its config schema, its normalisation statistics, whether images come at any size (the eval transform then
+resizes), whether it has images (`images`) and image-text pairs (`pairs`), and whether building it writes a
+cache (`writes_cache`: rank 0 builds first, the other ranks then read the cache).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from omegaconf import MISSING
+
+from solo.errors import ConfigError, DataError
+from solo.registry import Registry
+from solo.schema import AT_LEAST_ONE, NON_NEGATIVE, choices, ruled
+
+DATASETS = Registry("dataset", "data.name", group="data")
+
+# (mean, std) per RGB channel, in [0, 1] units, used by the Normalize transform.
+IMAGENET_STATS = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
+SPLITS = ("train", "val")
+
+# error: an unreadable image stops the run, naming it; skip: the next readable sample takes its place, counted.
+OnBadImage = choices("OnBadImage", "error", "skip")
+# Where the training views' pixels are computed: cpu (per sample, in the DataLoader workers), device (the
+# whole batch on the training device; parameters still drawn per sample in the workers), auto: device on CUDA.
+AugmentOn = choices("AugmentOn", "auto", "cpu", "device")
+
+
+@dataclass
+class DataConfig:
+    """The keys every dataset takes; a dataset with keys of its own registers a subclass."""
+
+    name: str = "digits"  # a registered dataset: see solo.data.DATASETS
+    image_size: int = ruled(16, AT_LEAST_ONE)  # the size of every view that sets no size of its own, and of evaluation images
+    batch_size: int = ruled(128, AT_LEAST_ONE)  # per process; the global batch is batch_size x world size
+    num_workers: Optional[int] = ruled(None, NON_NEGATIVE)  # DataLoader workers per process; None: what the machine has
+    on_bad_image: OnBadImage = OnBadImage("error")
+    check_images: int = ruled(100, NON_NEGATIVE)  # decoded at start, to find unreadable files before training
+    augment_on: AugmentOn = AugmentOn("auto")
+
+
+@dataclass
+class FolderConfig(DataConfig):
+    """A dataset read from files under `root`."""
+
+    root: str = MISSING  # required
+
+
+@dataclass
+class DownloadConfig(FolderConfig):
+    download: bool = False  # fetch it into root when missing (needs the network)
+
+
+def register_dataset(name: str, *, schema: type = DataConfig, stats=IMAGENET_STATS, any_size: bool = False,
+                     images: bool = True, pairs: bool = False, writes_cache: bool = False):
+    return DATASETS.register(name, schema=schema, stats=stats, any_size=any_size, images=images, pairs=pairs,
+                             writes_cache=writes_cache)
+
+
+def dataset_stats(name: str):
+    """(mean, std) to normalise dataset `name` with."""
+    return DATASETS[name].stats
+
+
+def check_split(split: str, dataset: str) -> None:
+    if split not in SPLITS:
+        raise DataError(f"{dataset}: unknown split {split!r}; expected one of {list(SPLITS)}")
+
+
+def build_split(d, split: str, seed: int, *, pairs: bool = False):
+    """The base dataset of data config `d` (the `data` group) for `split` ("train" or "val"): image-text
+    pairs when `pairs`, else (image, label) images; None for a val split that does not exist."""
+    entry = DATASETS[d.name]
+    check_split(split, d.name)
+    if pairs and not entry.pairs:
+        with_pairs = ", ".join(e.name for e in DATASETS if e.pairs)
+        raise ConfigError(f"data={d.name} has no image-text pairs; datasets with pairs: {with_pairs}")
+    if not pairs and not entry.images:
+        raise ConfigError(f"data={d.name} holds image-text pairs only")
+    return entry.target(d, split, seed=seed, pairs=pairs)
+
+
+def build_dataset(name: str, split: str, *, seed: int = 0, pairs: bool = False, **keys):
+    """The base dataset `name` for `split`, configured by keyword arguments (its config keys) instead of a data config."""
+    return build_split(DATASETS.config(name, **keys), split, seed, pairs=pairs)
