@@ -74,25 +74,38 @@ def create_backbone(
                 + ", ".join(TORCHVISION_RESNETS)
             )
         weights = "DEFAULT" if pretrained else None
-        model = torchvision.models.get_model(
+        model = _with_weights(pretrained, name, lambda: torchvision.models.get_model(
             name.removeprefix(TORCHVISION_PREFIX), weights=weights, **model_kwargs
-        )
+        ))
         width = model.fc.in_features
         model.fc = nn.Identity()
     elif timm.is_model(name):
-        model = timm.create_model(name, pretrained=pretrained, num_classes=0, **model_kwargs)
+        model = _with_weights(pretrained, name, lambda: timm.create_model(name, pretrained=pretrained, num_classes=0, **model_kwargs))
         width = model.num_features
     else:
         matches = difflib.get_close_matches(name, timm.list_models() + list(TORCHVISION_RESNETS))
         hint = f"did you mean: {', '.join(matches)}? " if matches else ""
         raise ConfigError(
-            f"unknown backbone '{name}'; {hint}timm models are named as-is, torchvision "
-            f"models take the '{TORCHVISION_PREFIX}' prefix (e.g. '{TORCHVISION_PREFIX}resnet50')"
+            f"backbone.name={name!r}: unknown backbone; {hint}registered backbones, timm models are named as-is, "
+            f"torchvision models take the '{TORCHVISION_PREFIX}' prefix (e.g. '{TORCHVISION_PREFIX}resnet50')"
         )
 
     if small_stem:
         _use_small_stem(model, name)
     return model, width
+
+
+def _with_weights(pretrained: bool, name: str, build):
+    """`build()`, with a failure to fetch or read pretrained weights (no network, no cache) as one ConfigError."""
+    if not pretrained:
+        return build()
+    try:
+        return build()
+    except Exception as e:  # the hubs raise many kinds: connection, missing file, missing cache entry
+        raise ConfigError(
+            f"backbone.pretrained=true: cannot load the pretrained weights of {name} ({type(e).__name__}: "
+            f"{str(e).splitlines()[0][:200]}); set backbone.pretrained=false, or put the weights in the hub's cache"
+        ) from None
 
 
 def _use_small_stem(model: nn.Module, name: str) -> None:
