@@ -12,7 +12,7 @@ from omegaconf import DictConfig
 
 from solo.cli import friendly_errors, import_command_line_modules
 from solo.config import register_configs
-from solo.eval.offline import evaluate_pretrained
+from solo.evaluate.offline import evaluate_pretrained
 
 register_configs()
 import_command_line_modules(sys.argv)  # so that --help lists what they register

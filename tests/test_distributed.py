@@ -11,7 +11,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from solo.distributed import gather
-from solo.distributed.check import TOLERANCE, _layouts, _reference, resolve, run_check
+from solo.losses.check import TOLERANCE, _layouts, _reference, resolve, run_check
 from solo.distributed.env import detect, first_host, slurm_port
 from solo.errors import ConfigError
 from solo.losses import LOSSES
@@ -129,7 +129,7 @@ def test_gather_uneven_forward_and_reduce_scatter_backward():
 
 def _run_cli(*args, timeout=300):
     return subprocess.run(
-        [sys.executable, "-m", "solo.distributed.check", *args], cwd=REPO, capture_output=True, text=True, timeout=timeout
+        [sys.executable, "-m", "solo.losses.check", *args], cwd=REPO, capture_output=True, text=True, timeout=timeout
     )
 
 

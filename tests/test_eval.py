@@ -18,7 +18,7 @@ from sklearn.preprocessing import StandardScaler
 
 from solo.eval.knn import knn_accuracy, knn_logits
 from solo.eval.linear import LinearProtocol, train_linear
-from solo.eval.offline import evaluate_pretrained
+from solo.evaluate.offline import evaluate_pretrained
 from solo.eval.plots import plot_curves
 from tests.test_train import REPO, TINY, metrics, run
 

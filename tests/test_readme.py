@@ -17,7 +17,7 @@ COMMANDS = [
     ("torchrun --nproc_per_node=2 main_pretrain.py method=barlow_twins", SHORT_PRETRAIN),
     ("python main_linear.py pretrained=outputs/simclr-digits-resnet18-b128-seed0", ["linear.epochs=2", "feature_cache=false"]),
     ("python main_linear.py pretrained=simclr-digits-resnet18half", ["linear.epochs=2", "feature_cache=false", "plots=false"]),
-    ("python -m solo.distributed.check", ["--world-sizes", "2"]),
+    ("python -m solo.losses.check", ["--world-sizes", "2"]),
     ("torchrun --nproc_per_node=2 main_pretrain.py method=clip", SHORT_PRETRAIN),
 ]
 

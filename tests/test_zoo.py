@@ -14,7 +14,7 @@ import torchvision
 import solo.zoo
 from solo.backbones import create_backbone
 from solo.data import DigitsDataset
-from solo.eval.offline import evaluate_pretrained
+from solo.evaluate.offline import evaluate_pretrained
 from solo.train.trainer import pretrain
 from solo.zoo import ChecksumError, ManifestError, export_backbone, read_training_checkpoint
 from solo.zoo.manifest import MANIFEST, markdown_table, read_manifest

@@ -14,7 +14,7 @@ import torch.nn as nn
 
 from solo.distributed.collectives import gather
 from solo.distributed.env import world_size
-from solo.losses._checks import full_precision
+from solo.dtypes import full_precision
 
 
 class SyncBatchNorm(nn.modules.batchnorm._BatchNorm):

@@ -10,6 +10,7 @@ In a single process (no process group) every function here is the identity.
 from __future__ import annotations
 
 from contextlib import contextmanager
+from contextvars import ContextVar
 
 import torch
 import torch.distributed as dist
@@ -21,7 +22,8 @@ _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_t
 _reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
 
-_known_sizes: dict | None = None
+# The sizes known inside a batch_sizes_remembered block, None outside: scoped to the block (and thread), not the process.
+_known_sizes: ContextVar[dict | None] = ContextVar("solo_known_batch_sizes", default=None)
 
 
 @contextmanager
@@ -33,26 +35,26 @@ def batch_sizes_remembered(known: dict):
     (the training step: every rank's batch is data.batch_size); elsewhere ranks may change sizes independently,
     and a rank answering from memory while another exchanges would hang.
     """
-    global _known_sizes
-    saved, _known_sizes = _known_sizes, known
+    token = _known_sizes.set(known)
     try:
         yield
     finally:
-        _known_sizes = saved
+        _known_sizes.reset(token)
 
 
 def batch_sizes(n_local: int, device: torch.device | None = None) -> list[int]:
     """Every rank's batch size, in rank order (one small all-gather, or none: see batch_sizes_remembered)."""
     if world_size() == 1:
         return [n_local]
-    if _known_sizes is not None and n_local in _known_sizes:
-        return _known_sizes[n_local]
+    known = _known_sizes.get()
+    if known is not None and n_local in known:
+        return known[n_local]
     size = torch.tensor([n_local], dtype=torch.long, device=device)
     sizes = torch.empty(world_size(), dtype=torch.long, device=device)
     _all_gather(sizes, size)
     sizes = sizes.tolist()
-    if _known_sizes is not None:
-        _known_sizes[n_local] = sizes
+    if known is not None:
+        known[n_local] = sizes
     return sizes
 
 

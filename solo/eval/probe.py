@@ -16,21 +16,34 @@ def topk_correct(logits: torch.Tensor, labels: torch.Tensor, ks=(1, 5)) -> list[
     return [int(hits[:, :k].any(dim=1).sum()) for k in ks]
 
 
+class TopkAccuracy:
+    """Top-1/top-5 hits summed over batches, then over ranks (so shards may differ in size)."""
+
+    def __init__(self):
+        self.counts = torch.zeros(3, dtype=torch.float64)  # top-1 hits, top-5 hits, samples
+
+    def add(self, logits: torch.Tensor, labels: torch.Tensor) -> None:
+        c1, c5 = topk_correct(logits.float().cpu(), labels.cpu())
+        self.counts += torch.tensor([c1, c5, len(labels)], dtype=torch.float64)
+
+    def result(self, device) -> dict:
+        """{"acc1", "acc5"} over every rank's samples (one all-reduce on `device`)."""
+        counts = self.counts
+        if world_size() > 1:
+            counts = counts.to(device)
+            dist.all_reduce(counts)
+        c1, c5, n = counts.cpu().tolist()
+        return {"acc1": c1 / n, "acc5": c5 / n}
+
+
 @torch.no_grad()
 def evaluate(backbone, probe, loader, device, autocast) -> dict:
-    """Top-1/top-5 accuracy over the whole val split: counts summed over ranks, so shards may differ in size."""
+    """Top-1/top-5 accuracy over the whole val split, every rank's shard counted."""
     dtype = next(probe.parameters()).dtype
-    counts = torch.zeros(3, dtype=torch.float64)
+    accuracy = TopkAccuracy()
     with eval_mode(backbone, probe):
         for batch in loader:
             images = batch["image"].to(device, dtype, non_blocking=True)
             with autocast():
-                logits = probe(backbone(images)).float()
-            c1, c5 = topk_correct(logits.cpu(), batch["label"])
-            counts += torch.tensor([c1, c5, len(images)], dtype=torch.float64)
-    if world_size() > 1:
-        counts = counts.to(device)
-        dist.all_reduce(counts)
-        counts = counts.cpu()
-    c1, c5, n = counts.tolist()
-    return {"val/acc1": c1 / n, "val/acc5": c5 / n}
+                accuracy.add(probe(backbone(images)), batch["label"])
+    return {f"val/{k}": v for k, v in accuracy.result(device).items()}

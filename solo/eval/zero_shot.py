@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from solo.data import DIGIT_TEMPLATES, digit_caption
 from solo.distributed import gather, world_size
 from solo.eval.mode import eval_mode
-from solo.eval.probe import topk_correct
+from solo.eval.probe import TopkAccuracy, topk_correct
 
 IMAGENET_ZEROSHOT = Path(__file__).parent / "data" / "imagenet_zeroshot.json"
 
@@ -57,20 +57,15 @@ def zero_shot_accuracy(method, prompts: list[list[str]], loader, device, autocas
     """Top-1/5 zero-shot accuracy of image-text `method` over a labelled image loader (an EvalDataset, sharded over
     ranks: counts are summed), each class's classifier the mean embedding of its `prompts`."""
     dtype = method.log_logit_scale.dtype
-    counts = torch.zeros(3, dtype=torch.float64)
+    accuracy = TopkAccuracy()
     with eval_mode(method):
         classifier = class_embeddings(method, prompts, method.tokenizer, device, dtype)
         for batch in loader:
             with autocast():
                 image = method.encode_image(batch["image"].to(device, dtype, non_blocking=True))
-            c1, c5 = topk_correct((image.to(dtype) @ classifier.T).float().cpu(), batch["label"])
-            counts += torch.tensor([c1, c5, len(batch["label"])], dtype=torch.float64)
-    if world_size() > 1:
-        counts = counts.to(device)
-        dist.all_reduce(counts)
-        counts = counts.cpu()
-    c1, c5, n = counts.tolist()
-    return {"top1": c1 / n, "top5": c5 / n}
+            accuracy.add(image.to(dtype) @ classifier.T, batch["label"])
+    result = accuracy.result(device)
+    return {"top1": result["acc1"], "top5": result["acc5"]}
 
 
 def _recall(queries, keys, query_ids, key_ids, ks=(1, 5)) -> torch.Tensor:

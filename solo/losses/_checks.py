@@ -10,26 +10,27 @@ from __future__ import annotations
 
 import math
 from contextlib import contextmanager
+from contextvars import ContextVar
 
 import torch
 
-_value_checks = True
+# False inside host_reads_deferred: scoped to the block (and thread), not the process.
+_value_checks: ContextVar[bool] = ContextVar("solo_loss_value_checks", default=True)
 
 
 @contextmanager
 def host_reads_deferred():
     """Skip the losses' checks of tensor values (see above) inside the block."""
-    global _value_checks
-    saved, _value_checks = _value_checks, False
+    token = _value_checks.set(False)
     try:
         yield
     finally:
-        _value_checks = saved
+        _value_checks.reset(token)
 
 
 def checks_values() -> bool:
     """Whether value checks that read tensors on the host run now (not inside host_reads_deferred)."""
-    return _value_checks
+    return _value_checks.get()
 
 
 class NonFiniteError(ValueError):
@@ -48,14 +49,14 @@ def check_pair(a: torch.Tensor, b: torch.Tensor, name_a: str, name_b: str) -> No
         )
     if a.shape[1] != b.shape[1]:
         raise ValueError(f"{name_a} and {name_b} have different feature sizes: {a.shape[1]} and {b.shape[1]}")
-    for name, x in ((name_a, a), (name_b, b)) if _value_checks else ():
+    for name, x in ((name_a, a), (name_b, b)) if checks_values() else ():
         if not bool(torch.isfinite(x).all()):
             bad = int((~torch.isfinite(x)).any(dim=1).sum())
             raise NonFiniteError(f"{name} has non-finite values (NaN or inf) in {bad} of {x.shape[0]} rows")
 
 
 def check_positive(value: float | torch.Tensor, name: str) -> None:
-    if isinstance(value, torch.Tensor) and not _value_checks:
+    if isinstance(value, torch.Tensor) and not checks_values():
         return
     v = float(value.detach()) if isinstance(value, torch.Tensor) else float(value)
     if not math.isfinite(v) or v <= 0:
@@ -65,8 +66,3 @@ def check_positive(value: float | torch.Tensor, name: str) -> None:
 def check_non_negative(value: float, name: str) -> None:
     if not math.isfinite(float(value)) or float(value) < 0:
         raise ValueError(f"{name} must be a finite number >= 0, got {value}")
-
-
-def full_precision(x: torch.Tensor) -> torch.Tensor:
-    """float16/bfloat16 -> float32; float32/float64 unchanged (tests run in float64)."""
-    return x.float() if x.dtype in (torch.float16, torch.bfloat16) else x

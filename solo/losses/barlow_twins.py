@@ -6,7 +6,8 @@ import torch
 
 from solo.distributed import all_reduce, batch_sizes
 from solo.losses.registry import LOSSES
-from solo.losses._checks import check_non_negative, check_pair, full_precision
+from solo.losses._checks import check_non_negative, check_pair
+from solo.dtypes import full_precision
 
 BN_EPS = 1e-5
 
@@ -40,6 +41,6 @@ def barlow_twins_loss(z1: torch.Tensor, z2: torch.Tensor, lambd: float) -> torch
         return on_diagonal + lambd * off_diagonal
 
 
-@LOSSES.register("barlow_twins")  # a case for the gradient checker (python -m solo.distributed.check)
+@LOSSES.register("barlow_twins")  # a case for the gradient checker (python -m solo.losses.check)
 def barlow_twins_check(z1: torch.Tensor, z2: torch.Tensor) -> torch.Tensor:
     return barlow_twins_loss(z1, z2, lambd=0.05)

@@ -17,8 +17,9 @@ import torch.nn.functional as F
 
 from solo.distributed import batch_sizes, gather, rank, world_size
 from solo.losses.registry import LOSSES
-from solo.losses._checks import check_pair, check_positive, full_precision
+from solo.losses._checks import check_pair, check_positive
 from solo.losses.tiled import resolve_tile, tiled_logsumexp
+from solo.dtypes import full_precision
 
 
 def _global_rows(n_local: int, device: torch.device) -> tuple[list[int], torch.Tensor]:
@@ -121,7 +122,7 @@ def clip_loss(
         return loss_sum * (world_size() / (2 * sum(sizes)))
 
 
-# Cases for the gradient checker (python -m solo.distributed.check): the losses at fixed settings.
+# Cases for the gradient checker (python -m solo.losses.check): the losses at fixed settings.
 
 
 @LOSSES.register("nt_xent")

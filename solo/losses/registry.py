@@ -1,4 +1,4 @@
-"""LOSSES: the losses that `python -m solo.distributed.check` verifies, each registered next to its loss as a
+"""LOSSES: the losses that `python -m solo.losses.check` verifies, each registered next to its loss as a
 function `(z1, z2, **learnable) -> scalar`; `learnable` (name -> initial value) lists the scalar parameters
 the checker makes learnable and passes by keyword."""
 

@@ -12,9 +12,10 @@ import torch
 import torch.nn.functional as F
 
 from solo.distributed import batch_sizes, gather, world_size
-from solo.losses._checks import check_pair, check_positive, full_precision
+from solo.losses._checks import check_pair, check_positive
 from solo.losses.contrastive import _global_rows
 from solo.losses.registry import LOSSES
+from solo.dtypes import full_precision
 
 
 def byol_loss(p: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
@@ -53,7 +54,7 @@ def mocov3_loss(q: torch.Tensor, k: torch.Tensor, temperature: float | torch.Ten
         return loss_sum * (world_size() / sum(sizes)) * (2 * t)
 
 
-# Cases for the gradient checker (python -m solo.distributed.check): symmetrised, as the methods use them.
+# Cases for the gradient checker (python -m solo.losses.check): symmetrised, as the methods use them.
 
 
 @LOSSES.register("byol")

@@ -15,8 +15,9 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from solo.distributed import all_reduce, batch_sizes, world_size
-from solo.losses._checks import check_pair, check_positive, checks_values, full_precision
+from solo.losses._checks import check_pair, check_positive, checks_values
 from solo.losses.registry import LOSSES
+from solo.dtypes import full_precision
 
 
 def _check_views(views: list[torch.Tensor], name: str, at_least: int = 1) -> None:
@@ -169,7 +170,7 @@ def swav_loss(
         return _cross_view_loss(targets, log_probs, n_total)
 
 
-# Cases for the gradient checker (python -m solo.distributed.check).
+# Cases for the gradient checker (python -m solo.losses.check).
 
 CHECK_CENTER = (0.3, -0.2, 0.1, 0.5)  # a non-zero start, so that the checked centre update matters
 

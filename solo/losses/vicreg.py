@@ -6,8 +6,9 @@ import torch
 import torch.nn.functional as F
 
 from solo.distributed import all_reduce, batch_sizes, world_size
-from solo.losses._checks import check_non_negative, check_pair, full_precision
+from solo.losses._checks import check_non_negative, check_pair
 from solo.losses.registry import LOSSES
+from solo.dtypes import full_precision
 
 STD_EPS = 1e-4
 
@@ -51,6 +52,6 @@ def vicreg_loss(
         return sim_coeff * invariance + std_coeff * (std1 + std2) / 2 + cov_coeff * (cov1 + cov2)
 
 
-@LOSSES.register("vicreg")  # a case for the gradient checker (python -m solo.distributed.check)
+@LOSSES.register("vicreg")  # a case for the gradient checker (python -m solo.losses.check)
 def vicreg_check(z1: torch.Tensor, z2: torch.Tensor) -> torch.Tensor:
     return vicreg_loss(z1, z2)

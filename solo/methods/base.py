@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import copy
 import math
+from dataclasses import dataclass
 from typing import Callable, ClassVar
 
 import torch
@@ -25,6 +26,7 @@ import torch.nn as nn
 from solo.errors import ConfigError
 from solo.optim import param_groups
 from solo.registry import Registry
+from solo.schema import AT_LEAST_ONE, ruled
 
 METHODS = Registry("method", "method", group="method")
 
@@ -185,6 +187,23 @@ class TwoViewMethod(Method):
         f1, f2 = encoded["features"]
         loss = self.loss(self.projector(f1), self.projector(f2))
         return {"loss": loss, "features": torch.cat([f1, f2]), "labels": batch["label"].repeat(2)}
+
+
+@dataclass
+class ExpanderConfig:
+    """The projector ("expander") of Barlow Twins and VICReg: two hidden BatchNorm layers, then the output."""
+
+    name: str = ""
+    proj_hidden_dim: int = ruled(2048, AT_LEAST_ONE)
+    proj_output_dim: int = ruled(2048, AT_LEAST_ONE)
+
+
+class ExpanderMethod(TwoViewMethod):
+    """A two-view method whose projector is `ExpanderConfig`'s MLP: Barlow Twins, VICReg."""
+
+    def __init__(self, backbone: nn.Module, feature_dim: int, cfg: ExpanderConfig):
+        super().__init__(backbone, feature_dim)
+        self.projector = mlp([feature_dim, cfg.proj_hidden_dim, cfg.proj_hidden_dim, cfg.proj_output_dim])
 
 
 class MomentumTwoViewMethod(Method):

@@ -5,12 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from solo.losses import vicreg_loss
+from solo.methods.base import ExpanderConfig, ExpanderMethod, register_method
 from solo.schema import AT_LEAST_ONE, NON_NEGATIVE, ruled
-from solo.methods.base import TwoViewMethod, mlp, register_method
 
 
 @dataclass
-class VICRegConfig:
+class VICRegConfig(ExpanderConfig):
     name: str = "vicreg"
     proj_hidden_dim: int = ruled(8192, AT_LEAST_ONE)
     proj_output_dim: int = ruled(8192, AT_LEAST_ONE)
@@ -20,10 +20,9 @@ class VICRegConfig:
 
 
 @register_method("vicreg", schema=VICRegConfig)
-class VICReg(TwoViewMethod):
+class VICReg(ExpanderMethod):
     def __init__(self, backbone, feature_dim: int, cfg: VICRegConfig):
-        super().__init__(backbone, feature_dim)
-        self.projector = mlp([feature_dim, cfg.proj_hidden_dim, cfg.proj_hidden_dim, cfg.proj_output_dim])
+        super().__init__(backbone, feature_dim, cfg)
         self.coeffs = (cfg.sim_coeff, cfg.std_coeff, cfg.cov_coeff)
 
     def loss(self, z1, z2):

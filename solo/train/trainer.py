@@ -20,7 +20,6 @@ from solo.config import changed_keys, check_required, plain, validate_pretrain
 from solo.distributed import DistEnv
 from solo.distributed.env import process_group
 from solo.errors import CheckpointError
-from solo.losses._checks import full_precision
 from solo.loggers import Loggers
 from solo.methods import METHODS, create_method
 from solo.optim import build_optimizer, scaled_lr, warmup_cosine
@@ -30,6 +29,7 @@ from solo.train.evaluator import Evaluator
 from solo.train.loaders import build_loaders, build_splits
 from solo.train.preemption import Preemption, requeue_slurm_job
 from solo.train.step import TrainStep, merge_encoded
+from solo.dtypes import full_precision
 
 
 log = logging.getLogger("solo")

@@ -17,7 +17,7 @@ from solo.distributed.env import process_group
 from solo.errors import ConfigError
 from solo.data.source import loader_workers
 from solo.eval.features import FeatureCache, extract_features, state_fingerprint
-from solo.eval.finetune import finetune
+from solo.evaluate.finetune import finetune
 from solo.eval.knn import knn_accuracy
 from solo.eval.linear import LinearProtocol, train_linear
 from solo.eval.plots import plot_curves, plot_embedding

@@ -1,8 +1,8 @@
 """Gradient checker: does a loss give, on W processes under DDP, the gradient of one process on the whole batch?
 
-    python -m solo.distributed.check                        # the registered losses, W = 1, 2, 3, 4
-    python -m solo.distributed.check mypkg.losses:my_loss   # also your own loss
-    python -m solo.distributed.check --only mypkg.losses:my_siglip --world-sizes 2 4
+    python -m solo.losses.check                        # the registered losses, W = 1, 2, 3, 4
+    python -m solo.losses.check mypkg.losses:my_loss   # also your own loss
+    python -m solo.losses.check --only mypkg.losses:my_siglip --world-sizes 2 4
 
 A loss under check is called as `fn(z1, z2, **scalars)` on two (batch, features) float64 tensors
 produced by two small encoders, and returns a scalar; in a process group the ranks' values must sum to

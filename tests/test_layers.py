@@ -1,0 +1,71 @@
+"""The package's shape: layers that only point down (.importlinter, run by CI as `lint-imports`), no import cycle
+anywhere in solo/ (imports inside functions included), and no function longer than 50 lines."""
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import grimp
+
+from tests.test_train import REPO
+
+MAX_LINES = 50
+
+
+def import_cycles(package: str) -> list[list[str]]:
+    """Every cycle a depth-first walk of the package's module imports (lazy ones too) closes."""
+    graph = grimp.build_graph(package)
+    state, path, cycles = {}, [], []
+
+    def visit(module):
+        state[module] = "open"
+        path.append(module)
+        for imported in sorted(graph.find_modules_directly_imported_by(module)):
+            if state.get(imported) == "open":
+                cycles.append(path[path.index(imported):] + [imported])
+            elif imported not in state:
+                visit(imported)
+        path.pop()
+        state[module] = "done"
+
+    for module in sorted(graph.modules):
+        if module not in state:
+            visit(module)
+    return cycles
+
+
+def test_layers_point_down():
+    lint_imports = "from importlinter.cli import lint_imports_command; lint_imports_command()"  # the lint-imports script
+    out = subprocess.run([sys.executable, "-c", lint_imports, "--config", ".importlinter"], cwd=REPO, capture_output=True, text=True)
+    assert out.returncode == 0 and "0 broken" in out.stdout, out.stdout + out.stderr
+
+
+def test_no_import_cycle_in_solo():
+    assert import_cycles("solo") == []
+
+
+def test_a_lazy_import_cycle_is_found(tmp_path, monkeypatch):
+    package = tmp_path / "cyclic"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "a.py").write_text("from cyclic import b\n")
+    (package / "b.py").write_text("def later():\n    from cyclic import a  # lazy, inside a function\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert import_cycles("cyclic") == [["cyclic.a", "cyclic.b", "cyclic.a"]]
+
+
+def long_functions(root: Path) -> list[str]:
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno + 1 > MAX_LINES:
+                found.append(f"{path.relative_to(root.parent)}:{node.lineno} {node.name} ({node.end_lineno - node.lineno + 1} lines)")
+    return found
+
+
+def test_no_function_is_longer_than_50_lines(tmp_path):
+    assert long_functions(REPO / "solo") == []
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "long.py").write_text("def f():\n" + "    x = 1\n" * MAX_LINES)
+    assert long_functions(tmp_path / "pkg") == ["pkg/long.py:1 f (51 lines)"]
