@@ -270,3 +270,31 @@ def test_steady_state_steps_read_nothing_on_the_host(tmp_path):
         assert in_steps and {e["step"] for e in in_steps} == {0}, in_steps  # the first step's size exchange only
         assert not [e for e in events if e["region"] == "loop"]
         assert [e["step"] for e in events if e["region"] == "preemption_check"] == [4, 8]  # step 12 is the last
+
+
+def test_grad_clip_bounds_the_methods_gradient_and_leaves_the_probe_alone():
+    """optim.grad_clip is the method's: the online probe beside it trains on its own, unclipped gradient."""
+    import copy
+
+    from solo.train.step import TrainStep
+    from solo.train.trainer import build_model
+
+    torch.manual_seed(0)
+    model = build_model(compose_cfg(TINY + ["trainer.precision=64"]), num_classes=10).double()
+    batch = {"views": [torch.randn(8, 3, 16, 16, dtype=torch.float64) for _ in range(2)], "label": torch.arange(8) % 10}
+    reference = copy.deepcopy(model)
+    out = reference(batch)
+    (out["loss"] + out["probe_loss"]).backward()
+    probe_grads = [p.grad.clone() for p in reference.probe.parameters()]
+    method_norm = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in reference.method.parameters() if p.grad is not None]))
+    clip = float(method_norm) / 10  # so that clipping scales the method's gradient by 1/10
+
+    before = [p.detach().clone() for p in model.parameters()]
+    optimizer = torch.optim.SGD([{"params": list(model.method.parameters())}, {"params": list(model.probe.parameters())}], lr=1.0)
+    TrainStep(model, model, optimizer, precision="64", device=torch.device("cpu"), schedule=lambda i: 1.0, total_steps=1,
+              grad_clip=clip)(batch, 0)
+    deltas = {name: before[i] - p.detach() for i, (name, p) in enumerate(model.named_parameters())}
+    method_step = torch.linalg.vector_norm(torch.stack([d.norm() for n, d in deltas.items() if n.startswith("method.")]))
+    assert method_step == pytest.approx(clip, rel=1e-6)  # torch divides by the norm + 1e-6
+    for (name, p), grad in zip(model.probe.named_parameters(), probe_grads):
+        torch.testing.assert_close(deltas[f"probe.{name}"], grad, rtol=1e-12, atol=0)  # unclipped: not grad / 10

@@ -30,6 +30,12 @@ class Classifier(nn.Module):
     def forward(self, batch: dict) -> dict:
         return {"loss": F.cross_entropy(self.head(self.backbone(batch["views"][0])), batch["label"])}
 
+    def clipped_parameters(self):
+        return self.parameters()
+
+    def after_optimizer_step(self, step: int, total_steps: int) -> None:
+        pass
+
 
 def finetune(backbone, train_base, val_base, classes, eval_transform, cfg, env, device, logger) -> dict:
     f, d = cfg.finetune, cfg.data

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from contextlib import contextmanager, nullcontext
 from functools import partial
-from typing import Callable
+from typing import Callable, Iterable, Protocol
 
 import torch
 import torch.distributed as dist
@@ -43,14 +43,30 @@ def precision_context(precision: str, device: torch.device) -> tuple[Callable, t
     return nullcontext, torch.amp.GradScaler(device.type, enabled=False)
 
 
+class Trainable(Protocol):
+    """What the step needs of the model it trains (pretraining's PretrainModel, fine-tuning's Classifier)."""
+
+    def __call__(self, batch: dict, *, encoded: dict | None = None, last: dict | None = None) -> dict:
+        """{"loss": scalar, ...} on `batch` (with "probe_loss" for a probe trained beside it); under accumulation
+        from the whole batch's `encoded`, or from all micro-batches' but the `last`, encoded here with its graph."""
+
+    def encode(self, batch: dict) -> dict:
+        """The per-sample part of the forward (only needed with accumulate > 1)."""
+
+    def clipped_parameters(self) -> Iterable[nn.Parameter]:
+        """The parameters whose global gradient norm optim.grad_clip bounds (not a probe beside the model)."""
+
+    def after_optimizer_step(self, step: int, total_steps: int) -> None:
+        """The state updated once per optimizer step (EMA teachers, schedules), `step` optimizer steps done."""
+
+
 class TrainStep:
     """`step(batch, index)` trains on one batch; `index` is the number of optimizer steps done before it.
 
-    `forward` is what to call (the DDP wrapper or the model), `model` the module whose `.method` (if any)
-    gets `after_optimizer_step` and whose parameters are clipped.
+    `forward` is what to call (the DDP wrapper or the model), `model` the Trainable itself.
     """
 
-    def __init__(self, forward: nn.Module, model: nn.Module, optimizer, *, precision: str, device: torch.device,
+    def __init__(self, forward: nn.Module, model: Trainable, optimizer, *, precision: str, device: torch.device,
                  schedule: Callable[[int], float], total_steps: int, grad_clip: float | None = None, accumulate: int = 1):
         self.forward, self.model, self.optimizer = forward, model, optimizer
         self.autocast, self.scaler = precision_context(precision, device)
@@ -68,7 +84,7 @@ class TrainStep:
         self.first_bad_step = torch.where(bad, index + 1, self.first_bad_step)
         if self.grad_clip:
             self.scaler.unscale_(self.optimizer)
-            nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)
+            nn.utils.clip_grad_norm_(list(self.model.clipped_parameters()), self.grad_clip)
         for group in self.optimizer.param_groups:
             if index < group.get("frozen_steps", 0):  # e.g. DINO's last layer: no update at all, state included
                 for p in group["params"]:
@@ -76,9 +92,7 @@ class TrainStep:
         self.scaler.step(self.optimizer)
         self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
-        method = getattr(self.model, "method", None)
-        if method is not None:
-            method.after_optimizer_step(index + 1, self.total_steps)
+        self.model.after_optimizer_step(index + 1, self.total_steps)
         return out
 
     def _forward_backward(self, batch: dict, forward: Callable | None = None) -> dict:
@@ -102,7 +116,7 @@ class TrainStep:
             with torch.no_grad(), self.autocast():
                 for part in micro:
                     states.append(rng_state())
-                    encoded.append(self.model.method.encode(part))
+                    encoded.append(self.model.encode(part))
             after = rng_state()
             leaves = [t.detach().requires_grad_() for t in flatten(merge_encoded(encoded))]
             out = self._loss(self.model, batch, encoded=unflatten(merge_encoded(encoded), leaves))
@@ -112,7 +126,7 @@ class TrainStep:
             # Called past the DDP wrapper: its gradient hooks stay idle until the last, synced backward.
             set_rng_state(states[i])
             with self.autocast():
-                live = flatten(self.model.method.encode(part))
+                live = flatten(self.model.encode(part))
             cached = [None if g is None else g.split(sizes)[i] for g in grads]
             sum((t * g).sum() for t, g in zip(live, cached) if g is not None).backward()
         set_rng_state(states[-1])

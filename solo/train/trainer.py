@@ -36,7 +36,7 @@ log = logging.getLogger("solo")
 
 
 class PretrainModel(nn.Module):
-    """The method and its online linear probe, trained together under one DDP wrapper."""
+    """The method and its online linear probe, trained together under one DDP wrapper (a solo.train.step.Trainable)."""
 
     def __init__(self, method: nn.Module, num_classes: int | None):
         super().__init__()
@@ -59,6 +59,15 @@ class PretrainModel(nn.Module):
             logits = self.probe(out["features"].detach())  # the probe must not shape the representation
             out["probe_loss"] = F.cross_entropy(full_precision(logits), out["labels"])
         return out
+
+    def encode(self, batch: dict) -> dict:
+        return self.method.encode(batch)
+
+    def clipped_parameters(self):
+        return self.method.parameters()  # the probe's gradients are its own: optim.grad_clip leaves them alone
+
+    def after_optimizer_step(self, step: int, total_steps: int) -> None:
+        self.method.after_optimizer_step(step, total_steps)
 
     def teachers(self) -> tuple[nn.Module, ...]:
         return tuple(getattr(self.method, name) for name in self.method.teachers)
