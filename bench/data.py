@@ -34,9 +34,10 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from solo.data import ImageFolderDataset, MultiViewDataset, augment  # noqa: E402
-from solo.data.multiview import collate_raw, raw_image  # noqa: E402
-from solo.data.seeding import seeded_rng  # noqa: E402
-from solo.data.transforms import ViewAugmentation, build_view_transform  # noqa: E402
+from solo.data.views.multiview import collate_raw  # noqa: E402
+from solo.data.decode import raw_image
+from solo.data.sampling.seeding import seeded_rng  # noqa: E402
+from solo.data.views.transforms import ViewAugmentation, build_view_transform  # noqa: E402
 
 SIMCLR = ViewAugmentation(crop_scale=[0.08, 1.0], hflip_prob=0.5, jitter_prob=0.8, brightness=0.4, contrast=0.4,
                           saturation=0.4, hue=0.1, grayscale_prob=0.2, blur_prob=0.5)

@@ -28,11 +28,11 @@ from torch.utils.data import DataLoader
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # solo, from a checkout too
 
 from solo.data import build_eval_transform  # noqa: E402
-from solo.data.datasets import ImageFolderDataset  # noqa: E402
-from solo.data.registry import IMAGENET_STATS  # noqa: E402
+from solo.data.sources.images import ImageFolderDataset  # noqa: E402
+from solo.data.sources.registry import IMAGENET_STATS  # noqa: E402
 from solo.data.make_shards import main as make_shards  # noqa: E402
-from solo.data.sampler import GlobalBatchSampler  # noqa: E402
-from solo.data.shards import ShardDataset  # noqa: E402
+from solo.data.sampling.sampler import GlobalBatchSampler  # noqa: E402
+from solo.data.sources.shards import ShardDataset  # noqa: E402
 
 
 def write_jpegs(root: str, count: int, size: int, classes: int = 10) -> None:

@@ -21,7 +21,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from solo.backbones import BACKBONES
 from solo.data import DATASETS, view_sizes
-from solo.data.transforms import ViewAugmentation
+from solo.data.views.transforms import ViewAugmentation
 from solo.distributed.env import detect
 from solo.errors import ConfigError
 from solo.eval.linear import LinearProtocol

@@ -1,4 +1,4 @@
-"""Views as parameters (solo.data.augment): drawn per sample, applied to a batch; checked against torchvision."""
+"""Views as parameters (solo.data.views.augment): drawn per sample, applied to a batch; checked against torchvision."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import pytest
 import torch
 from torchvision.transforms.v2 import functional as TF
 
-from solo.data.augment import AT, JITTER, SOLARIZE_THRESHOLD, ViewRecipe, crop_box
-from solo.data.seeding import seeded_rng
-from solo.data.transforms import ViewAugmentation
+from solo.data.views.augment import AT, JITTER, SOLARIZE_THRESHOLD, ViewRecipe, crop_box
+from solo.data.sampling.seeding import seeded_rng
+from solo.data.views.transforms import ViewAugmentation
 
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 EVERYTHING = ViewAugmentation(crop_scale=[0.08, 1.0], hflip_prob=0.5, jitter_prob=0.8, brightness=0.4, contrast=0.4,
@@ -126,8 +126,9 @@ def test_a_jpeg_that_parses_but_does_not_decode_is_unreadable_in_the_worker():
 
     from PIL import Image
 
-    from solo.data.datasets import ImageReadError
-    from solo.data.multiview import MultiViewDataset, raw_image
+    from solo.data.decode import ImageReadError
+    from solo.data.views.multiview import MultiViewDataset
+    from solo.data.decode import raw_image
 
     buffer = io.BytesIO()
     Image.new("RGB", (32, 32), (200, 30, 90)).save(buffer, "JPEG")

@@ -19,7 +19,7 @@ from torch import nn
 import solo.config
 from solo.config import PretrainConfig, validate_pretrain
 from solo.methods import METHODS
-from solo.data.transforms import ViewAugmentation, view_sizes
+from solo.data.views.transforms import ViewAugmentation, view_sizes
 from solo.optim import LARS, param_groups
 
 REPO = Path(__file__).resolve().parents[1]

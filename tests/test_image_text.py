@@ -1,4 +1,4 @@
-"""Tests for solo.data.image_text: caption pairs, seeded image-text samples, file validation."""
+"""Tests for solo.data.sources.pairs and solo.data.views.image_text: caption pairs, seeded image-text samples, file validation."""
 
 import csv
 import json
@@ -19,15 +19,9 @@ from solo.data import (
     build_eval_transform,
     build_view_transform,
 )
-from solo.data.image_text import (
-    DIGIT_TEMPLATES,
-    CsvPairs,
-    DigitsPairs,
-    ImageTextDataset,
-    ZeroShotEvalDataset,
-    digit_caption,
-)
-from solo.data.seeding import sample_seed
+from solo.data.sources.pairs import DIGIT_TEMPLATES, CsvPairs, DigitsPairs, digit_caption
+from solo.data.views.image_text import ImageTextDataset, ZeroShotEvalDataset
+from solo.data.sampling.seeding import sample_seed
 from solo.text.tokenizer import ByteTokenizer
 from tests.test_data import assert_global_rng_untouched
 

@@ -10,7 +10,7 @@ from hydra import compose, initialize_config_dir
 
 from solo.config import register_configs, validate_pretrain
 from solo.data import sample_seed, seeded_rng
-from solo.data.transforms import build_view_transform
+from solo.data.views.transforms import build_view_transform
 from solo.distributed import DistEnv
 from solo.errors import ConfigError
 from solo.train.loaders import build_loaders, build_splits

@@ -3,7 +3,6 @@ with the webdataset library's own reader), every global batch is the same on any
 training on shards is world-size invariant and resumes bit-identical, and damaged samples are skipped the same
 way everywhere and reported."""
 
-import os
 import subprocess
 import tarfile
 import time
@@ -13,12 +12,11 @@ import torch
 import webdataset as wds
 
 from solo.data import MultiViewDataset, SyntheticDataset, build_view_transforms
-from solo.data import build_split
-from solo.data.datasets import ImageReadError
-from solo.data.image_text import CsvPairs
+from solo.data.decode import ImageReadError
+from solo.data.sources.pairs import CsvPairs
 from solo.data.make_shards import main as make_shards
-from solo.data.shards import ShardDataset, ShardPairs
-from solo.data.source import MapDataSource
+from solo.data.sources.shards import ShardDataset, ShardPairs
+from solo.data.sampling.source import MapDataSource
 from solo.errors import ConfigError
 from solo.train.trainer import pretrain
 from tests.test_train import TINY, compose_cfg, kill_processes_mentioning, launch, metrics, run, weights, weights_at_init

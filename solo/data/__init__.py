@@ -1,35 +1,25 @@
-"""Data pipeline: base datasets (one registry, solo.data.registry), augmentations, per-sample seeded multi-view wrappers and
-the stateful data sources the trainer reads batches from."""
+"""Data pipeline, in four parts that import only downwards (.importlinter): views (what the model sees), sources
+(where samples come from: the registry of datasets), sampling (which samples each rank reads) and decode (reading
+images). The names below are the public ones."""
 
-from solo.data.datasets import (
-    CIFAR10Dataset,
-    CIFAR100Dataset,
-    DigitsDataset,
-    ImageFolderDataset,
-    ImageReadError,
-    SyntheticDataset,
-)
-from solo.data.image_text import (
-    DIGIT_TEMPLATES,
-    CsvPairs,
-    DigitsPairs,
-    ImageTextDataset,
-    ImageTextPairs,
-    ZeroShotEvalDataset,
-    digit_caption,
-)
-from solo.data.registry import (
+from solo.data.decode import ImageReadError
+from solo.data.sampling.seeding import sample_seed, seeded_rng
+from solo.data.sources.images import CIFAR10Dataset, CIFAR100Dataset, DigitsDataset, ImageFolderDataset, SyntheticDataset
+from solo.data.sources.pairs import DIGIT_TEMPLATES, CsvPairs, DigitsPairs, ImageTextPairs, digit_caption
+from solo.data.sources.registry import (
     DATASETS,
     DataConfig,
+    DownloadConfig,
+    FolderConfig,
     build_dataset,
     build_split,
     dataset_stats,
     register_dataset,
 )
-from solo.data.multiview import EvalDataset, MultiViewDataset
-from solo.data.shards import ShardDataset, ShardPairs, expand_shards
-from solo.data.seeding import sample_seed, seeded_rng
-from solo.data.transforms import (
+from solo.data.sources.shards import ShardDataset, ShardPairs, expand_shards
+from solo.data.views.image_text import ImageTextDataset, ZeroShotEvalDataset
+from solo.data.views.multiview import EvalDataset, MultiViewDataset
+from solo.data.views.transforms import (
     ViewAugmentation,
     as_view_augmentation,
     build_eval_transform,
@@ -42,6 +32,8 @@ from solo.data.transforms import (
 __all__ = [
     "DATASETS",
     "DataConfig",
+    "DownloadConfig",
+    "FolderConfig",
     "CIFAR10Dataset",
     "CIFAR100Dataset",
     "DigitsDataset",

@@ -18,9 +18,9 @@ from typing import Iterator, List, Optional, Tuple
 
 import torch
 
-from solo.data.datasets import ImageFolderDataset
-from solo.data.image_text import CsvPairs
-from solo.data.shards import CLASSES_FILE
+from solo.data.sources.images import ImageFolderDataset
+from solo.data.sources.pairs import CsvPairs
+from solo.data.sources.shards import CLASSES_FILE
 from solo.errors import SoloError
 
 

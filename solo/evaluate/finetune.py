@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
 from solo.data import EvalDataset, MultiViewDataset, ViewAugmentation, build_view_transform, dataset_stats
-from solo.data.source import MapDataSource, loader_workers
+from solo.data.sampling.source import MapDataSource, loader_workers
 from solo.eval.probe import evaluate
 from solo.train.distribute import distribute
 from solo.optim import warmup_cosine

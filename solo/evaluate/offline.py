@@ -15,7 +15,7 @@ from solo.data import DATASETS, EvalDataset, build_eval_transform, build_split
 from solo.distributed import DistEnv
 from solo.distributed.env import process_group
 from solo.errors import ConfigError
-from solo.data.source import loader_workers
+from solo.data.sampling.source import loader_workers
 from solo.eval.features import FeatureCache, extract_features, state_fingerprint
 from solo.evaluate.finetune import finetune
 from solo.eval.knn import knn_accuracy

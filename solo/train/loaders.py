@@ -20,9 +20,10 @@ from solo.data import (
     build_split,
     build_view_transforms,
 )
-from solo.data.augment import DeviceViews
-from solo.data.multiview import check_images, collate_raw
-from solo.data.source import DataSource, MapDataSource, loader_workers
+from solo.data.views.augment import DeviceViews
+from solo.data.decode import check_images
+from solo.data.views.multiview import collate_raw
+from solo.data.sampling.source import DataSource, MapDataSource, loader_workers
 from solo.distributed import DistEnv
 from solo.errors import ConfigError
 from solo.eval.zero_shot import class_prompts

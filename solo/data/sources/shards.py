@@ -29,9 +29,10 @@ import torch
 from omegaconf import MISSING
 from PIL import Image
 
-from solo.data.datasets import IMG_EXTENSIONS, ImageReadError
-from solo.data.registry import DataConfig, register_dataset
-from solo.data.image_text import ImageTextPairs
+from solo.data.sources.images import IMG_EXTENSIONS
+from solo.data.decode import ImageReadError
+from solo.data.sources.registry import DataConfig, register_dataset
+from solo.data.sources.pairs import ImageTextPairs
 from solo.errors import ConfigError, DataError, NotFound
 from solo.schema import AT_LEAST_ONE, ruled
 

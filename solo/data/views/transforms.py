@@ -11,7 +11,7 @@ from typing import List, Mapping, Optional, Sequence, Union
 import torch
 from torchvision.transforms import v2
 
-from solo.data.augment import ViewRecipe, blur_kernel_size
+from solo.data.views.augment import ViewRecipe, blur_kernel_size
 
 
 @dataclass

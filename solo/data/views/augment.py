@@ -24,8 +24,8 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 from torchvision.io import ImageReadMode, decode_jpeg
-from torchvision.transforms.v2 import functional as TF
 
+from solo.data.decode import as_uint8_tensor
 from solo.errors import DataError
 
 # One view's parameters, as a float64 vector (integers are exact): what the DataLoader collates per view.
@@ -152,11 +152,6 @@ def on_rows(x: torch.Tensor, rows: list[int], operation) -> torch.Tensor:
 def solarize(x: torch.Tensor, rows=None) -> torch.Tensor:
     """Pixels at or above the threshold inverted (RandomSolarize at 128 of 255)."""
     return torch.where(x >= SOLARIZE_THRESHOLD, 1 - x, x)
-
-
-def as_uint8_tensor(image) -> torch.Tensor:
-    """A PIL image or uint8 tensor as a uint8 (3, H, W) RGB tensor."""
-    return image if isinstance(image, torch.Tensor) else TF.pil_to_tensor(image.convert("RGB"))
 
 
 def crop_resize(images, boxes: list[list[int]], size: int) -> torch.Tensor:

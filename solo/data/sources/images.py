@@ -14,8 +14,9 @@ from typing import List, Optional, Tuple
 import numpy as np
 from PIL import Image
 
-from solo.data.registry import DataConfig, DownloadConfig, FolderConfig, check_split, register_dataset
-from solo.errors import DataError, NotFound, SoloError
+from solo.data.decode import ImageReadError, read_file
+from solo.data.sources.registry import DataConfig, DownloadConfig, FolderConfig, check_split, register_dataset
+from solo.errors import DataError, NotFound
 from solo.schema import AT_LEAST_ONE, ruled
 
 # Computed once from the digits train split at image_size=16 (the size the digits configs use; the mean is
@@ -28,10 +29,6 @@ def _check_index(index: int, length: int, dataset: str) -> int:
     if not 0 <= index < length:
         raise IndexError(f"{dataset}: index {index} out of range for {length} samples")
     return index
-
-
-class ImageReadError(SoloError, RuntimeError):
-    """An image file exists but cannot be decoded."""
 
 
 # --------------------------------------------------------------------------- digits
@@ -305,14 +302,6 @@ class ImageFolderDataset:
         """The file's bytes, not decoded (data.augment_on=device decodes JPEGs there), and what to call it."""
         path = self.samples[_check_index(index, len(self), "imagefolder")][0]
         return read_file(path), f"image {path}"
-
-
-def read_file(path: str) -> bytes:
-    try:
-        with open(path, "rb") as f:
-            return f.read()
-    except OSError as e:
-        raise ImageReadError(f"cannot read image {path}: {type(e).__name__}: {e}") from e
 
 
 def _is_image(filename: str) -> bool:

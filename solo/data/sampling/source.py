@@ -12,7 +12,7 @@ from typing import Iterator
 
 from torch.utils.data import DataLoader
 
-from solo.data.sampler import GlobalBatchSampler
+from solo.data.sampling.sampler import GlobalBatchSampler
 
 
 def loader_workers(configured: int | None) -> int:
