@@ -41,7 +41,10 @@ def names_the_key(message: str, key: str) -> bool:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("key", _default_keys())
-def test_wrong_values_train_or_name_the_key(key, tmp_path):
+def test_wrong_values_train_or_name_the_key(key, tmp_path, monkeypatch):
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)  # backbone.pretrained: no retries on a network that is not there
     for i, value in enumerate(WRONG):
         try:
             pretrain(compose_cfg(QUICK + [f"{key}={value}"]), tmp_path / f"run{i}")
