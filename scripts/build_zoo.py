@@ -76,7 +76,7 @@ def build(name: str, recipe: str, work: Path, weights_dir: Path, location_root: 
     for kind in ("linear", "knn", "zero_shot"):
         if kind in summary:
             r = summary[kind]
-            results[kind] = {"top1": r["top1"], "top5": r["top5"], "protocol": r["protocol"],
+            results[kind] = {"acc1": r["acc1"], "acc5": r["acc5"], "protocol": r["protocol"],
                              "command": f"python main_linear.py pretrained={name}"}
     entry = {
         "name": name,
@@ -121,10 +121,10 @@ def main() -> None:
                 same = entry["file"]["sha256"] == published[name]["file"]["sha256"]
                 print(f"{name}: weights {'bit-identical to' if same else 'differ from'} the published file")
                 for kind, r in entry["results"].items():
-                    want = published[name]["results"][kind]["top1"]
-                    ok = abs(r["top1"] - want) <= TOLERANCE["retrain"]
+                    want = published[name]["results"][kind]["acc1"]
+                    ok = abs(r["acc1"] - want) <= TOLERANCE["retrain"]
                     failed |= not ok
-                    print(f"  {kind:<10} top-1 {r['top1']:.4f}, manifest {want:.4f}: {'ok' if ok else 'OUTSIDE'} (±{TOLERANCE['retrain']})")
+                    print(f"  {kind:<10} top-1 {r['acc1']:.4f}, manifest {want:.4f}: {'ok' if ok else 'OUTSIDE'} (±{TOLERANCE['retrain']})")
         sys.exit(1 if failed else 0)
     entries = {e["name"]: e for e in (read_manifest() if MANIFEST.exists() else [])}
     work = REPO / "outputs" / "zoo"

@@ -182,8 +182,8 @@ def test_training_classifies_an_imagefolder_zero_shot_as_main_linear_does(synset
     monkeypatch.setenv("SOLO_CACHE", str(tmp_path / "cache"))
     summary = evaluate_pretrained(compose_linear([f"pretrained={run_dir}", "data=imagefolder", f"data.root={synset_folder}",
                                                   "data.image_size=16", "linear.epochs=1", "plots=false"]), tmp_path / "eval")
-    assert logged["val/folder_zeroshot_acc1"] == pytest.approx(summary["zero_shot"]["top1"], abs=1e-12)
-    assert logged["val/folder_zeroshot_acc5"] == pytest.approx(summary["zero_shot"]["top5"], abs=1e-12)
+    assert logged["val/folder_zeroshot_acc1"] == pytest.approx(summary["zero_shot"]["acc1"], abs=1e-12)
+    assert logged["val/folder_zeroshot_acc5"] == pytest.approx(summary["zero_shot"]["acc5"], abs=1e-12)
     with pytest.raises(ConfigError, match=r"trainer.zero_shot_folder=.*needs an image-text method"):
         pretrain(compose_cfg(["method=simclr", "data.num_workers=0", "trainer.max_steps=1",
                               f"trainer.zero_shot_folder={synset_folder / 'val'}"]), tmp_path / "simclr")

@@ -59,11 +59,11 @@ def test_main_linear_reproduces_the_manifest(name, tmp_path, monkeypatch):
     summary = evaluate_pretrained(compose_linear([f"pretrained={name}", "plots=false"]), tmp_path / "eval")
     for kind, published in entry["results"].items():
         assert summary[kind]["protocol"] == published["protocol"]
-        assert abs(summary[kind]["top1"] - published["top1"]) <= TOLERANCE["reevaluate"], (kind, summary[kind], published)
+        assert abs(summary[kind]["acc1"] - published["acc1"]) <= TOLERANCE["reevaluate"], (kind, summary[kind], published)
     if entry["method"] == "simclr":  # the random-init baseline is far lower (one architecture for all entries)
         baseline = evaluate_pretrained(compose_linear([f"pretrained={name}", "random_init=true", "plots=false"]), tmp_path / "b")
-        assert baseline["linear"]["top1"] < entry["results"]["linear"]["top1"] - 0.1
-        assert baseline["knn"]["top1"] < entry["results"]["knn"]["top1"] - 0.2
+        assert baseline["linear"]["acc1"] < entry["results"]["linear"]["acc1"] - 0.1
+        assert baseline["knn"]["acc1"] < entry["results"]["knn"]["acc1"] - 0.2
 
 
 @pytest.fixture
@@ -133,7 +133,7 @@ def test_a_bad_download_leaves_nothing_in_the_cache(private_zoo):
         (lambda e: e["file"].update(sha256="abc"), "64 lowercase hex"),
         (lambda e: e["results"].pop("knn"), "lacks results.knn"),
         (lambda e: e.update(epochs="10"), "'epochs' must be int"),
-        (lambda e: e["results"]["linear"].update(top1=1.5), r"not in \[0, 1\]"),
+        (lambda e: e["results"]["linear"].update(acc1=1.5), r"not in \[0, 1\]"),
     ],
 )
 def test_manifest_schema_errors_name_the_field(private_zoo, edit, message):
@@ -210,7 +210,7 @@ def test_export_loads_in_timm_and_torchvision_with_identical_outputs(stock_check
 def test_list_command_prints_every_entry_with_its_results():
     out = subprocess.run([sys.executable, "-m", "solo.zoo", "list"], capture_output=True, text=True, check=True).stdout
     for name in solo.zoo.list():
-        linear = solo.zoo.entry(name)["results"]["linear"]["top1"]
+        linear = solo.zoo.entry(name)["results"]["linear"]["acc1"]
         assert any(line.startswith(name) and f"linear {linear:.3f}" in line for line in out.splitlines())
 
 

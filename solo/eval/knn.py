@@ -38,4 +38,4 @@ def knn_logits(
 def knn_accuracy(train_features, train_labels, val_features, val_labels, num_classes, k=20, temperature=0.07) -> dict:
     logits = knn_logits(train_features, train_labels, val_features, num_classes, k, temperature)
     c1, c5 = topk_correct(logits, val_labels)
-    return {"top1": c1 / len(val_labels), "top5": c5 / len(val_labels)}
+    return {"acc1": c1 / len(val_labels), "acc5": c5 / len(val_labels)}

@@ -65,7 +65,7 @@ def zero_shot_accuracy(method, prompts: list[list[str]], loader, device, autocas
                 image = method.encode_image(batch["image"].to(device, dtype, non_blocking=True))
             accuracy.add(image.to(dtype) @ classifier.T, batch["label"])
     result = accuracy.result(device)
-    return {"top1": result["acc1"], "top5": result["acc5"]}
+    return {"acc1": result["acc1"], "acc5": result["acc5"]}
 
 
 def _recall(queries, keys, query_ids, key_ids, ks=(1, 5)) -> torch.Tensor:

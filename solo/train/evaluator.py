@@ -24,7 +24,7 @@ class Evaluator:
         method, metrics = self.model.method, {}
         if self.loaders.zero_shot is not None:
             folder = zero_shot_accuracy(method, self.loaders.zero_shot_prompts, self.loaders.zero_shot, self.device, self.autocast)
-            metrics |= {"val/folder_zeroshot_acc1": folder["top1"], "val/folder_zeroshot_acc5": folder["top5"]}
+            metrics |= {"val/folder_zeroshot_acc1": folder["acc1"], "val/folder_zeroshot_acc5": folder["acc5"]}
         if self.loaders.val is None:
             return metrics
         metrics |= method.evaluate(self.model.probe, self.loaders.val, self.device, self.autocast)
@@ -32,7 +32,7 @@ class Evaluator:
             train = extract_features(method.backbone, self.loaders.train_eval, self.device, self.autocast)
             val = extract_features(method.backbone, self.loaders.val, self.device, self.autocast)
             knn = knn_accuracy(*train, *val, self.num_classes, self.knn_k, self.knn_temperature)
-            metrics |= {"val/knn_acc1": knn["top1"], "val/knn_acc5": knn["top5"]}
+            metrics |= {"val/knn_acc1": knn["acc1"], "val/knn_acc5": knn["acc5"]}
         return metrics
 
     def plot(self, run_dir: Path, is_main: bool) -> None:

@@ -18,7 +18,7 @@ def main() -> None:
     if args.command == "list":
         for name in solo.zoo.list():
             e = solo.zoo.entry(name)
-            results = ", ".join(f"{kind} {r['top1']:.3f}" for kind, r in e["results"].items())
+            results = ", ".join(f"{kind} {r['acc1']:.3f}" for kind, r in e["results"].items())
             print(f"{name:<36} {e['method']:<13} {e['backbone']['name']:<10} {e['data']['name']:<8} {results}")
     elif solo.zoo.resolve(args.pretrained).method.get("model"):
         print(solo.zoo.export_open_clip(args.pretrained, args.out))

@@ -23,7 +23,7 @@ ENTRY_FIELDS = {
     "file": dict,
 }
 FILE_FIELDS = {"location": str, "size": int, "sha256": str}
-RESULT_FIELDS = {"top1": float, "top5": float, "protocol": str, "command": str}
+RESULT_FIELDS = {"acc1": float, "acc5": float, "protocol": str, "command": str}
 
 
 class ManifestError(ValueError):
@@ -76,7 +76,7 @@ def validate_entry(entry: dict, where: str | Path = "manifest") -> None:
             raise ManifestError(f"{where}: entry {name!r} lacks results.{kind}")
     for kind, result in entry["results"].items():
         check(RESULT_FIELDS, result, f"results.{kind}.")
-        for key in ("top1", "top5"):
+        for key in ("acc1", "acc5"):
             if not 0.0 <= result[key] <= 1.0:
                 raise ManifestError(f"{where}: entry {name!r} results.{kind}.{key} = {result[key]} is not in [0, 1]")
     sha = entry["file"]["sha256"]
@@ -103,10 +103,10 @@ def markdown_table(entries: list[dict]) -> str:
         b = e["backbone"]
         backbone = b["name"] + (" " + ",".join(f"{k}={v}" for k, v in b["kwargs"].items()) if b["kwargs"] else "")
         backbone += ", small stem" if b["small_stem"] else ""
-        zero_shot = f"{r['zero_shot']['top1']:.3f}" if "zero_shot" in r else "-"
+        zero_shot = f"{r['zero_shot']['acc1']:.3f}" if "zero_shot" in r else "-"
         rows.append(
             f"| `{e['name']}` | {e['method']} | {backbone} | {e['data']['name']} {e['data']['image_size']}px | "
-            f"{e['epochs']} | {e['global_batch']} | {r['linear']['top1']:.3f} | {r['knn']['top1']:.3f} | {zero_shot} | "
+            f"{e['epochs']} | {e['global_batch']} | {r['linear']['acc1']:.3f} | {r['knn']['acc1']:.3f} | {zero_shot} | "
             f"{e['file']['size'] / 2**20:.1f} MiB | `{e['file']['sha256'][:12]}` |"
         )
     return "\n".join(rows)
