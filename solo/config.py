@@ -29,7 +29,7 @@ from solo.loggers import LOGGERS
 from solo.methods import METHODS
 from solo.optim import OPTIMIZERS
 from solo.registry import Registry
-from solo.schema import AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, check_values, choices, ruled
+from solo.schema import AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, PROBABILITY, check_values, choices, ruled
 
 # 16: CUDA only, with a gradient scaler; 64: for exactness checks, not for speed.
 Precision = choices("Precision", "32", "bf16", "16", "64")
@@ -95,12 +95,20 @@ class KNNConfig:
 
 @dataclass
 class FinetuneConfig:
+    """main_linear.py's full fine-tuning, run by the pretraining trainer as method=supervised (solo.evaluate.finetune)."""
+
     enabled: bool = False
-    epochs: int = 10
-    lr: float = 0.01  # SGD momentum 0.9, cosine to 0, for backbone and head
-    weight_decay: float = 1e-4
+    epochs: int = ruled(10, AT_LEAST_ONE)
+    # An `optim` option of any registered optimizer, chosen as optim@finetune.optim=<name> (linear.yaml: SGD, lr 0.01,
+    # no warm-up, cosine to 0); typed by its schema.
+    optim: Any = MISSING
+    precision: Precision = Precision("32")
+    accumulate: int = ruled(1, AT_LEAST_ONE)
     crop_scale: List[float] = field(default_factory=lambda: [0.4, 1.0])
-    hflip_prob: float = 0.0
+    hflip_prob: float = ruled(0.0, PROBABILITY)
+    resume: bool = True  # continue from <run dir>/finetune/checkpoints/last.pt when it exists
+    checkpoint_every_steps: int = ruled(0, NON_NEGATIVE)  # 0: at epoch ends
+    log_every_steps: int = ruled(10, AT_LEAST_ONE)
 
 
 @dataclass
@@ -183,11 +191,13 @@ def import_modules(modules) -> None:
 
 
 def typed(cfg: DictConfig, schema: type, groups: tuple[str, ...]) -> DictConfig:
-    """`cfg` merged onto `schema`, each of `groups` typed by its named entry's schema, every value checked."""
+    """`cfg` merged onto `schema`, each of `groups` (a registered group's name, or a key ending in one: finetune.optim)
+    typed by its named entry's schema, every value checked."""
     typed_schema = OmegaConf.structured(schema)
     for group in groups:
-        registry = registered_groups()[group]
-        typed_schema[group] = OmegaConf.structured(registry[OmegaConf.select(cfg, f"{group}.name", default="<unset>")].schema)
+        registry = registered_groups()[group.rpartition(".")[2]]
+        entry = registry[OmegaConf.select(cfg, f"{group}.name", default="<unset>")]
+        OmegaConf.update(typed_schema, group, OmegaConf.structured(entry.schema), merge=False)
     try:
         checked = OmegaConf.merge(typed_schema, cfg)
     except OmegaConfBaseException as e:
@@ -216,7 +226,7 @@ def check_required(cfg: DictConfig) -> None:
 
 def validate_linear(cfg: DictConfig) -> DictConfig:
     """main_linear.py's composed config checked against its schemas; raises ConfigError."""
-    return typed(cfg, LinearEvalConfig, ("data", "logger"))
+    return typed(cfg, LinearEvalConfig, ("data", "logger", "finetune.optim"))
 
 
 def _check_accumulation(cfg: DictConfig, method) -> None:

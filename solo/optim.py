@@ -64,7 +64,7 @@ class AdamWConfig(OptimConfig):
 
     def validate(self) -> None:
         if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
-            raise ValueError(f"optim.betas={list(self.betas)}: must be two numbers in [0, 1)")
+            raise ValueError(f"betas={list(self.betas)}: must be two numbers in [0, 1)")
 
 
 def param_groups(model: nn.Module, weight_decay: float, *, exclude_bias_and_norm: bool = True) -> list[dict]:

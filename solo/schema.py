@@ -53,7 +53,8 @@ def ruled(default, rule: Rule):
 
 def check_values(node: DictConfig, key: str = "") -> None:
     """Check the structured config `node` recursively (lists of them too): no key its schema lacks, every ruled
-    field's value, and a schema's `validate()` method if it has one. Unset (???) values are skipped.
+    field's value, and a schema's `validate()` method if it has one (its ValueError starts with the field's name, which
+    is prefixed with the node's key here). Unset (???) values are skipped.
     Raises ConfigError naming the key."""
     schema = OmegaConf.get_type(node)
     if not dataclasses.is_dataclass(schema):
@@ -67,7 +68,7 @@ def check_values(node: DictConfig, key: str = "") -> None:
         try:
             OmegaConf.to_object(node).validate()
         except ValueError as e:
-            raise ConfigError(f"{key}: {e}") from None
+            raise ConfigError(f"{key}.{e}" if key else str(e)) from None
     for f in dataclasses.fields(schema):
         name = f"{key}.{f.name}" if key else f.name
         if OmegaConf.is_missing(node, f.name):

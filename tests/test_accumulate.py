@@ -78,8 +78,8 @@ def test_a_batchnorm_backbone_sees_micro_batch_statistics(tmp_path, monkeypatch)
     pretrain(compose_cfg(base), tmp_path / "plain")
     import solo.train.trainer as trainer
 
-    def ghost_model(cfg, num_classes):
-        model = build_model(cfg, num_classes)
+    def ghost_model(cfg, num_classes, backbone=None):
+        model = build_model(cfg, num_classes, backbone)
         for name, module in list(model.method.backbone.named_modules()):
             for child_name, child in list(module.named_children()):
                 if isinstance(child, nn.BatchNorm2d):

@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -20,7 +21,8 @@ from solo.eval.knn import knn_accuracy, knn_logits
 from solo.eval.linear import LinearProtocol, train_linear
 from solo.evaluate.offline import evaluate_pretrained
 from solo.eval.plots import plot_curves
-from tests.test_train import REPO, TINY, metrics, run
+from solo.errors import SoloError
+from tests.test_train import REPO, TINY, metrics, run, weights
 
 
 def compose_linear(overrides):
@@ -44,7 +46,7 @@ def test_knn_matches_a_loop_over_neighbours():
 
 def test_knn_of_the_train_set_itself_with_k1_is_perfect():
     x, y = torch.randn(30, 5), torch.arange(30) % 3
-    assert knn_accuracy(x, y, x, y, num_classes=3, k=1)["top1"] == 1.0
+    assert knn_accuracy(x, y, x, y, num_classes=3, k=1)["acc1"] == 1.0
 
 
 def test_linear_probe_matches_logistic_regression_on_digits_pixels():
@@ -86,11 +88,11 @@ def test_online_knn_equals_offline_knn_and_plots_are_written(tmp_path, monkeypat
                      "data.num_workers=0", "knn.k=5", "linear.epochs=20"]
     cfg = compose_linear(cfg_overrides)
     summary = evaluate_pretrained(cfg, tmp_path / "eval")
-    assert summary["knn"]["top1"] == pytest.approx(online["val/knn_acc1"], abs=1e-9)
-    assert summary["knn"]["top5"] == pytest.approx(online["val/knn_acc5"], abs=1e-9)
+    assert summary["knn"]["acc1"] == pytest.approx(online["val/knn_acc1"], abs=1e-9)
+    assert summary["knn"]["acc5"] == pytest.approx(online["val/knn_acc5"], abs=1e-9)
     logged = [json.loads(line) for line in (tmp_path / "eval" / "metrics.jsonl").read_text().splitlines()]
-    assert [m["epoch"] for m in logged if "linear/acc1" in m] == list(range(20))
-    assert json.loads((tmp_path / "eval" / "summary.json").read_text())["linear"]["top1"] == logged[-2]["linear/acc1"]
+    assert [m["epoch"] for m in logged if "val/linear_acc1" in m] == list(range(20))
+    assert json.loads((tmp_path / "eval" / "summary.json").read_text())["linear"]["acc1"] == logged[-2]["val/linear_acc1"]
     for png in ("curves.png", "embedding.png"):
         _looks_drawn(tmp_path / "eval" / png)
 
@@ -105,7 +107,7 @@ def test_online_knn_equals_offline_knn_and_plots_are_written(tmp_path, monkeypat
         assert ("train features from the cache" in out.stdout) == (attempt == "cached")
         two = json.loads((tmp_path / attempt / "summary.json").read_text())
         for kind in ("linear", "knn"):
-            assert two[kind]["top1"] == pytest.approx(summary[kind]["top1"], abs=1.5 / 64), kind  # one val image
+            assert two[kind]["acc1"] == pytest.approx(summary[kind]["acc1"], abs=1.5 / 64), kind  # one val image
 
     # The second evaluation reads the cached features and gives the same numbers.
     cached = list((tmp_path / "cache" / "features").iterdir())
@@ -128,9 +130,54 @@ def test_random_init_and_finetune(tmp_path, monkeypatch):
     baseline = evaluate_pretrained(compose_linear(common + ["random_init=true"]), tmp_path / "b")
     assert trained["random_init"] is False and baseline["random_init"] is True
     assert trained["linear"] != baseline["linear"]  # other weights, other features
-    assert 0.0 <= trained["finetune"]["top1"] <= 1.0 and "fine-tuning" in trained["finetune"]["protocol"]
-    logged = [json.loads(line) for line in (tmp_path / "a" / "metrics.jsonl").read_text().splitlines()]
-    assert [m["epoch"] for m in logged if "finetune/acc1" in m] == [0, 1]
+    assert 0.0 <= trained["finetune"]["acc1"] <= 1.0 and "fine-tuning" in trained["finetune"]["protocol"]
+    assert [m["epoch"] for m in metrics(tmp_path / "a" / "finetune") if "val/acc1" in m] == [0, 1]  # its own run dir
+    assert metrics(tmp_path / "a")[-1]["val/finetune_acc1"] == trained["finetune"]["acc1"]
+
+
+FINETUNE_64 = ["data=synthetic", "data.image_size=16", "data.num_samples=256", "data.num_workers=0", "data.batch_size=8",
+               "linear.epochs=1", "plots=false", "feature_cache=false", "finetune.enabled=true", "finetune.epochs=2",
+               "finetune.precision=64", "finetune.checkpoint_every_steps=1", "finetune.log_every_steps=1"]
+
+
+def _main_linear(overrides, run_dir, **popen):
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    return subprocess.Popen([sys.executable, "main_linear.py", *overrides, f"hydra.run.dir={run_dir}"], cwd=REPO, env=env, **popen)
+
+
+@pytest.mark.slow
+def test_finetuning_killed_and_resumed_is_bit_identical(tmp_path):
+    """main_linear.py fine-tuning (float64, 64 steps) killed after a checkpoint and run again ends with the weights of
+    the uninterrupted run, bit for bit; a run with another seed does not (so the comparison can fail)."""
+    run(TINY + ["data.batch_size=8", "trainer.max_steps=2"], tmp_path / "pre")
+    common = [f"pretrained={tmp_path / 'pre'}", *FINETUNE_64]
+    assert _main_linear(common, tmp_path / "whole").wait(timeout=600) == 0
+    killed = _main_linear(common, tmp_path / "killed", stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    last = tmp_path / "killed" / "finetune" / "checkpoints" / "last.pt"
+    deadline = time.time() + 300
+    while not last.exists() and time.time() < deadline and killed.poll() is None:
+        time.sleep(0.05)
+    killed.kill()
+    killed.wait()
+    stopped_at = torch.load(last, map_location="cpu", weights_only=True)["step"]
+    assert 0 < stopped_at < 64, f"killed at step {stopped_at}: not mid-run"
+    assert _main_linear(common, tmp_path / "killed").wait(timeout=600) == 0
+    whole, resumed = weights(tmp_path / "whole" / "finetune"), weights(tmp_path / "killed" / "finetune")
+    assert whole.keys() == resumed.keys() and all(torch.equal(whole[k], resumed[k]) for k in whole)
+    assert metrics(tmp_path / "killed")[-1]["val/finetune_acc1"] == metrics(tmp_path / "whole")[-1]["val/finetune_acc1"]
+    assert _main_linear(common + ["seed=1"], tmp_path / "seed1").wait(timeout=600) == 0
+    assert not all(torch.equal(whole[k], v) for k, v in weights(tmp_path / "seed1" / "finetune").items())
+
+
+@pytest.mark.slow
+def test_finetuning_takes_any_optimizer_and_precision(tmp_path):
+    run(TINY + ["data.batch_size=8", "trainer.max_steps=2"], tmp_path / "pre")
+    overrides = [f"pretrained={tmp_path / 'pre'}", *FINETUNE_64[:-4], "finetune.epochs=1", "finetune.precision=bf16",
+                 "optim@finetune.optim=adamw", "finetune.optim.lr=1e-3", "finetune.optim.betas=[0.9,0.95]"]
+    summary = evaluate_pretrained(compose_linear(overrides), tmp_path / "eval")
+    assert "adamw" in summary["finetune"]["protocol"] and "precision bf16" in summary["finetune"]["protocol"]
+    with pytest.raises(SoloError, match=r"finetune\.optim\.betas"):
+        evaluate_pretrained(compose_linear(overrides + ["finetune.optim.betas=[0.9,1.5]"]), tmp_path / "bad")
 
 
 def test_plot_curves_needs_metrics(tmp_path):

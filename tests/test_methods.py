@@ -31,6 +31,7 @@ METHOD = {
              "method.freeze_last_layer_epochs=0.5"],
     # Multi-crop, which the digits recipe leaves out: 2 global 16 px crops and 4 local 8 px ones.
     "swav": HEADS + ["augmentation=multicrop_digits", "method.num_prototypes=16", "method.freeze_prototypes_epochs=0.5"],
+    "supervised": ["method.num_classes=10", "augmentation=supervised"],  # one view: main_linear.py's fine-tuning
 }
 STEPS = 6
 
@@ -124,7 +125,7 @@ def test_unknown_method_lists_every_method():
     with pytest.raises(MissingConfigException) as err:
         compose_cfg(["method=bool"])
     builtin = [m.name for m in METHODS if m.target.__module__.startswith("solo.")]  # other tests register their own
-    assert len(builtin) == 9 and all(name in str(err.value) for name in builtin)
+    assert len(builtin) == 10 and all(name in str(err.value) for name in builtin)
 
 
 @pytest.mark.parametrize(

@@ -14,7 +14,7 @@ from hydra import compose, initialize_config_dir
 from PIL import Image
 
 from solo.config import register_configs, validate_pretrain
-from solo.errors import TrainingDiverged
+from solo.errors import CheckpointError, TrainingDiverged
 from solo.train.trainer import pretrain
 
 REPO = Path(__file__).resolve().parents[1]
@@ -298,3 +298,25 @@ def test_grad_clip_bounds_the_methods_gradient_and_leaves_the_probe_alone():
     assert method_step == pytest.approx(clip, rel=1e-6)  # torch divides by the norm + 1e-6
     for (name, p), grad in zip(model.probe.named_parameters(), probe_grads):
         torch.testing.assert_close(deltas[f"probe.{name}"], grad, rtol=1e-12, atol=0)  # unclipped: not grad / 10
+
+
+def test_signal_handlers_are_given_back_when_training_ends(tmp_path):
+    """A job that trains in-process (main_linear.py's fine-tuning, a notebook) gets its own SIGUSR1/SIGTERM handlers
+    back from the trainer, after a normal end and after an error; a Preemption left open keeps them (the check bites)."""
+    from solo.train.preemption import Preemption
+
+    def own(signum, frame):
+        pass
+
+    previous = {sig: signal.signal(sig, own) for sig in (signal.SIGUSR1, signal.SIGTERM)}
+    try:
+        pretrain(compose_cfg(TINY + ["trainer.max_steps=1", "trainer.plots=false"]), tmp_path / "ok")
+        assert signal.getsignal(signal.SIGUSR1) is own and signal.getsignal(signal.SIGTERM) is own
+        with pytest.raises(CheckpointError, match="trainer.resume=false"):
+            pretrain(compose_cfg(TINY + ["trainer.max_steps=1", "trainer.resume=false"]), tmp_path / "ok")  # last.pt exists
+        assert signal.getsignal(signal.SIGUSR1) is own and signal.getsignal(signal.SIGTERM) is own
+        Preemption(["SIGUSR1"], torch.device("cpu"))
+        assert signal.getsignal(signal.SIGUSR1) is not own
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

@@ -197,6 +197,11 @@ def byol_mean_of_rank_means(z1, z2):
     return (2 - 2 * cos12).mean() + (2 - 2 * cos21).mean()
 
 
+def supervised_mean_of_rank_means(z1, z2):
+    """Cross-entropy as this rank's mean, which DDP averages: the global mean only when the ranks' batches are equal."""
+    return F.cross_entropy(z1, z2.detach().argmax(dim=1)) + F.cross_entropy(z2, z1.detach().argmax(dim=1))
+
+
 WRONG_SSL = [
     f"tests.wrong_losses:{name}"
     for name in (
@@ -207,6 +212,7 @@ WRONG_SSL = [
         "swav_per_gpu_sinkhorn",
         "mocov3_local_keys",
         "byol_mean_of_rank_means",  # only wrong with uneven per-rank batches
+        "supervised_mean_of_rank_means",  # likewise
     )
 ]
 

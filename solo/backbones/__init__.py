@@ -35,6 +35,16 @@ class TimmBackboneConfig(BackboneConfig):
     kwargs: Dict[str, Any] = field(default_factory=dict)  # passed to timm.create_model (torchvision: get_model)
 
 
+@torch.no_grad()
+def feature_width(backbone: torch.nn.Module, image_size: int) -> int:
+    """The width of `backbone`'s features, from one image of `image_size` (its mode and weights left as they were)."""
+    was_training = backbone.training
+    parameter = next(backbone.parameters())
+    width = backbone.eval()(torch.zeros(1, 3, image_size, image_size, device=parameter.device, dtype=parameter.dtype)).shape[1]
+    backbone.train(was_training)
+    return width
+
+
 def register_backbone(name: str, *, schema: type = BackboneConfig):
     """Decorator for a builder `(backbone config) -> (module mapping (B, 3, H, W) to (B, width), width)`."""
     return BACKBONES.register(name, schema=schema)

@@ -4,6 +4,7 @@ cached features, zero-shot for image-text models, an embedding picture, and opti
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import torch
@@ -29,6 +30,9 @@ from solo.zoo.files import cache_dir
 from solo.zoo.pretrained import resolve
 
 
+log = logging.getLogger("solo")
+
+
 def evaluate_pretrained(cfg: DictConfig, run_dir: str | Path) -> dict:
     """Evaluate cfg.pretrained on cfg.data; returns (and writes to <run_dir>/summary.json) the results."""
     cfg = validate_linear(cfg)
@@ -38,7 +42,7 @@ def evaluate_pretrained(cfg: DictConfig, run_dir: str | Path) -> dict:
 
 
 def _evaluate(cfg: DictConfig, run_dir: Path, env: DistEnv, device: torch.device) -> dict:
-    say = print if env.is_main else (lambda *a, **k: None)
+    say = log.info if env.is_main else (lambda *a, **k: None)
     d = cfg.data
     pretrained = resolve(cfg.pretrained)
     if pretrained.data["image_size"] != d.image_size:
@@ -53,7 +57,7 @@ def _evaluate(cfg: DictConfig, run_dir: Path, env: DistEnv, device: torch.device
     dataset = DATASETS[d.name]
     train_base, val_base = (build_split(d, split, cfg.seed, pairs=not dataset.images) for split in ("train", "val"))
     if train_base is None or val_base is None or not train_base.classes:
-        raise ValueError(f"linear evaluation needs labelled train and val splits; data={d.name} has none")
+        raise ConfigError(f"data={d.name}: linear evaluation needs labelled train and val splits, and this data has none")
     classes = list(train_base.classes)
     transform = build_eval_transform(d.image_size, *dataset.stats, resize=dataset.any_size)
 
@@ -73,11 +77,14 @@ def _evaluate(cfg: DictConfig, run_dir: Path, env: DistEnv, device: torch.device
     if cfg.finetune.enabled:
         if env.world_size > 1:
             dist.barrier()
-        summary["finetune"] = finetune(backbone, train_base, val_base, classes, transform, cfg, env, device, logger)
+        summary["finetune"] = finetune(cfg, backbone, pretrained.backbone, len(classes), run_dir, env, device)
+        if summary["finetune"] is None:  # preempted: checkpointed, no summary until it is done
+            return summary
     if env.is_main:
         step = cfg.linear.epochs * -(-len(train[0]) // cfg.linear.batch_size)
-        final = {f"{k}/{m}": v[m] for k, v in summary.items() if k in ("knn", "zero_shot") for m in ("top1", "top5")}
-        logger.log({"step": step, **final})  # linear and fine-tuning results are already logged per epoch
+        final = {f"val/{k.replace('_', '')}_{m}": v[m] for k, v in summary.items() if k in ("knn", "zero_shot", "finetune")
+                 for m in ("acc1", "acc5")}
+        logger.log({"step": step, **final})  # the linear results are already logged per epoch
         logger.close()
         (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         if cfg.plots:
@@ -111,7 +118,7 @@ class CachedFeatures:
             if found.item() and not env.is_main:
                 return None
         if hit is not None:
-            print(f"{split} features from the cache {self.cache.path(key)}")
+            log.info(f"{split} features from the cache {self.cache.path(key)}")
             return hit
         shard = list(range(env.rank, len(base), env.world_size))
         d = self.data
@@ -127,9 +134,9 @@ def _frozen_results(cfg: DictConfig, pretrained, train, val, classes, logger, de
     protocol = LinearProtocol(**OmegaConf.to_container(cfg.linear, resolve=True))
     _, linear = train_linear(
         (train[0].to(device), train[1].to(device)), (val[0].to(device), val[1].to(device)), len(classes),
-        protocol, log=lambda m: logger.log({k.replace("val/", "linear/"): v for k, v in m.items()}),
+        protocol, log=lambda m: logger.log({k.replace("val/", "val/linear_"): v for k, v in m.items()}),
     )
-    results = {"linear": {"top1": linear["val/acc1"], "top5": linear["val/acc5"], "protocol": protocol.describe()}}
+    results = {"linear": {"acc1": linear["val/acc1"], "acc5": linear["val/acc5"], "protocol": protocol.describe()}}
     knn = knn_accuracy(*train, *val, len(classes), cfg.knn.k, cfg.knn.temperature)
     results["knn"] = knn | {"protocol": f"weighted k-NN on cosine similarity, k={cfg.knn.k}, temperature {cfg.knn.temperature}"}
     if pretrained.contents == "model" and not cfg.random_init:
@@ -145,7 +152,7 @@ def _zero_shot(pretrained, val, classes, data_name: str, device) -> dict:
     image = model.embed_features(val[0].to(device))
     c1, c5 = topk_correct((image @ classifier.T).cpu(), val[1])
     n = len(val[1])
-    return {"top1": c1 / n, "top5": c5 / n, "protocol": f"zero-shot with {len(prompts[0])} prompt(s) per class, averaged"}
+    return {"acc1": c1 / n, "acc5": c5 / n, "protocol": f"zero-shot with {len(prompts[0])} prompt(s) per class, averaged"}
 
 
 def _format_summary(summary: dict, run_dir: Path) -> str:
@@ -153,6 +160,6 @@ def _format_summary(summary: dict, run_dir: Path) -> str:
     for kind in ("linear", "knn", "zero_shot", "finetune"):
         if kind in summary:
             r = summary[kind]
-            lines.append(f"  {kind:<10} top-1 {r['top1']:.4f}  top-5 {r['top5']:.4f}   ({r['protocol']})")
+            lines.append(f"  {kind:<10} acc1 {r['acc1']:.4f}  acc5 {r['acc5']:.4f}   ({r['protocol']})")
     lines.append(f"  written to {run_dir}/summary.json")
     return "\n".join(lines)

@@ -7,6 +7,7 @@ from solo.losses.registry import LOSSES
 from solo.losses.regression import byol_loss, mocov3_loss
 from solo.losses.self_distillation import dino_center, dino_loss, sinkhorn, swav_loss
 from solo.losses.siglip import siglip_loss
+from solo.losses.supervised import supervised_loss
 from solo.losses.vicreg import vicreg_loss
 
 __all__ = [
@@ -21,6 +22,7 @@ __all__ = [
     "nt_xent_loss",
     "siglip_loss",
     "sinkhorn",
+    "supervised_loss",
     "swav_loss",
     "vicreg_loss",
 ]

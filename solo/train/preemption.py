@@ -24,11 +24,18 @@ class Preemption:
     def __init__(self, signal_names: list[str], device: torch.device):
         self.device = device
         self.received: str | None = None
+        self.previous: dict[signal.Signals, object] = {}  # what handled each signal before: restored by close()
         for name in signal_names:
             sig = getattr(signal, name, None)
             if not isinstance(sig, signal.Signals):
                 raise ConfigError(f"trainer.preempt_signals: unknown signal {name!r}; use names such as SIGUSR1, SIGTERM")
-            signal.signal(sig, self._record)
+            self.previous[sig] = signal.signal(sig, self._record)
+
+    def close(self) -> None:
+        """Give each signal back to the handler it had before."""
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)
+        self.previous = {}
 
     def _record(self, signum, frame) -> None:
         self.received = signal.Signals(signum).name

@@ -21,7 +21,8 @@ from solo.distributed import DistEnv
 from solo.distributed.env import process_group
 from solo.errors import CheckpointError
 from solo.loggers import Loggers
-from solo.methods import METHODS, create_method
+from solo.backbones import feature_width
+from solo.methods import METHODS, build_method, create_method
 from solo.optim import build_optimizer, scaled_lr, warmup_cosine
 from solo.train.checkpoint import Checkpointer, Checkpoints, RNGState
 from solo.train.distribute import distribute
@@ -73,8 +74,11 @@ class PretrainModel(nn.Module):
         return tuple(getattr(self.method, name) for name in self.method.teachers)
 
 
-def build_model(cfg: DictConfig, num_classes: int | None) -> PretrainModel:
-    return PretrainModel(create_method(cfg.method, cfg.backbone), num_classes)
+def build_model(cfg: DictConfig, num_classes: int | None, backbone: nn.Module | None = None) -> PretrainModel:
+    """The method of `cfg` with its probe; around `backbone` when given (fine-tuning: weights to start from)."""
+    if backbone is None:
+        return PretrainModel(create_method(cfg.method, cfg.backbone), num_classes)
+    return PretrainModel(build_method(cfg.method, backbone, feature_width(backbone, cfg.data.image_size)), num_classes)
 
 
 def build_optimizer_for(model: PretrainModel, optim_cfg, lr: float):
@@ -95,7 +99,10 @@ def pretrain(cfg: DictConfig, run_dir: str | Path) -> dict:
 
 
 class Trainer:
-    def __init__(self, cfg: DictConfig, run_dir: Path, env: DistEnv, device: torch.device):
+    """Builds the components of a run from its validated config, then `fit()` runs (or resumes) it; `backbone`, when
+    given, is the image encoder to train instead of a new one of cfg.backbone (fine-tuning's pretrained weights)."""
+
+    def __init__(self, cfg: DictConfig, run_dir: Path, env: DistEnv, device: torch.device, backbone: nn.Module | None = None):
         t = self.t = cfg.trainer
         self.cfg, self.run_dir, self.env, self.device = cfg, run_dir, env, device
         self.say = log.info if env.is_main else (lambda *a, **k: None)
@@ -104,7 +111,7 @@ class Trainer:
         torch.manual_seed(t.seed)
         random.seed(t.seed)
         splits = build_splits(cfg.data, env, t.seed, pairs=METHODS[cfg.method.name].target.inputs == "image_text")
-        self.model = model = build_model(cfg, splits.num_classes if t.probe else None)
+        self.model = model = build_model(cfg, splits.num_classes if t.probe else None, backbone)
         self.channels_last = t.channels_last and device.type == "cuda"
         self.dtype = torch.float64 if t.precision == "64" else torch.float32
         model.to(device, dtype=self.dtype, memory_format=torch.channels_last if self.channels_last else torch.preserve_format)
@@ -133,7 +140,6 @@ class Trainer:
         components = {"model": model, "optimizer": optimizer, "scaler": self.train_step, "data": source, "rng": RNGState()}
         info = {"global_batch": source.global_batch, "config": plain(cfg)}
         self.checkpointer = Checkpointer(Checkpoints(run_dir / "checkpoints", t.keep_checkpoints), components, info, env.is_main)
-        self.preemption = Preemption(list(t.preempt_signals), device)
         self.step, self.logger, self.last_metrics = 0, None, {}
 
     def _resume(self) -> bool:
@@ -169,7 +175,20 @@ class Trainer:
             f"{self.total_steps} steps, run dir {self.run_dir}"
         )
 
+    @property
+    def finished(self) -> bool:
+        return self.step == self.total_steps
+
     def fit(self) -> dict:
+        """Train to the end, or to a preemption signal (checkpointed); the last metrics. The preemption signals are
+        caught only while it runs: their previous handlers are back when it returns or raises."""
+        self.preemption = Preemption(list(self.t.preempt_signals), self.device)
+        try:
+            return self._fit()
+        finally:
+            self.preemption.close()
+
+    def _fit(self) -> dict:
         self._start()
         start_step, started = self.step, time.perf_counter()
         bar = tqdm(total=self.total_steps, initial=self.step, disable=not (self.env.is_main and self.t.progress_bar), dynamic_ncols=True)

@@ -1,0 +1,50 @@
+"""Supervised training of the backbone and a linear head on the labels: main_linear.py's fine-tuning (MAE's and
+DINO's full fine-tuning protocol) runs it through the pretraining trainer, and it is the supervised baseline."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch.nn as nn
+from omegaconf import MISSING
+
+from solo.errors import ConfigError
+from solo.losses import supervised_loss
+from solo.methods.base import Method, register_method
+from solo.schema import AT_LEAST_ONE, ruled
+
+
+@dataclass
+class SupervisedConfig:
+    name: str = "supervised"
+    num_classes: int = ruled(MISSING, AT_LEAST_ONE)  # the data's classes (main_linear.py sets it)
+
+
+@register_method("supervised", schema=SupervisedConfig)
+class Supervised(Method):
+    """Cross-entropy of a linear head on one view, averaged over the global batch (solo.losses.supervised_loss).
+    Validated by its own head: `val/acc1`, `val/acc5`."""
+
+    num_views = 1
+
+    def __init__(self, backbone, feature_dim: int, cfg: SupervisedConfig):
+        super().__init__(backbone, feature_dim)
+        self.head = nn.Linear(feature_dim, cfg.num_classes)
+
+    @classmethod
+    def check_data(cls, view_sizes: list[int], dataset) -> None:
+        if not dataset.images:
+            raise ConfigError(f"method=supervised trains on labelled images; data={dataset.name} holds image-text pairs only")
+        super().check_data(view_sizes, dataset)
+
+    def encode(self, batch: dict) -> dict:
+        return {"features": self.backbone(batch["views"][0])}
+
+    def joint(self, encoded: dict, batch: dict) -> dict:
+        features, labels = encoded["features"], batch["label"]
+        return {"loss": supervised_loss(self.head(features), labels), "features": features, "labels": labels}
+
+    def evaluate(self, probe, loader, device, autocast) -> dict:
+        from solo.eval.probe import evaluate
+
+        return evaluate(self.backbone, self.head, loader, device, autocast)
