@@ -33,9 +33,10 @@ from PIL import Image
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from solo.data import ImageFolderDataset, MultiViewDataset, augment  # noqa: E402
+from solo.data import ImageFolderDataset, MultiViewDataset  # noqa: E402
+from solo.data.views import augment  # noqa: E402
 from solo.data.views.multiview import collate_raw  # noqa: E402
-from solo.data.decode import raw_image
+from solo.data.decode import raw_image  # noqa: E402
 from solo.data.sampling.seeding import seeded_rng  # noqa: E402
 from solo.data.views.transforms import ViewAugmentation, build_view_transform  # noqa: E402
 

@@ -69,3 +69,14 @@ def test_no_function_is_longer_than_50_lines(tmp_path):
     (tmp_path / "pkg").mkdir()
     (tmp_path / "pkg" / "long.py").write_text("def f():\n" + "    x = 1\n" * MAX_LINES)
     assert long_functions(tmp_path / "pkg") == ["pkg/long.py:1 f (51 lines)"]
+
+
+def test_every_bench_and_script_imports():
+    """bench/ and scripts/ are not imported by the suite otherwise: a moved module would break them unseen.
+    One interpreter runs each with --help (argparse exits before any work)."""
+    files = sorted(str(p) for folder in ("bench", "scripts") for p in (REPO / folder).glob("*.py"))
+    code = ("import runpy, sys\nfor f in sys.argv[1:]:\n    sys.argv = [f, '--help']\n    try:\n"
+            "        runpy.run_path(f, run_name='__main__')\n    except SystemExit as e:\n"
+            "        assert e.code in (0, None), (f, e.code)\n")
+    out = subprocess.run([sys.executable, "-c", code, *files], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
