@@ -23,5 +23,8 @@ setup(
         "webdataset>=0.2.90",  # tar shards: brace patterns, URL opening, ShardWriter (solo.data.shards)
         "open_clip_torch>=2.24",  # CLIP towers by name, BPE tokenizer, weights to and from open_clip
     ],
-    extras_require={"dev": ["pytest>=7.0", "import-linter>=2.0"]},  # import-linter: the layers in .importlinter
+    extras_require={
+        "huggingface": ["datasets>=3.0"],  # data=huggingface
+        "dev": ["pytest>=7.0", "import-linter>=2.0", "datasets>=3.0"],  # import-linter: the layers in .importlinter
+    },
 )

@@ -23,6 +23,7 @@ from solo.data.sources.pairs import DIGIT_TEMPLATES, CsvPairs, DigitsPairs, digi
 from solo.data.views.image_text import ImageTextDataset, ZeroShotEvalDataset
 from solo.data.sampling.seeding import sample_seed
 from solo.text.tokenizer import ByteTokenizer
+from solo.errors import DataError
 from tests.test_data import assert_global_rng_untouched
 
 SIZE = 16
@@ -256,16 +257,20 @@ def test_csv_bad_label_names_row_and_value(tmp_path):
         CsvPairs(file, tmp_path)
 
 
-def test_csv_missing_images_reports_path_and_count(tmp_path):
+def test_csv_missing_images_are_found_when_read_not_at_start(tmp_path):
+    """No stat call per row at start (a million rows would hold it back): a missing file is an unreadable image,
+    named with its row when read, and the start-up check of the first images lists how many fail."""
+    from solo.data.decode import check_images
+
     paths = _image_tree(tmp_path, n=1)
     rows = [[paths[0], "ok"]] + [[f"imgs/missing_{i}.png", "gone"] for i in range(7)]
-    file = _write_csv(tmp_path / "c.csv", ["image", "caption"], rows)
-    with pytest.raises(FileNotFoundError) as info:
-        CsvPairs(file, tmp_path)
-    message = str(info.value)
-    assert "7 of 8" in message
-    assert str(tmp_path / "imgs" / "missing_0.png") in message and "row 2" in message
-    assert "2 more" in message
+    pairs = CsvPairs(_write_csv(tmp_path / "c.csv", ["image", "caption"], rows), tmp_path)
+    assert len(pairs) == 8
+    with pytest.raises(ImageReadError, match=r"missing_0\.png \(row 2 of"):
+        pairs.image(1)
+    with pytest.raises(DataError, match=r"7 of the first 8 images cannot be read.*missing_0\.png.*data.on_bad_image=skip"):
+        check_images(pairs.image, 8, skip=False)
+    assert len(check_images(pairs.image, 8, skip=True)) == 7
 
 
 def test_corrupt_image_named_when_read(tmp_path):
@@ -273,7 +278,7 @@ def test_corrupt_image_named_when_read(tmp_path):
     (tmp_path / "imgs" / "bad.png").write_bytes(b"not a png at all")
     rows = [[paths[0], "ok"], ["imgs/bad.png", "broken"]]
     file = _write_csv(tmp_path / "c.csv", ["image", "caption"], rows)
-    pairs = CsvPairs(file, tmp_path)  # existence is checked at construction, decoding on read
+    pairs = CsvPairs(file, tmp_path)  # files are opened and decoded on read
     with pytest.raises(ImageReadError, match="bad.png"):
         pairs.image(1)
 

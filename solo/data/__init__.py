@@ -16,6 +16,7 @@ from solo.data.sources.registry import (
     dataset_stats,
     register_dataset,
 )
+from solo.data.sources.huggingface import HuggingFaceImages, HuggingFacePairs
 from solo.data.sources.shards import ShardDataset, ShardPairs, expand_shards
 from solo.data.views.image_text import ImageTextDataset, ZeroShotEvalDataset
 from solo.data.views.multiview import EvalDataset, MultiViewDataset
@@ -53,6 +54,8 @@ __all__ = [
     "digit_caption",
     "EvalDataset",
     "MultiViewDataset",
+    "HuggingFaceImages",
+    "HuggingFacePairs",
     "ShardDataset",
     "ShardPairs",
     "expand_shards",

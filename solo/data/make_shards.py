@@ -1,12 +1,19 @@
-"""Write WebDataset tar shards from an ImageFolder split or a captions CSV/JSONL (for data=webdataset).
+"""Write WebDataset tar shards (data=webdataset) or a Parquet dataset (data=huggingface) from an ImageFolder split or
+a captions CSV/JSONL.
 
     python -m solo.data.make_shards imagefolder /data/imagenet/train /shards/imagenet/train --samples-per-shard 1000
     python -m solo.data.make_shards csv /data/captions_train.csv /shards/captions/train --root /data/images
+    python -m solo.data.make_shards imagefolder /data/imagenet/val /data/imagenet-parquet --format parquet
 
 Each sample keeps its image file's bytes as they are (`key.jpg`, `key.png`, ...), with `key.cls` (the label,
 when known) and, from a CSV, `key.txt` (the caption). Samples are written in a seeded random order: shards
 of a folder sorted by class would give batches of few classes under data=webdataset's windowed shuffle.
 Class names go to `classes.txt` beside the shards. The last line printed is the data.shards value to use.
+
+Parquet: `<out_dir>/<split>-00000-of-0000N.parquet` with the columns `image` (datasets.Image, the file's bytes),
+`label` (a ClassLabel of the folder names, or integers) and, from a CSV, `caption`, in the `datasets` library's
+schema; the split is `--split`, by default the source folder's name (val is read as "validation"). Write each
+split into the same out_dir, and `data.path=<out_dir>` reads them.
 """
 
 from __future__ import annotations
@@ -66,11 +73,39 @@ def write_shards(samples: list, classes: Optional[List[str]], out_dir: str, samp
     return os.path.join(out_dir, f"{{00000..{last:05d}}}.tar" if last > 0 else "00000.tar")
 
 
+def write_parquet(samples: list, classes: Optional[List[str]], out_dir: str, split: str, samples_per_file: int,
+                  seed: int) -> str:
+    """Write `samples` in a seeded random order to out_dir/<split>-00000-of-0000N.parquet; returns data.path."""
+    import datasets
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    labelled = bool(samples) and all(label >= 0 for _, label, _ in samples)
+    columns = {"image": datasets.Image(), "label": datasets.ClassLabel(names=classes) if classes else datasets.Value("int64")}
+    if any(caption is not None for _, _, caption in samples):
+        columns["caption"] = datasets.Value("string")
+    if not labelled:
+        columns.pop("label")
+    schema = datasets.Features(columns).arrow_schema  # with the features' metadata, so datasets reads back the types
+    os.makedirs(out_dir, exist_ok=True)
+    order, files = list(shuffled(samples, seed)), -(-len(samples) // samples_per_file)
+    for k in range(files):
+        rows = []
+        for path, label, caption in order[k * samples_per_file : (k + 1) * samples_per_file]:
+            with open(path, "rb") as f:
+                row = {"image": {"bytes": f.read(), "path": os.path.basename(path)}, "label": label, "caption": caption}
+            rows.append({name: row[name] for name in columns})
+        pq.write_table(pa.Table.from_pylist(rows, schema=schema), os.path.join(out_dir, f"{split}-{k:05d}-of-{files:05d}.parquet"))
+    return out_dir
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m solo.data.make_shards", description=__doc__.split("\n")[0])
     parser.add_argument("kind", choices=["imagefolder", "csv"], help="what SOURCE is")
     parser.add_argument("source", help="an ImageFolder split (root/train, with class folders) or a .csv / .jsonl captions file")
-    parser.add_argument("out_dir", help="where the shards go (00000.tar, 00001.tar, ...)")
+    parser.add_argument("out_dir", help="where the shards go (00000.tar, 00001.tar, ...; or <split>-*.parquet)")
+    parser.add_argument("--format", choices=["webdataset", "parquet"], default="webdataset")
+    parser.add_argument("--split", default=None, help="parquet: the split's name (default: the source folder's, else train)")
     parser.add_argument("--root", default=None, help="csv: the folder image paths are relative to (default: the file's)")
     parser.add_argument("--samples-per-shard", type=int, default=1000)
     parser.add_argument("--seed", type=int, default=0, help="of the order the samples are written in")
@@ -82,12 +117,16 @@ def main(argv: Optional[List[str]] = None) -> int:
             samples, classes = folder_samples(args.source)
         else:
             samples, classes = csv_samples(args.source, args.root)
-        spec = write_shards(samples, classes, args.out_dir, args.samples_per_shard, args.seed)
+        if args.format == "parquet":
+            split = args.split or (os.path.basename(os.path.normpath(args.source)) if args.kind == "imagefolder" else "train")
+            setting = f"data.path='{write_parquet(samples, classes, args.out_dir, split, args.samples_per_shard, args.seed)}'"
+        else:
+            setting = f"data.shards='{write_shards(samples, classes, args.out_dir, args.samples_per_shard, args.seed)}'"
     except SoloError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     print(f"wrote {len(samples)} samples to {args.out_dir}")
-    print(f"data.shards='{spec}'")
+    print(setting)
     return 0
 
 

@@ -19,7 +19,7 @@ from tqdm import tqdm
 from solo.config import changed_keys, check_required, plain, validate_pretrain
 from solo.distributed import DistEnv
 from solo.distributed.env import process_group
-from solo.errors import CheckpointError
+from solo.errors import CheckpointError, DataError
 from solo.loggers import Loggers
 from solo.backbones import feature_width
 from solo.methods import METHODS, build_method, create_method
@@ -207,7 +207,7 @@ class Trainer:
                         bar.close()
                         return self._stop_for_preemption()
                 every = self.t.checkpoint_every_steps
-                if every and self.step % every == 0 and not self.source.epoch_done:
+                if every and self.step % every == 0 and not self._epoch_done():
                     self._save()
                 if self.step == self.total_steps:
                     break
@@ -246,6 +246,7 @@ class Trainer:
             metrics["train/probe_loss"] = losses[1]
         if self.cfg.data.on_bad_image == "skip":
             metrics["data/skipped_images"] = window["skipped"]  # unreadable images read in this window, all ranks
+            check_skipped(window["skipped"], self.source.global_batch * steps, self.cfg.data.name)
         metrics |= {k: float(v) for k, v in self.model.method.metrics().items()}
         self.last_metrics = metrics
         if self.logger:
@@ -260,9 +261,12 @@ class Trainer:
             if self.logger:
                 self.logger.log(self.last_metrics)
             self.say(f"epoch {self.source.epoch}: " + ", ".join(f"{k} {v:.4f}" for k, v in val.items()))
-        if self.source.epoch_done:
-            self.source.next_epoch()
+        if self._epoch_done():
+            self.source.set_epoch(self.source.epoch + 1)
         self._save()
+
+    def _epoch_done(self) -> bool:
+        return self.source.batch_in_epoch == self.source.steps_per_epoch
 
     def _stop_for_preemption(self) -> dict:
         self._save()
@@ -314,6 +318,17 @@ class MetricsWindow:
         self.sums.zero_()
         self.steps, self.start = 0, time.perf_counter()
         return window
+
+
+# data.on_bad_image=skip replaces an unreadable image by a readable one; past this share of a logging window's
+# images, the data (or data.root / data.path) is wrong rather than a few files damaged.
+MAX_SKIPPED_SHARE = 0.5
+
+
+def check_skipped(skipped: int, images: int, dataset: str) -> None:
+    if skipped > MAX_SKIPPED_SHARE * images:
+        raise DataError(f"data={dataset}: {skipped} of the last {images} images read could not be read and were skipped "
+                        "(data.on_bad_image=skip); check the data's paths (data.root, data.path) and files")
 
 
 def check_resumable(state: dict, cfg: DictConfig, global_batch: int, run_dir: Path) -> None:

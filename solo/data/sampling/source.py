@@ -8,7 +8,7 @@ were not trained on yet, on any world size that keeps the global batch.
 from __future__ import annotations
 
 import os
-from typing import Iterator
+from typing import Iterator, Protocol
 
 from torch.utils.data import DataLoader
 
@@ -23,35 +23,33 @@ def loader_workers(configured: int | None) -> int:
     return min(8, max(0, per_process - 1))
 
 
-class DataSource:
-    """The interface the trainer uses. `steps_per_epoch` is None for a stream without epochs."""
+class DataSource(Protocol):
+    """What the trainer reads batches from; every source implements it (MapDataSource: the map-style datasets,
+    WebDataset shards and Hugging Face datasets alike). Opening one reads no samples."""
 
     global_batch: int
-    steps_per_epoch: int | None
-    epoch: int = 0
-    batch_in_epoch: int = 0
+    steps_per_epoch: int | None  # None: a stream without epochs
+    epoch: int
+    batch_in_epoch: int  # the position: batches of this epoch already read
 
     def __iter__(self) -> Iterator[dict]:
-        raise NotImplementedError
+        """This rank's share of each global batch, from the position to the end of the epoch."""
 
-    @property
-    def epoch_done(self) -> bool:
-        return self.steps_per_epoch is not None and self.batch_in_epoch == self.steps_per_epoch
-
-    def next_epoch(self) -> None:
-        self.epoch, self.batch_in_epoch = self.epoch + 1, 0
+    def set_epoch(self, epoch: int) -> None:
+        """Go to the first batch of `epoch`."""
 
     def state_dict(self) -> dict:
-        return {"epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch}
+        """The position: a resumed run reads exactly the batches not trained on yet, on any world size."""
 
-    def load_state_dict(self, state: dict) -> None:
-        self.epoch, self.batch_in_epoch = state["epoch"], state["batch_in_epoch"]
+    def load_state_dict(self, state: dict) -> None: ...
 
 
-class MapDataSource(DataSource):
-    """A map-style dataset keyed by (epoch, index), read through the global-batch sampler and a DataLoader."""
+class MapDataSource:
+    """A DataSource over a map-style dataset keyed by (epoch, index), read through the global-batch sampler and a
+    DataLoader."""
 
     def __init__(self, dataset, batch_size: int, rank: int, world_size: int, seed: int, order=None, **loader_args):
+        self.epoch, self.batch_in_epoch = 0, 0
         self.sampler = GlobalBatchSampler(len(dataset), batch_size, rank, world_size, seed, order)
         self.loader = DataLoader(dataset, batch_sampler=self.sampler, **loader_args)
         self.global_batch = self.sampler.global_batch
@@ -62,3 +60,12 @@ class MapDataSource(DataSource):
         for batch in self.loader:
             self.batch_in_epoch += 1  # counted before the step runs: a checkpoint after it resumes past it
             yield batch
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch, self.batch_in_epoch = epoch, 0
+
+    def state_dict(self) -> dict:
+        return {"epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.epoch, self.batch_in_epoch = state["epoch"], state["batch_in_epoch"]

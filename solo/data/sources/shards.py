@@ -38,7 +38,6 @@ from solo.schema import AT_LEAST_ONE, ruled
 
 INDEX_VERSION = 1
 IMAGE_EXTENSIONS = tuple(e.lstrip(".") for e in IMG_EXTENSIONS)
-CAPTIONS_CHECKED = 10_000  # captions read at start to count those longer than the text context
 CLASSES_FILE = "classes.txt"  # one class name per line, beside the shards: label i is line i
 
 
@@ -257,10 +256,6 @@ class ShardPairs(ShardDataset, ImageTextPairs):
     def caption_options(self, index: int) -> List[str]:
         raw = self.member(index, "txt")
         return [raw.decode("utf-8", errors="replace").strip() if raw is not None else ""]
-
-    def captions_to_check(self) -> List[str]:
-        # Reading every caption of a large corpus at start would take long: the first ones stand for the rest.
-        return [self.caption_options(i)[0] for i in range(min(len(self), CAPTIONS_CHECKED))]
 
 
 @dataclass
