@@ -143,7 +143,7 @@ def _labels(table, label_column: Optional[str], where: str) -> tuple[np.ndarray 
     if not isinstance(feature, datasets.ClassLabel) and not str(getattr(feature, "dtype", "")).startswith(("int", "uint")):
         raise DataError(f"{where}: data.label_column={label_column!r} holds {feature}; expected class ids "
                         "(a ClassLabel or integer column), or set data.label_column=null")
-    labels = np.asarray(table.with_format("numpy")[label_column], dtype=np.int64)
+    labels = table.with_format("arrow")[label_column].to_numpy().astype(np.int64)  # not row by row: ~0.1 s per 10^6
     if isinstance(feature, datasets.ClassLabel):
         return labels, list(feature.names)
     return labels, [str(c) for c in range(int(labels.max(initial=-1)) + 1)] or None
