@@ -42,7 +42,7 @@ def registered_results(request):
 def test_registered_losses_are_exact(registered_results):
     world = registered_results[0].world_size
     checked = {(r.spec, r.layout) for r in registered_results}
-    assert len(checked) == len(BUILTIN) * (1 if world == 1 else 2)  # even and uneven layouts
+    assert len(checked) == len(BUILTIN) * (1 if world == 1 else 3)  # even, uneven and one rank empty
     for r in registered_results:
         assert r.loss_error <= TOLERANCE, r
         assert r.grad_error <= TOLERANCE, r
@@ -86,7 +86,8 @@ def test_wrong_self_supervised_variants_are_right_in_one_process():
 
 
 def test_checker_rejects_the_wrong_self_supervised_variants():
-    results = run_check(WRONG_SSL, 2)  # one process group with equal batches, one with [2, 5]
+    # Equal batches and [2, 5]; with an empty rank ([5, 0]) these variants divide by zero or run alone on one rank.
+    results = run_check(WRONG_SSL, 2, empty_rank=False)
     assert len(results) == 2 * len(WRONG_SSL)
     for r in results:
         name = r.spec.split(":")[1]
@@ -187,6 +188,15 @@ def test_user_loss_specs_resolve_with_their_learnable_scalars():
         resolve("no_such_loss")
 
 
+def test_the_empty_rank_layout_catches_a_loss_that_fails_without_rows():
+    """SwAV as it was before this layout existed (a max over the rank's rows) passes equal and uneven batches and
+    fails only where a rank holds no rows: the layout every registered loss now goes through."""
+    spec = "tests.wrong_losses:swav_max_of_empty_rank"
+    assert all(r.ok for r in run_check([spec], 2, empty_rank=False))
+    with pytest.raises(ConfigError, match=r"\[5, 0\].*a worker failed \(IndexError: amax\(\)"):
+        run_check([spec], 2)
+
+
 def test_a_learnable_scalar_the_loss_ignores_is_refused_before_any_worker_starts():
     with pytest.raises(ConfigError, match="does not depend on scalars.logit_scale"):
         run_check(["tests.wrong_losses:ignores_its_scalar"], 2)
@@ -198,7 +208,7 @@ SIGLIP_WRONG = ["tests.wrong_losses:siglip_bias_from_local_pairs", "tests.wrong_
 
 @pytest.mark.parametrize("world", [2, pytest.param(3, marks=pytest.mark.slow)])
 def test_learnable_scalar_gradients_are_checked(world):
-    results = run_check([SIGLIP, "user_siglip", *SIGLIP_WRONG], world)
+    results = run_check([SIGLIP, "user_siglip", *SIGLIP_WRONG], world, empty_rank=False)
     by_spec = {}
     for r in results:
         by_spec.setdefault(r.spec, []).append(r)
@@ -210,7 +220,7 @@ def test_learnable_scalar_gradients_are_checked(world):
         assert r.loss_error <= TOLERANCE, r
         assert all(e <= TOLERANCE for name, e in r.param_errors.items() if name != "scalars.bias"), r
     # Summed instead of averaged over ranks: off by exactly (W - 1) times the true bias gradient.
-    for r, layout in zip(by_spec[SIGLIP_WRONG[1]], _layouts(world, uneven=True)):
+    for r, layout in zip(by_spec[SIGLIP_WRONG[1]], _layouts(world, uneven=True, empty_rank=False)):
         _, grads = _reference(SIGLIP, layout, seed=0)
         scale = max(abs(g).max() for g in grads.values())
         assert r.param_errors["scalars.bias"] == pytest.approx((world - 1) * abs(grads["scalars.bias"]) / scale, rel=1e-9)

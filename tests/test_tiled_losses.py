@@ -135,7 +135,7 @@ def test_tiled_cases_are_registered_next_to_their_losses():
 def test_tiled_losses_exact_in_gloo_process_groups(world):
     results = run_check(TILED + EXTRA, world)
     layouts = {r.layout for r in results}
-    assert len(results) == 2 * len(TILED + EXTRA) and any(len(set(layout)) > 1 for layout in layouts)  # uneven too
+    assert len(results) == 3 * len(TILED + EXTRA) and any(0 in layout for layout in layouts)  # uneven, one rank empty
     for r in results:
         assert r.loss_error <= TOLERANCE and r.grad_error <= TOLERANCE, r
     clip = [r for r in results if r.spec == "clip_tiled"]

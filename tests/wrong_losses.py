@@ -180,6 +180,18 @@ def swav_per_gpu_sinkhorn(z1, z2):
     return loss * world_size() / (2 * total)
 
 
+def swav_max_of_empty_rank(z1, z2):
+    """SwAV's global codes exactly as solo computes them, but for the stabilising max taken with amax over the rank's
+    rows: right on every rank that holds samples, an error on one that holds none (solo's swav until the checker
+    gained the empty-rank layout)."""
+    from solo.losses import self_distillation
+
+    views = [F.normalize(z1, dim=1), F.normalize(z2, dim=1)]
+    with torch.no_grad():
+        views[0].amax(dim=0)  # what the old code did first: raises on 0 rows
+    return self_distillation.swav_loss(views, temperature=0.1)
+
+
 def _mocov3_local_keys(q, k, t=0.5):
     q, k = F.normalize(q, dim=1), F.normalize(k.detach(), dim=1)
     return F.cross_entropy(q @ k.T / t, torch.arange(q.shape[0])) * 2 * t

@@ -17,7 +17,7 @@ To check learnable scalars too (a logit scale, a bias), register the loss in the
 
 Each scalar then becomes a parameter with that initial value, passed by keyword, whose gradient is
 checked with the encoders'. Each W runs in real gloo process groups on the CPU, with different data on
-every rank, once with equal per-rank batches and (W > 1) once with uneven ones. The reference is the
+every rank, once with equal per-rank batches and (W > 1) once with uneven ones and once with the last rank empty. The reference is the
 same model and loss in this process, without a process group, on the concatenated batch.
 """
 
@@ -81,11 +81,12 @@ def make_batch(n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     return x1, x1 + 0.5 * torch.randn(n, IN_FEATURES, generator=g, dtype=torch.float64)
 
 
-def _layouts(world: int, uneven: bool) -> list[list[int]]:
+def _layouts(world: int, uneven: bool, empty_rank: bool = True) -> list[list[int]]:
+    """Equal per-rank batches; with `uneven` (W > 1) also unequal ones, and (`empty_rank`) one with the last rank empty."""
     even = [4] * world
     if world == 1 or not uneven:
         return [even]
-    return [even, [2 + (3 * r) % 5 for r in range(world)]]  # e.g. [2, 5, 3, 6]
+    return [even, [2 + (3 * r) % 5 for r in range(world)]] + [[5] * (world - 1) + [0]] * empty_rank  # [2, 5, 3, 6], [5, 5, 5, 0]
 
 
 def _reference(spec: str, layout: list[int], seed: int) -> tuple[float, dict]:
@@ -189,15 +190,16 @@ def _compare(spec: str, world: int, layout: list[int], reference: tuple[float, d
     return Result(spec, world, tuple(layout), loss_error, errors)
 
 
-def run_check(specs: list[str], world: int, seed: int = 0, uneven: bool = True) -> list[Result]:
+def run_check(specs: list[str], world: int, seed: int = 0, uneven: bool = True, empty_rank: bool = True) -> list[Result]:
     """Check every spec at one world size (one spawned process group for all of them).
 
-    uneven=False skips the layout with different per-rank batch sizes, for losses that cannot take it.
+    uneven=False skips the layouts with different per-rank batch sizes (one of them with an empty rank), for losses
+    that cannot take them; empty_rank=False only the one with an empty rank.
     """
     specs = list(dict.fromkeys(specs))  # a loss named twice is checked once
-    cases = [(spec, layout) for spec in specs for layout in _layouts(world, uneven)]
+    cases = [(spec, layout) for spec in specs for layout in _layouts(world, uneven, empty_rank)]
     references = {(spec, tuple(layout)): _reference(spec, layout, seed) for spec, layout in cases}
-    even, *uneven_layouts = _layouts(world, uneven)
+    even, *uneven_layouts = _layouts(world, uneven, empty_rank)
     per_rank = _run_workers(world, specs, seed, [even])
     if uneven_layouts:  # in process groups of their own: a loss that needs equal batches fails alone
         try:
@@ -205,8 +207,8 @@ def run_check(specs: list[str], world: int, seed: int = 0, uneven: bool = True) 
         except (mp.ProcessRaisedException, mp.ProcessExitedException) as e:
             last = str(e).strip().splitlines()[-1]
             raise ConfigError(
-                f"with uneven per-rank batches {uneven_layouts[0]} at W={world} a worker failed ({last}): if your "
-                "loss needs equal per-rank batches, check it with --even-only"
+                f"with uneven per-rank batches at W={world} ({' or '.join(map(str, uneven_layouts))}) "
+                f"a worker failed ({last}): if your loss needs equal per-rank batches, check it with --even-only"
             ) from None
     return [_compare(s, world, lay, references[(s, tuple(lay))], per_rank[(s, tuple(lay))]) for s, lay in cases]
 

@@ -117,7 +117,9 @@ def _sinkhorn(scores: torch.Tensor, epsilon: float, iterations: int, n_total: in
     k = scores.shape[1]
     # Each prototype's global max out of the exponent: a per-column factor, which the first column
     # normalisation removes exactly (SwAV's first division by the total sum is redundant for the same reason).
-    q = torch.exp((scores - _global_max(scores.max(dim=0).values)) / epsilon)
+    # A rank with no rows contributes -inf (amax of nothing would raise), so that it still joins the all-reduces.
+    local_max = scores.amax(dim=0) if len(scores) else scores.new_full((k,), float("-inf"))
+    q = torch.exp((scores - _global_max(local_max)) / epsilon)
     for _ in range(iterations):
         q = q / (all_reduce(q.sum(dim=0)) * k)  # every prototype holds 1/K of the mass, over the global batch
         q = q / (q.sum(dim=1, keepdim=True) * n_total)  # every sample holds 1/N
