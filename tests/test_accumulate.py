@@ -23,6 +23,9 @@ CASES = {  # a LayerNorm image tower (timm's ViT), with SimCLR's BatchNorm proje
        "method.num_prototypes=64", "method.freeze_last_layer_epochs=0"],
     "swav_vit": [o for o in TINY if not o.startswith("backbone")] + VIT + ONE_STEP
     + ["method=swav", "augmentation=digits", "method.num_prototypes=16", "method.freeze_prototypes_epochs=0"],
+    # A global queue, pushed once per optimizer step with the whole batch's keys: 3 steps, so it is read too.
+    "mocov2plus_vit": [o for o in TINY if not o.startswith("backbone")] + VIT + [o for o in ONE_STEP if "max_steps" not in o]
+    + ["trainer.max_steps=3", "method=mocov2plus", "method.queue_size=64"],
     "siglip_vit": [o for o in TINY if not o.startswith(("backbone", "method", "data"))] + VIT + ONE_STEP
     + ["method=siglip", "data=digits", "method.embed_dim=16", "method.text.width=32", "method.text.depth=1", "method.text.heads=2"],
 }

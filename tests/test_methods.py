@@ -13,7 +13,7 @@ from hydra.errors import MissingConfigException
 from solo.errors import ConfigError
 from solo.methods import METHODS
 from solo.train.trainer import pretrain
-from tests.test_train import TINY, TINY_FILES, compose_cfg, kill_processes_mentioning, launch, run, weights, weights_at_init
+from tests.test_train import REPO, TINY, TINY_FILES, compose_cfg, kill_processes_mentioning, launch, run, weights, weights_at_init
 
 BASE = [o for o in TINY if not o.startswith("method.")] + ["trainer.precision=64"]
 HEADS = ["method.proj_hidden_dim=32", "method.proj_output_dim=16"]
@@ -31,6 +31,8 @@ METHOD = {
              "method.freeze_last_layer_epochs=0.5"],
     # Multi-crop, which the digits recipe leaves out: 2 global 16 px crops and 4 local 8 px ones.
     "swav": HEADS + ["augmentation=multicrop_digits", "method.num_prototypes=16", "method.freeze_prototypes_epochs=0.5"],
+    # A queue of 64 that the 6 steps of 16 keys wrap (96 pushed): negatives from the queue, not the batch.
+    "mocov2plus": HEADS + ["method.queue_size=64", "method.base_momentum=0.9"],
     "supervised": ["method.num_classes=10", "augmentation=supervised"],  # one view: main_linear.py's fine-tuning
 }
 STEPS = 6
@@ -68,6 +70,27 @@ def test_step_is_world_size_invariant_and_resumes_exactly(tmp_path, method):
     resumed = weights(killed)
     for key in two:
         assert torch.equal(two[key], resumed[key]), f"{method}: {key} differs after resume"
+
+
+@pytest.mark.slow
+def test_a_rank_local_queue_is_not_world_size_invariant(tmp_path):
+    """The wrong variant of the queue above: each rank pushes only its own keys. 1 x 16 and 2 x 8 then differ, by far
+    more than rounding, once the queue holds negatives (step 2 on); the global queue (the test above) does not."""
+    local = [o for o in overrides("mocov2plus", 16) if not o.startswith("method.")] + [
+        "method=mocov2plus_local_queue", "imports=[tests.local_queue_method]", f"hydra.searchpath=[file://{REPO / 'tests' / 'configs'}]"]
+    run(overrides("mocov2plus", 16), tmp_path / "global_w1")
+    run([o.replace("data.batch_size=16", "data.batch_size=8") for o in local], tmp_path / "local_w2", nproc=2)
+    one, two, start = weights(tmp_path / "global_w1"), weights(tmp_path / "local_w2"), weights_at_init(overrides("mocov2plus", 16))
+    moved = max(float((one[k] - start[k]).abs().max()) for k in one)
+    worst = max(float((one[k] - two[k]).abs().max()) for k in one if not k.startswith("method.queues."))
+    assert worst > 1e-4 * moved, f"a rank-local queue changed the weights by only {worst} of {moved}"
+    queue = checkpoint(tmp_path / "global_w1", STEPS)
+    assert int(queue["method.queues.0.count"]) == 16 * STEPS  # every key of every step, the queue wrapped
+
+
+def test_a_queue_smaller_than_the_global_batch_is_refused():
+    with pytest.raises(ConfigError, match=r"method.queue_size=8 is smaller than the global batch \(16\)"):
+        compose_cfg(overrides("mocov2plus", 16) + ["method.queue_size=8"])
 
 
 def checkpoint(run_dir, step: int) -> dict:
@@ -125,7 +148,7 @@ def test_unknown_method_lists_every_method():
     with pytest.raises(MissingConfigException) as err:
         compose_cfg(["method=bool"])
     builtin = [m.name for m in METHODS if m.target.__module__.startswith("solo.")]  # other tests register their own
-    assert len(builtin) == 10 and all(name in str(err.value) for name in builtin)
+    assert len(builtin) == 11 and all(name in str(err.value) for name in builtin)
 
 
 @pytest.mark.parametrize(

@@ -4,7 +4,7 @@ from solo.losses._checks import NonFiniteError
 from solo.losses.barlow_twins import barlow_twins_loss
 from solo.losses.contrastive import clip_loss, nt_xent_loss
 from solo.losses.registry import LOSSES
-from solo.losses.regression import byol_loss, mocov3_loss
+from solo.losses.regression import byol_loss, moco_queue_loss, mocov3_loss
 from solo.losses.self_distillation import dino_center, dino_loss, sinkhorn, swav_loss
 from solo.losses.siglip import siglip_loss
 from solo.losses.supervised import supervised_loss
@@ -18,6 +18,7 @@ __all__ = [
     "clip_loss",
     "dino_center",
     "dino_loss",
+    "moco_queue_loss",
     "mocov3_loss",
     "nt_xent_loss",
     "siglip_loss",

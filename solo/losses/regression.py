@@ -54,6 +54,24 @@ def mocov3_loss(q: torch.Tensor, k: torch.Tensor, temperature: float | torch.Ten
         return loss_sum * (world_size() / sum(sizes)) * (2 * t)
 
 
+def moco_queue_loss(q: torch.Tensor, k: torch.Tensor, queue: torch.Tensor, valid: torch.Tensor,
+                    temperature: float | torch.Tensor) -> torch.Tensor:
+    """MoCo v2 (Chen, Fan, Girshick and He, 2020): InfoNCE of each query against its own key (the positive) and the
+    `valid` rows of `queue` (the negatives: earlier steps' keys, identical on every rank, see
+    solo.methods.memory.GlobalQueue), averaged over the global batch. q and k are L2-normalised here, k detached;
+    the queue's rows are taken as they are (normalised when pushed)."""
+    check_pair(q, k, "q", "k")
+    check_positive(temperature, "temperature")
+    with torch.autocast(q.device.type, enabled=False):
+        q = F.normalize(full_precision(q), dim=1)
+        k = F.normalize(full_precision(k.detach()), dim=1)
+        t = full_precision(temperature) if isinstance(temperature, torch.Tensor) else temperature
+        negatives = (q @ full_precision(queue.detach()).T).masked_fill(~valid, float("-inf"))
+        logits = torch.cat([torch.linalg.vecdot(q, k)[:, None], negatives], dim=1) / t
+        loss_sum = F.cross_entropy(logits, torch.zeros(len(q), dtype=torch.long, device=q.device), reduction="sum")
+        return loss_sum * (world_size() / sum(batch_sizes(q.shape[0], q.device)))
+
+
 # Cases for the gradient checker (python -m solo.losses.check): symmetrised, as the methods use them.
 
 
@@ -65,3 +83,11 @@ def byol_check(z1: torch.Tensor, z2: torch.Tensor) -> torch.Tensor:
 @LOSSES.register("mocov3")
 def mocov3_check(z1: torch.Tensor, z2: torch.Tensor) -> torch.Tensor:
     return mocov3_loss(z1, z2, 0.5) + mocov3_loss(z2, z1, 0.5)
+
+
+@LOSSES.register("mocov2plus")
+def mocov2plus_check(z1: torch.Tensor, z2: torch.Tensor) -> torch.Tensor:
+    # A fixed queue of 6 unit rows, the last one not yet filled.
+    queue = F.normalize(torch.linspace(-1.0, 1.0, 6 * z1.shape[1], dtype=z1.dtype).reshape(6, -1).sin() + 0.1, dim=1)
+    valid = torch.arange(6) < 5
+    return moco_queue_loss(z1, z2, queue, valid, 0.2) + moco_queue_loss(z2, z1, queue, valid, 0.2)
