@@ -33,6 +33,12 @@ def byol_loss(p: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
         return loss_sum * (world_size() / total)
 
 
+def _unit_queries_and_keys(q: torch.Tensor, k: torch.Tensor, temperature: float | torch.Tensor):
+    """q and k L2-normalised in full precision (k detached: the teacher's), and the temperature in full precision."""
+    t = full_precision(temperature) if isinstance(temperature, torch.Tensor) else temperature
+    return F.normalize(full_precision(q), dim=1), F.normalize(full_precision(k.detach()), dim=1), t
+
+
 def mocov3_loss(q: torch.Tensor, k: torch.Tensor, temperature: float | torch.Tensor) -> torch.Tensor:
     """MoCo v3 (Chen, Xie & He, 2021): 2 * temperature * InfoNCE of the queries against the global batch's keys.
 
@@ -45,9 +51,7 @@ def mocov3_loss(q: torch.Tensor, k: torch.Tensor, temperature: float | torch.Ten
     check_pair(q, k, "q", "k")
     check_positive(temperature, "temperature")
     with torch.autocast(q.device.type, enabled=False):
-        q = F.normalize(full_precision(q), dim=1)
-        k = F.normalize(full_precision(k.detach()), dim=1)
-        t = full_precision(temperature) if isinstance(temperature, torch.Tensor) else temperature
+        q, k, t = _unit_queries_and_keys(q, k, temperature)
         sizes, rows = _global_rows(q.shape[0], q.device)
         logits = q @ gather(k, sizes).T / t
         loss_sum = F.cross_entropy(logits, rows, reduction="sum")
@@ -63,9 +67,7 @@ def moco_queue_loss(q: torch.Tensor, k: torch.Tensor, queue: torch.Tensor, valid
     check_pair(q, k, "q", "k")
     check_positive(temperature, "temperature")
     with torch.autocast(q.device.type, enabled=False):
-        q = F.normalize(full_precision(q), dim=1)
-        k = F.normalize(full_precision(k.detach()), dim=1)
-        t = full_precision(temperature) if isinstance(temperature, torch.Tensor) else temperature
+        q, k, t = _unit_queries_and_keys(q, k, temperature)
         negatives = (q @ full_precision(queue.detach()).T).masked_fill(~valid, float("-inf"))
         logits = torch.cat([torch.linalg.vecdot(q, k)[:, None], negatives], dim=1) / t
         loss_sum = F.cross_entropy(logits, torch.zeros(len(q), dtype=torch.long, device=q.device), reduction="sum")

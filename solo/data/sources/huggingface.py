@@ -10,6 +10,7 @@ source. Labels come from a ClassLabel column (its names are the classes) or an i
 
 from __future__ import annotations
 
+import functools
 import glob
 import io
 import os
@@ -40,6 +41,7 @@ class HuggingFaceConfig(DataConfig):
     caption_column: Optional[str] = None  # image-text methods: a string per row, or a list (one drawn per epoch)
 
 
+@functools.lru_cache(maxsize=4)  # the train and the val split are built one after the other: resolve the files once
 def load_splits(path: str):
     """The splits at `path` as a {name: datasets.Dataset} mapping; NotFound naming data.path when nothing is there."""
     try:
