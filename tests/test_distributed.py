@@ -71,6 +71,10 @@ WRONG_SSL_OF = {
     "mocov3_local_keys": "mocov3",
     "byol_mean_of_rank_means": "byol",
     "supervised_mean_of_rank_means": "supervised",
+    "supcon_local_views": "supcon",
+    "nnclr_local_predictions": "nnclr",
+    "wmse_per_rank_whitening": "wmse",
+    "vibcreg_per_gpu_statistics": "vibcreg",
 }
 
 

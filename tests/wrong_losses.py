@@ -1,7 +1,8 @@
 """The popular ways of distributing contrastive losses that give wrong gradients.
 
 Used to show that the gradient checker rejects them: a check that cannot fail proves nothing. Then the
-wrong variants of the self-supervised losses (VICReg, SigLIP, DINO, SwAV, MoCo v3, BYOL) that popular
+wrong variants of the self-supervised losses (VICReg, SigLIP, DINO, SwAV, MoCo v3, BYOL, SupCon, NNCLR, W-MSE,
+VIbCReg) that popular
 implementations ship (WRONG_SSL). At the end, two losses for the checker's error paths: one that raises
 on one rank, one that ignores its scalar.
 """
@@ -11,7 +12,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from solo.distributed import batch_sizes, rank, world_size
-from solo.losses import LOSSES, dino_loss, nt_xent_loss
+from solo.losses import LOSSES, dino_loss, nt_xent_loss, whiten
 from solo.losses.barlow_twins import _standardise
 from tests.checker_user_losses import siglip_terms
 
@@ -214,6 +215,46 @@ def supervised_mean_of_rank_means(z1, z2):
     return F.cross_entropy(z1, z2.detach().argmax(dim=1)) + F.cross_entropy(z2, z1.detach().argmax(dim=1))
 
 
+def supcon_local_views(z1, z2):
+    """SupCon over this rank's views only (solo-learn gathers, but many copies of the paper's code do not)."""
+    labels = (z1.detach()[:, 0] > 0).long().repeat(2)
+    z = F.normalize(torch.cat([z1, z2]), dim=1)
+    is_self = torch.eye(len(z), dtype=torch.bool)
+    logits = (z @ z.T / 0.3).masked_fill(is_self, float("-inf"))
+    log_prob = logits - logits.logsumexp(dim=1, keepdim=True)
+    positive = (labels[:, None] == labels[None, :]) & ~is_self
+    return (-log_prob.masked_fill(~positive, 0.0).sum(dim=1) / positive.sum(dim=1)).mean()
+
+
+def _nnclr_local(neighbours, p, t=0.2):
+    neighbours, p = F.normalize(neighbours.detach(), dim=1), F.normalize(p, dim=1)
+    return F.cross_entropy(neighbours @ p.T / t, torch.arange(p.shape[0]))
+
+
+def nnclr_local_predictions(z1, z2):
+    """NNCLR scored against this rank's predictions only: the negatives are the local batch."""
+    return (_nnclr_local(z1, z2) + _nnclr_local(z2, z1)) / 2
+
+
+def wmse_per_rank_whitening(z1, z2):
+    """W-MSE with each rank whitening its own rows (its sub-batch is the local batch), as a per-GPU implementation
+    does: the whitened embeddings, hence the loss, depend on the split."""
+    w1, w2 = whiten(z1, 0.1), whiten(z2, 0.1)
+    return (2 - 2 * F.cosine_similarity(w1, w2, dim=1)).mean()
+
+
+def vibcreg_per_gpu_statistics(z1, z2):
+    """VIbCReg with every statistic (mean, standard deviation, correlation) of this rank's batch."""
+    def terms(z):
+        centred = z - z.mean(dim=0)
+        std = torch.sqrt(centred.pow(2).sum(dim=0) / (len(z) - 1) + 1e-4)
+        unit = centred / centred.norm(dim=0).clamp_min(1e-12)
+        correlation = unit.T @ unit
+        return F.relu(1 - std).mean(), (correlation - torch.diag(torch.diagonal(correlation))).pow(2).mean()
+    (std1, cov1), (std2, cov2) = terms(z1), terms(z2)
+    return 25 * F.mse_loss(z1, z2) + 25 * (std1 + std2) / 2 + 200 * (cov1 + cov2)
+
+
 WRONG_SSL = [
     f"tests.wrong_losses:{name}"
     for name in (
@@ -225,6 +266,10 @@ WRONG_SSL = [
         "mocov3_local_keys",
         "byol_mean_of_rank_means",  # only wrong with uneven per-rank batches
         "supervised_mean_of_rank_means",  # likewise
+        "supcon_local_views",
+        "nnclr_local_predictions",
+        "wmse_per_rank_whitening",
+        "vibcreg_per_gpu_statistics",
     )
 ]
 

@@ -2,13 +2,14 @@
 
 from solo.losses._checks import NonFiniteError
 from solo.losses.barlow_twins import barlow_twins_loss
-from solo.losses.contrastive import clip_loss, nt_xent_loss
+from solo.losses.contrastive import clip_loss, nnclr_loss, nt_xent_loss, supcon_loss
 from solo.losses.registry import LOSSES
-from solo.losses.regression import byol_loss, moco_queue_loss, mocov3_loss
-from solo.losses.self_distillation import dino_center, dino_loss, sinkhorn, swav_loss
+from solo.losses.regression import byol_loss, moco_queue_loss, mocov3_loss, ressl_loss, simsiam_loss
+from solo.losses.self_distillation import deepcluster_loss, dino_center, dino_loss, sinkhorn, swav_loss
 from solo.losses.siglip import siglip_loss
 from solo.losses.supervised import supervised_loss
-from solo.losses.vicreg import vicreg_loss
+from solo.losses.vicreg import vibcreg_loss, vicreg_loss
+from solo.losses.whitening import wmse_loss, whiten
 
 __all__ = [
     "LOSSES",
@@ -16,14 +17,22 @@ __all__ = [
     "barlow_twins_loss",
     "byol_loss",
     "clip_loss",
+    "deepcluster_loss",
     "dino_center",
     "dino_loss",
     "moco_queue_loss",
     "mocov3_loss",
+    "nnclr_loss",
     "nt_xent_loss",
+    "ressl_loss",
     "siglip_loss",
+    "simsiam_loss",
     "sinkhorn",
+    "supcon_loss",
     "supervised_loss",
     "swav_loss",
+    "vibcreg_loss",
     "vicreg_loss",
+    "whiten",
+    "wmse_loss",
 ]

@@ -122,6 +122,41 @@ def clip_loss(
         return loss_sum * (world_size() / (2 * sum(sizes)))
 
 
+def nnclr_loss(neighbours: torch.Tensor, p: torch.Tensor, temperature: float) -> torch.Tensor:
+    """NNCLR (Dwibedi et al., 2021): InfoNCE of each sample's support-set neighbour (an anchor without gradient,
+    solo.methods.memory.GlobalQueue.nearest) against the predictions `p` of the whole global batch, its positive
+    being its own sample's; averaged over the global batch. Both are L2-normalised here."""
+    check_pair(neighbours, p, "neighbours", "p")
+    check_positive(temperature, "temperature")
+    with torch.autocast(p.device.type, enabled=False):
+        anchors = F.normalize(full_precision(neighbours.detach()), dim=1)
+        p = F.normalize(full_precision(p), dim=1)
+        sizes, rows = _global_rows(p.shape[0], p.device)
+        logits = anchors @ gather(p, sizes).T / temperature
+        return F.cross_entropy(logits, rows, reduction="sum") * (world_size() / sum(sizes))
+
+
+def supcon_loss(z1: torch.Tensor, z2: torch.Tensor, labels: torch.Tensor, temperature: float) -> torch.Tensor:
+    """Supervised contrastive loss (Khosla et al., 2020; their L_out) over the 2N views of the global batch: for
+    each view, the mean over its positives (every other view of the same label, its own other view included) of
+    -log softmax, the softmax over all other views; averaged over the 2N views. Cosine similarities (features
+    normalised here) divided by `temperature`."""
+    check_pair(z1, z2, "z1", "z2")
+    check_positive(temperature, "temperature")
+    with torch.autocast(z1.device.type, enabled=False):
+        z1, z2 = F.normalize(full_precision(z1), dim=1), F.normalize(full_precision(z2), dim=1)
+        sizes, rows = _global_rows(z1.shape[0], z1.device)
+        total = sum(sizes)
+        candidates = torch.cat([gather(z1, sizes), gather(z2, sizes)])
+        all_labels = gather(labels, sizes).repeat(2)
+        is_self = F.one_hot(torch.cat([rows, rows + total]), 2 * total).bool()
+        logits = (torch.cat([z1, z2]) @ candidates.T / temperature).masked_fill(is_self, float("-inf"))
+        log_prob = logits - logits.logsumexp(dim=1, keepdim=True)
+        positive = (labels.repeat(2)[:, None] == all_labels[None, :]) & ~is_self
+        per_view = -log_prob.masked_fill(~positive, 0.0).sum(dim=1) / positive.sum(dim=1)
+        return per_view.sum() * (world_size() / (2 * total))
+
+
 # Cases for the gradient checker (python -m solo.losses.check): the losses at fixed settings.
 
 
@@ -133,6 +168,18 @@ def nt_xent_check(z1: torch.Tensor, z2: torch.Tensor) -> torch.Tensor:
 @LOSSES.register("clip", learnable={"logit_scale": 1 / 0.07})  # the temperature is learnt, as in CLIP
 def clip_check(z1: torch.Tensor, z2: torch.Tensor, logit_scale: torch.Tensor) -> torch.Tensor:
     return clip_loss(F.normalize(z1, dim=1), F.normalize(z2, dim=1), logit_scale)
+
+
+@LOSSES.register("nnclr")
+def nnclr_check(z1: torch.Tensor, z2: torch.Tensor) -> torch.Tensor:
+    # Each tower's output stands for the other's neighbours: the anchors' side takes no gradient.
+    return (nnclr_loss(z1, z2, 0.2) + nnclr_loss(z2, z1, 0.2)) / 2
+
+
+@LOSSES.register("supcon")
+def supcon_check(z1: torch.Tensor, z2: torch.Tensor) -> torch.Tensor:
+    # The checker's batches have no labels: two classes by the sign of the first input feature's projection.
+    return supcon_loss(z1, z2, (z1.detach()[:, 0] > 0).long(), 0.3)
 
 
 # The tiled paths at a tile of 3: with the checker's 2..6 samples per rank, N is rarely a multiple of 3,

@@ -1,4 +1,4 @@
-"""Losses against a momentum teacher's outputs: BYOL's regression and MoCo v3's InfoNCE.
+"""Losses against a target branch's outputs: BYOL's and SimSiam's regression, MoCo's InfoNCE, ReSSL's relations.
 
 The teacher's side (`z`, `k`) is detached here: it is a target, not a path for gradients. Both are
 per-sample losses, so each rank returns W/N times the sum of its samples' losses (N the global batch,
@@ -31,6 +31,14 @@ def byol_loss(p: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
         total = sum(batch_sizes(p.shape[0], p.device))
         loss_sum = (2 - 2 * torch.linalg.vecdot(p, z)).sum()
         return loss_sum * (world_size() / total)
+
+
+def simsiam_loss(p: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+    """SimSiam (Chen and He, 2021): mean over the global batch of -cos(p_i, z_i), `z` detached (the stop-gradient).
+
+    The same objective as BYOL's up to an affine map, -cos = (2 - 2 cos) / 2 - 1, so it is written through
+    byol_loss; each rank's share still sums over ranks to W times the global value."""
+    return byol_loss(p, z) / 2 - 1
 
 
 def _unit_queries_and_keys(q: torch.Tensor, k: torch.Tensor, temperature: float | torch.Tensor):
@@ -74,6 +82,27 @@ def moco_queue_loss(q: torch.Tensor, k: torch.Tensor, queue: torch.Tensor, valid
         return loss_sum * (world_size() / sum(batch_sizes(q.shape[0], q.device)))
 
 
+def ressl_loss(q: torch.Tensor, k: torch.Tensor, queue: torch.Tensor, valid: torch.Tensor,
+               temperature_q: float, temperature_k: float) -> torch.Tensor:
+    """ReSSL (Zheng et al., 2021): the cross-entropy from the teacher's relation to the queue (softmax of k's
+    similarities to the `valid` rows of `queue` at `temperature_k`, a target) to the student's (q's at
+    `temperature_q`), averaged over the global batch. q and k are L2-normalised here, k detached; the queue's rows
+    (earlier steps' keys, the same on every rank: solo.methods.memory.GlobalQueue) are taken as they are. Before
+    any row was pushed every similarity counts as 0: the loss is log(size), with no gradient."""
+    check_pair(q, k, "q", "k")
+    check_positive(temperature_q, "temperature_q")
+    check_positive(temperature_k, "temperature_k")
+    with torch.autocast(q.device.type, enabled=False):
+        q, k, _ = _unit_queries_and_keys(q, k, 1.0)
+        queue = full_precision(queue.detach())
+        usable = valid | ~valid.any()  # every row when none is valid, with similarities 0 below
+        student = torch.where(valid, q @ queue.T, 0.0).masked_fill(~usable, float("-inf")) / temperature_q
+        teacher = torch.where(valid, k @ queue.T, 0.0).masked_fill(~usable, float("-inf")) / temperature_k
+        terms = F.softmax(teacher, dim=1) * F.log_softmax(student, dim=1)
+        loss_sum = -torch.where(usable, terms, 0.0).sum()
+        return loss_sum * (world_size() / sum(batch_sizes(q.shape[0], q.device)))
+
+
 # Cases for the gradient checker (python -m solo.losses.check): symmetrised, as the methods use them.
 
 
@@ -89,7 +118,22 @@ def mocov3_check(z1: torch.Tensor, z2: torch.Tensor) -> torch.Tensor:
 
 @LOSSES.register("mocov2plus")
 def mocov2plus_check(z1: torch.Tensor, z2: torch.Tensor) -> torch.Tensor:
-    # A fixed queue of 6 unit rows, the last one not yet filled.
-    queue = F.normalize(torch.linspace(-1.0, 1.0, 6 * z1.shape[1], dtype=z1.dtype).reshape(6, -1).sin() + 0.1, dim=1)
-    valid = torch.arange(6) < 5
+    queue, valid = _checker_queue(z1)
     return moco_queue_loss(z1, z2, queue, valid, 0.2) + moco_queue_loss(z2, z1, queue, valid, 0.2)
+
+
+def _checker_queue(z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A fixed queue of 6 unit rows of z's width and dtype, the last one not yet filled."""
+    queue = F.normalize(torch.linspace(-1.0, 1.0, 6 * z.shape[1], dtype=z.dtype).reshape(6, -1).sin() + 0.1, dim=1)
+    return queue, torch.arange(6) < 5
+
+
+@LOSSES.register("simsiam")
+def simsiam_check(z1: torch.Tensor, z2: torch.Tensor) -> torch.Tensor:
+    return (simsiam_loss(z1, z2) + simsiam_loss(z2, z1)) / 2
+
+
+@LOSSES.register("ressl")
+def ressl_check(z1: torch.Tensor, z2: torch.Tensor) -> torch.Tensor:
+    queue, valid = _checker_queue(z1)
+    return ressl_loss(z1, z2, queue, valid, 0.1, 0.04) + ressl_loss(z2, z1, queue, valid, 0.1, 0.04)

@@ -177,6 +177,18 @@ def swav_loss(
 CHECK_CENTER = (0.3, -0.2, 0.1, 0.5)  # a non-zero start, so that the checked centre update matters
 
 
+def deepcluster_loss(scores: list[torch.Tensor], assignments: list[torch.Tensor], temperature: float) -> torch.Tensor:
+    """DeepClusterV2 (Caron et al., 2020): for each clustering h, the cross-entropy of `scores[h]` (rows' similarities
+    to its centroids) divided by `temperature` against `assignments[h]` (each row's cluster; -1: none yet, no loss),
+    summed over the rows and divided by the global number of rows, then averaged over the clusterings."""
+    check_positive(temperature, "temperature")
+    with torch.autocast(scores[0].device.type, enabled=False):
+        total = sum(batch_sizes(scores[0].shape[0], scores[0].device))
+        loss_sum = sum(F.cross_entropy(full_precision(s) / temperature, a, ignore_index=-1, reduction="sum")
+                       for s, a in zip(scores, assignments))
+        return loss_sum * (world_size() / (total * len(scores)))
+
+
 @LOSSES.register("dino")
 def dino_check(z1: torch.Tensor, z2: torch.Tensor) -> torch.Tensor:
     teacher = [z1.detach(), z2.detach()]
@@ -187,3 +199,10 @@ def dino_check(z1: torch.Tensor, z2: torch.Tensor) -> torch.Tensor:
 @LOSSES.register("swav")
 def swav_check(z1: torch.Tensor, z2: torch.Tensor) -> torch.Tensor:
     return swav_loss([F.normalize(z1, dim=1), F.normalize(z2, dim=1)], temperature=0.1)
+
+
+@LOSSES.register("deepclusterv2")
+def deepclusterv2_check(z1: torch.Tensor, z2: torch.Tensor) -> torch.Tensor:
+    # Two clusterings of each tower's rows: by the other tower's argmax, and by that argmax with cluster 0 unassigned.
+    first = z2.detach().argmax(dim=1)
+    return deepcluster_loss([z1, z1], [first, first.masked_fill(first == 0, -1)], 0.1)

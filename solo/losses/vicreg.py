@@ -1,4 +1,4 @@
-"""VICReg's variance-invariance-covariance loss with global-batch statistics."""
+"""VICReg's variance-invariance-covariance loss, and VIbCReg's, with global-batch statistics."""
 
 from __future__ import annotations
 
@@ -11,6 +11,21 @@ from solo.losses.registry import LOSSES
 from solo.dtypes import full_precision
 
 STD_EPS = 1e-4
+
+
+def _check(z1: torch.Tensor, z2: torch.Tensor, sim_coeff: float, std_coeff: float, cov_coeff: float) -> None:
+    check_pair(z1, z2, "z1", "z2")
+    for value, name in ((sim_coeff, "sim_coeff"), (std_coeff, "std_coeff"), (cov_coeff, "cov_coeff")):
+        check_non_negative(value, name)
+
+
+def _global_size_and_invariance(z1: torch.Tensor, z2: torch.Tensor, loss: str) -> tuple[int, torch.Tensor]:
+    """The global batch size, and the invariance term (mean squared error over the N x D entries) as W times this
+    rank's share."""
+    n = sum(batch_sizes(z1.shape[0], z1.device))
+    if n < 2:
+        raise ValueError(f"{loss} needs a global batch of at least 2 samples, got {n}")
+    return n, (z1 - z2).pow(2).sum() * (world_size() / (n * z1.shape[1]))
 
 
 def _variance_and_covariance(z: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -38,20 +53,44 @@ def vicreg_loss(
     W times this rank's share; the statistics' terms are whole on every rank, through all-reduces whose
     backward sums (see solo.distributed.collectives): both sum over ranks to W times their value.
     """
-    check_pair(z1, z2, "z1", "z2")
-    for value, name in ((sim_coeff, "sim_coeff"), (std_coeff, "std_coeff"), (cov_coeff, "cov_coeff")):
-        check_non_negative(value, name)
+    _check(z1, z2, sim_coeff, std_coeff, cov_coeff)
     with torch.autocast(z1.device.type, enabled=False):
         z1, z2 = full_precision(z1), full_precision(z2)
-        n = sum(batch_sizes(z1.shape[0], z1.device))
-        if n < 2:
-            raise ValueError(f"vicreg_loss needs a global batch of at least 2 samples, got {n}")
-        invariance = (z1 - z2).pow(2).sum() * (world_size() / (n * z1.shape[1]))
+        n, invariance = _global_size_and_invariance(z1, z2, "vicreg_loss")
         std1, cov1 = _variance_and_covariance(z1, n)
         std2, cov2 = _variance_and_covariance(z2, n)
         return sim_coeff * invariance + std_coeff * (std1 + std2) / 2 + cov_coeff * (cov1 + cov2)
 
 
+def _normalised_covariance(z: torch.Tensor, n: int) -> torch.Tensor:
+    """VIbCReg's covariance term of one branch: the mean of the squared off-diagonal entries of the correlation
+    matrix (columns centred and scaled to unit L2 norm over the global batch of `n`), through all-reduces."""
+    centred = z - all_reduce(z.sum(dim=0)) / n
+    norms = all_reduce(centred.pow(2).sum(dim=0)).sqrt().clamp_min(1e-12)
+    correlation = all_reduce(centred.T @ centred) / (norms[:, None] * norms[None, :])
+    return (correlation - torch.diag(torch.diagonal(correlation))).pow(2).mean()
+
+
+def vibcreg_loss(
+    z1: torch.Tensor, z2: torch.Tensor, sim_coeff: float = 25.0, std_coeff: float = 25.0, cov_coeff: float = 200.0
+) -> torch.Tensor:
+    """VIbCReg (Lee and Aune, 2021): VICReg's invariance and variance terms, and a normalised covariance term
+    (the mean squared off-diagonal correlation, the two branches summed) that does not grow with the width.
+    Every statistic is the global batch's, as in vicreg_loss."""
+    _check(z1, z2, sim_coeff, std_coeff, cov_coeff)
+    with torch.autocast(z1.device.type, enabled=False):
+        z1, z2 = full_precision(z1), full_precision(z2)
+        n, invariance = _global_size_and_invariance(z1, z2, "vibcreg_loss")
+        (std1, _), (std2, _) = _variance_and_covariance(z1, n), _variance_and_covariance(z2, n)
+        covariance = _normalised_covariance(z1, n) + _normalised_covariance(z2, n)
+        return sim_coeff * invariance + std_coeff * (std1 + std2) / 2 + cov_coeff * covariance
+
+
 @LOSSES.register("vicreg")  # a case for the gradient checker (python -m solo.losses.check)
 def vicreg_check(z1: torch.Tensor, z2: torch.Tensor) -> torch.Tensor:
     return vicreg_loss(z1, z2)
+
+
+@LOSSES.register("vibcreg")
+def vibcreg_check(z1: torch.Tensor, z2: torch.Tensor) -> torch.Tensor:
+    return vibcreg_loss(z1, z2)
