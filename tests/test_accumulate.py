@@ -26,6 +26,9 @@ CASES = {  # a LayerNorm image tower (timm's ViT), with SimCLR's BatchNorm proje
     # A global queue, pushed once per optimizer step with the whole batch's keys: 3 steps, so it is read too.
     "mocov2plus_vit": [o for o in TINY if not o.startswith("backbone")] + VIT + [o for o in ONE_STEP if "max_steps" not in o]
     + ["trainer.max_steps=3", "method=mocov2plus", "method.queue_size=64"],
+    # A memory bank and k-means at the epoch's end (4 steps of 16): steps 5 and 6 learn the clusters.
+    "deepclusterv2_vit": [o for o in TINY if not o.startswith("backbone")] + VIT + [o for o in ONE_STEP if "max_steps" not in o]
+    + ["trainer.max_steps=6", "method=deepclusterv2", "method.num_prototypes=[4,6]", "method.kmeans_iterations=3"],
     "siglip_vit": [o for o in TINY if not o.startswith(("backbone", "method", "data"))] + VIT + ONE_STEP
     + ["method=siglip", "data=digits", "method.embed_dim=16", "method.text.width=32", "method.text.depth=1", "method.text.heads=2"],
 }
@@ -37,7 +40,7 @@ def moved(run_dir, overrides) -> tuple[dict, float]:
     torch.manual_seed(cfg.trainer.seed)
     start = {k: v.double() for k, v in build_model(cfg, 10).state_dict().items() if v.is_floating_point()}
     after = weights(run_dir)
-    return after, max(float((after[k] - start[k]).abs().max()) for k in after)
+    return after, max(float((after[k] - start[k]).abs().max()) for k in start)
 
 
 @pytest.mark.parametrize("case", sorted(CASES))

@@ -18,7 +18,8 @@ from solo.data.make_shards import main as make_shards
 from solo.errors import ConfigError, DataError, NotFound
 from tests.test_eval import compose_linear
 from tests.test_shards import write_folder
-from tests.test_train import TINY, kill_processes_mentioning, launch, metrics, run, weights, weights_at_init
+from solo.train.trainer import pretrain
+from tests.test_train import TINY, compose_cfg, kill_processes_mentioning, launch, metrics, run, weights, weights_at_init
 
 NUM_TRAIN, NUM_VAL, BROKEN = 64, 32, 9  # row BROKEN of the train split holds bytes that are no image
 
@@ -177,3 +178,8 @@ def test_image_text_invariance_and_killed_run_resumes_bit_identical(saved, tmp_p
     assert "resuming from" in run(common + ["trainer.checkpoint_every_steps=3"], killed, nproc=2)
     straight, resumed = weights(tmp_path / "w2"), weights(killed)
     assert all(torch.equal(straight[k], resumed[k]) for k in straight)
+
+
+def test_a_method_that_learns_from_labels_refuses_unlabelled_data(saved, tmp_path):
+    with pytest.raises(ConfigError, match=r"method=supcon learns from the labels, and data=huggingface's train split has none"):
+        pretrain(compose_cfg(hf_overrides(saved, 16, 1) + ["method=supcon", "data.label_column=null"]), tmp_path)

@@ -34,6 +34,18 @@ METHOD = {
     # A queue of 64 that the 6 steps of 16 keys wrap (96 pushed): negatives from the queue, not the batch.
     "mocov2plus": HEADS + ["method.queue_size=64", "method.base_momentum=0.9"],
     "supervised": ["method.num_classes=10", "augmentation=supervised"],  # one view: main_linear.py's fine-tuning
+    "simsiam": HEADS + ["method.pred_hidden_dim=8"],
+    # Support sets of 64 that 6 steps of 16 wrap, as MoCo v2+'s queue.
+    "nnsiam": HEADS + ["method.pred_hidden_dim=8", "method.queue_size=64"],
+    "nnclr": HEADS + ["method.pred_hidden_dim=32", "method.queue_size=64"],
+    "nnbyol": HEADS + ["method.pred_hidden_dim=32", "method.queue_size=64", "method.base_momentum=0.9"],
+    "ressl": HEADS + ["method.queue_size=64", "method.base_momentum=0.9"],
+    "supcon": HEADS,
+    # One whitened sub-batch of 16 that spans both ranks at W = 2.
+    "wmse": ["method.proj_hidden_dim=32", "method.proj_output_dim=8", "method.whitening_size=16"],
+    "vibcreg": HEADS + ["method.iternorm_groups=4"],
+    # 64 samples, 4 steps per epoch: the k-means after step 4 gives steps 5 and 6 their loss.
+    "deepclusterv2": HEADS + ["method.num_prototypes=[4,6]", "method.kmeans_iterations=3"],
 }
 STEPS = 6
 
@@ -52,7 +64,7 @@ def test_step_is_world_size_invariant_and_resumes_exactly(tmp_path, method):
     run(overrides(method, 16), tmp_path / "w1")
     run(overrides(method, 8), tmp_path / "w2", nproc=2)
     one, two, start = weights(tmp_path / "w1"), weights(tmp_path / "w2"), weights_at_init(overrides(method, 16))
-    moved = {k: float((one[k] - start[k]).abs().max()) for k in one}
+    moved = {k: float((one[k] - start[k]).abs().max()) for k in start}  # not the state sized by the data (banks)
     teacher = [k for k in moved if k.startswith("method.teacher.")]
     assert all(moved[k] > 0 for k in teacher), "the teacher moves"
     worst, name = max((float((one[k] - two[k]).abs().max()), k) for k in one)
@@ -72,20 +84,26 @@ def test_step_is_world_size_invariant_and_resumes_exactly(tmp_path, method):
         assert torch.equal(two[key], resumed[key]), f"{method}: {key} differs after resume"
 
 
+# Each kind of state and its known-wrong variant (tests/local_state_methods.py): filled with each rank's rows only.
+RANK_LOCAL = {"mocov2plus": ("mocov2plus_local_queue", "method.queues.0.count"),
+              "nnclr": ("nnclr_local_support", "method.support.count")}
+
+
 @pytest.mark.slow
-def test_a_rank_local_queue_is_not_world_size_invariant(tmp_path):
-    """The wrong variant of the queue above: each rank pushes only its own keys. 1 x 16 and 2 x 8 then differ, by far
-    more than rounding, once the queue holds negatives (step 2 on); the global queue (the test above) does not."""
-    local = [o for o in overrides("mocov2plus", 16) if not o.startswith("method.")] + [
-        "method=mocov2plus_local_queue", "imports=[tests.local_queue_method]", f"hydra.searchpath=[file://{REPO / 'tests' / 'configs'}]"]
-    run(overrides("mocov2plus", 16), tmp_path / "global_w1")
-    run([o.replace("data.batch_size=16", "data.batch_size=8") for o in local], tmp_path / "local_w2", nproc=2)
-    one, two, start = weights(tmp_path / "global_w1"), weights(tmp_path / "local_w2"), weights_at_init(overrides("mocov2plus", 16))
-    moved = max(float((one[k] - start[k]).abs().max()) for k in one)
-    worst = max(float((one[k] - two[k]).abs().max()) for k in one if not k.startswith("method.queues."))
-    assert worst > 1e-4 * moved, f"a rank-local queue changed the weights by only {worst} of {moved}"
-    queue = checkpoint(tmp_path / "global_w1", STEPS)
-    assert int(queue["method.queues.0.count"]) == 16 * STEPS  # every key of every step, the queue wrapped
+@pytest.mark.parametrize("method", sorted(RANK_LOCAL))
+def test_rank_local_state_is_not_world_size_invariant(tmp_path, method):
+    """The wrong variant of a global queue or support set: each rank pushes only its own rows. 1 x 16 and 2 x 8 then
+    differ, by far more than rounding, once the state is read (step 2 on); the global one (the test above) does not."""
+    local_name, count = RANK_LOCAL[method]
+    local = [o for o in overrides(method, 8) if not o.startswith("method=")] + [
+        f"method={local_name}", "imports=[tests.local_state_methods]", f"hydra.searchpath=[file://{REPO / 'tests' / 'configs'}]"]
+    run(overrides(method, 16), tmp_path / "global_w1")
+    run(local, tmp_path / "local_w2", nproc=2)
+    one, two, start = weights(tmp_path / "global_w1"), weights(tmp_path / "local_w2"), weights_at_init(overrides(method, 16))
+    moved = max(float((one[k] - start[k]).abs().max()) for k in start)
+    worst = max(float((one[k] - two[k]).abs().max()) for k in start if not k.startswith(("method.queues.", "method.support.")))
+    assert worst > 1e-4 * moved, f"a rank-local state changed the weights by only {worst} of {moved}"
+    assert int(checkpoint(tmp_path / "global_w1", STEPS)[count]) == 16 * STEPS  # every row of every step: it wrapped
 
 
 def test_a_queue_smaller_than_the_global_batch_is_refused():
@@ -148,7 +166,7 @@ def test_unknown_method_lists_every_method():
     with pytest.raises(MissingConfigException) as err:
         compose_cfg(["method=bool"])
     builtin = [m.name for m in METHODS if m.target.__module__.startswith("solo.")]  # other tests register their own
-    assert len(builtin) == 11 and all(name in str(err.value) for name in builtin)
+    assert len(builtin) == 20 and all(name in str(err.value) for name in builtin)
 
 
 @pytest.mark.parametrize(
@@ -192,3 +210,18 @@ def test_byol_targets_are_the_teachers_and_take_no_gradient():
     torch.testing.assert_close(out["loss"], expected, rtol=1e-12, atol=1e-12)
     out["loss"].backward()
     assert all(q.grad is None for q in byol.teacher.parameters())
+
+
+def test_more_prototypes_than_samples_are_refused(tmp_path):
+    with pytest.raises(ConfigError, match=r"method.num_prototypes=\[4, 65\]: k-means cannot make 65 clusters of the 64 samples"):
+        pretrain(compose_cfg(overrides("deepclusterv2", 16) + ["method.num_prototypes=[4,65]"]), tmp_path)
+
+
+@pytest.mark.parametrize("override, message", [
+    ("method=wmse method.whitening_size=24", r"method.whitening_size=24: .* must divide it"),
+    ("method=vibcreg method.iternorm_groups=5", r"method.proj_output_dim=16 is not a multiple of method.iternorm_groups=5"),
+    ("method=nnclr method.queue_size=8", r"method.queue_size=8 is smaller than the global batch \(16\)"),
+])
+def test_settings_a_method_cannot_use_are_refused(override, message):
+    with pytest.raises(ConfigError, match=message):
+        compose_cfg(BASE + HEADS + ["data.batch_size=16"] + override.split())

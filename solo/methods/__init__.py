@@ -9,7 +9,10 @@ from __future__ import annotations
 from omegaconf import OmegaConf
 
 from solo.backbones import build_backbone
-from solo.methods import barlow_twins, byol, clip, dino, mocov2plus, mocov3, siglip, simclr, supervised, swav, vicreg  # noqa: F401  (registers them)
+from solo.methods import (  # noqa: F401  (registers them)
+    barlow_twins, byol, clip, deepclusterv2, dino, mocov2plus, mocov3, nnbyol, nnclr, nnsiam, ressl, siglip, simclr, simsiam, supcon,
+    supervised, swav, vibcreg, vicreg, wmse,
+)
 from solo.methods.base import METHODS, Method, register_method
 
 

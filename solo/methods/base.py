@@ -5,9 +5,10 @@ A method is an nn.Module from a batch to its loss. Besides `forward`, it tells t
   method itself in `after_optimizer_step`, saved in checkpoints, and left out of SyncBatchNorm
   conversion unless `sync_teacher_batchnorm`;
 - its parameter groups (`param_groups`), e.g. a predictor with its own learning rate;
-- what it needs from the data (`inputs`, `check_data`): augmented views (`num_views` of one size, plus smaller
+- what it needs from the data (`inputs`, `needs_labels`, `check_data`): augmented views (`num_views` of one size, plus smaller
   local crops when `local_crops`, as multi-crop methods take them), or image-text pairs;
-- the run's length (`set_schedule`, before the optimizer is built), for schedules in epochs;
+- the run's length (`set_schedule`, before the optimizer is built), for schedules in epochs, and the train split's
+  size (`set_data`), for state sized by the data;
 - the metrics it logs besides the loss (`metrics`), and how it is validated (`evaluate`);
 - optionally, its split into `encode` (per sample: the backbone) and `joint` (what couples the samples:
   projector BatchNorm, the loss), which gradient accumulation (`trainer.accumulate`) needs.
@@ -58,6 +59,7 @@ class Method(nn.Module):
     inputs: ClassVar[str] = "views"  # "views" (augmented views of images) or "image_text" (pairs)
     num_views: ClassVar[int] = 2  # how many views of one size (the global crops) forward expects
     local_crops: ClassVar[bool] = False  # whether smaller crops may follow the global ones (multi-crop)
+    needs_labels: ClassVar[bool] = False  # whether the loss reads the labels (supervised methods), not just the probe
     teachers: ClassVar[tuple[str, ...]] = ()  # names of submodules that the optimizer does not train
     sync_teacher_batchnorm: ClassVar[bool] = False
 
@@ -106,6 +108,10 @@ class Method(nn.Module):
     def set_schedule(self, steps_per_epoch: int, total_steps: int) -> None:
         """The run's length, given once before the optimizer is built: for schedules counted in epochs."""
         self.steps_per_epoch, self.total_steps = steps_per_epoch, total_steps
+
+    def set_data(self, num_samples: int) -> None:
+        """The train split's size, given once right after the method is built: for state sized by the data (memory
+        banks, as buffers, so that they move to the device and into checkpoints with the model)."""
 
     def param_groups(self, weight_decay: float, exclude_bias_and_norm: bool) -> list[dict]:
         """The optimizer's groups over the trained parameters (teachers excluded by having no gradient)."""
@@ -236,8 +242,12 @@ class MomentumTwoViewMethod(Method):
         p1, p2 = self.predictor(self.projector(f1)), self.predictor(self.projector(f2))
         with torch.no_grad():
             t1, t2 = (self.teacher[1](t) for t in encoded["teacher"])
-        loss = self.loss(p1, t2) + self.loss(p2, t1)
-        return {"loss": loss, "features": torch.cat([f1, f2]), "labels": batch["label"].repeat(2)}
+        return {"loss": self.pair_loss(p1, p2, t1, t2), "features": torch.cat([f1, f2]), "labels": batch["label"].repeat(2)}
+
+    def pair_loss(self, p1: torch.Tensor, p2: torch.Tensor, t1: torch.Tensor, t2: torch.Tensor) -> torch.Tensor:
+        """The loss of the student's predictions `p1`, `p2` against the teacher's outputs `t1`, `t2` of the two views
+        (each prediction against the other view's); methods with state (queues) update it here, after the loss."""
+        return self.loss(p1, t2) + self.loss(p2, t1)
 
     def after_optimizer_step(self, step: int, total_steps: int) -> None:
         # The momentum for this update follows the schedule at the steps done so far, as in BYOL's code.
@@ -246,6 +256,28 @@ class MomentumTwoViewMethod(Method):
 
     def metrics(self) -> dict[str, torch.Tensor]:
         return {"train/teacher_momentum": torch.tensor(self.momentum)}
+
+
+class SiameseMethod(Method):
+    """Two views through one network, backbone -> projector -> predictor, with no teacher: each view's prediction
+    regresses onto the other view's projection, which takes no gradient (SimSiam), or onto its neighbour in a support
+    set (NNSiam, NNCLR). Subclasses give `pair_loss(p1, p2, z1, z2)`."""
+
+    def __init__(self, backbone, feature_dim: int, projector: nn.Module, predictor: nn.Module):
+        super().__init__(backbone, feature_dim)
+        self.projector, self.predictor = projector, predictor
+
+    def pair_loss(self, p1: torch.Tensor, p2: torch.Tensor, z1: torch.Tensor, z2: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def encode(self, batch: dict) -> dict:
+        return {"features": [self.backbone(v) for v in batch["views"]]}
+
+    def joint(self, encoded: dict, batch: dict) -> dict:
+        f1, f2 = encoded["features"]
+        z1, z2 = self.projector(f1), self.projector(f2)
+        loss = self.pair_loss(self.predictor(z1), self.predictor(z2), z1, z2)
+        return {"loss": loss, "features": torch.cat([f1, f2]), "labels": batch["label"].repeat(2)}
 
 
 def with_frozen(groups: list[dict], params, frozen_steps: int) -> list[dict]:

@@ -4,12 +4,24 @@ from __future__ import annotations
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
-from solo.distributed import gather
+from solo.distributed import all_reduce, gather, rank, world_size
+from solo.distributed.env import detect
+from solo.errors import ConfigError
+
+
+def check_queue_size(cfg) -> None:
+    """A queue method's `method.queue_size` must hold a global batch: each step pushes all of its rows at once."""
+    global_batch = cfg.data.batch_size * detect().world_size
+    if cfg.method.queue_size < global_batch:
+        raise ConfigError(f"method.queue_size={cfg.method.queue_size} is smaller than the global batch ({global_batch}): "
+                          f"each step pushes the whole global batch's rows into method={cfg.method.name}'s queue; raise "
+                          "method.queue_size")
 
 
 class GlobalQueue(nn.Module):
-    """A FIFO of the last `size` rows pushed (MoCo's queue of negatives), identical on every rank.
+    """A FIFO of the last `size` rows pushed (MoCo's queue of negatives, NNCLR's support set), identical on every rank.
 
     `push` gathers every rank's rows in rank order, which is the global batch's sample order (each rank reads a
     contiguous slice of it), so the queue holds exactly what one process on the whole batch would hold; a queue
@@ -39,3 +51,53 @@ class GlobalQueue(nn.Module):
         index = (self.count + torch.arange(len(rows), device=rows.device)) % self.size
         self.rows.index_copy_(0, index, rows.to(self.rows.dtype))
         self.count += len(rows)
+
+    def nearest(self, z: torch.Tensor) -> torch.Tensor:
+        """Each row of `z`'s nearest pushed row by cosine similarity (NNCLR's support-set lookup; the rows are pushed
+        unit-norm), without gradient. Before anything was pushed, the row of `z` itself, normalised."""
+        z = F.normalize(z.detach(), dim=1)
+        rows = self.rows.to(z.dtype)
+        found = rows[(z @ rows.T).masked_fill(~self.valid(), float("-inf")).argmax(dim=1)]
+        return torch.where(self.count > 0, found, z)
+
+
+class MemoryBank(nn.Module):
+    """Every training sample's latest embedding of each view, by dataset index (DeepClusterV2's memory), identical on
+    every rank: `store` gathers every rank's indices and rows, so the bank is what one process on the whole batch
+    would hold. Buffers, hence in checkpoints; written in `joint`, so once per optimizer step under accumulation."""
+
+    def __init__(self, num_samples: int, views: int, dim: int):
+        super().__init__()
+        self.register_buffer("rows", torch.zeros(views, num_samples, dim))
+        self.register_buffer("filled", torch.zeros(num_samples, dtype=torch.bool))
+
+    @torch.no_grad()
+    def store(self, index: torch.Tensor, views: list[torch.Tensor]) -> None:
+        index = gather(index)
+        for bank, rows in zip(self.rows, views):
+            bank.index_copy_(0, index, gather(rows.detach()).to(bank.dtype))
+        self.filled[index] = True
+
+
+@torch.no_grad()
+def kmeans(points: torch.Tensor, k: int, iterations: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Spherical k-means of the unit rows `points` (identical on every rank): (k unit centroids, each point's cluster).
+
+    The work is split: each rank assigns its share of the points (shares differ by at most one point, a rank may have
+    none) and the centroids' sums and counts are all-reduced, so every rank ends with the same centroids, those of one
+    process on all the points up to the order of the sums' additions. The start is k distinct points drawn with
+    `seed`, the same on every rank; an emptied cluster keeps its centroid."""
+    n = len(points)
+    world, me = world_size(), rank()
+    shares = [n // world + (r < n % world) for r in range(world)]
+    start = sum(shares[:me])
+    mine = points[start : start + shares[me]]
+    generator = torch.Generator().manual_seed(seed)
+    centroids = points[torch.randperm(n, generator=generator)[:k].to(points.device)]
+    for _ in range(iterations):
+        assigned = (mine @ centroids.T).argmax(dim=1)
+        sums = torch.zeros_like(centroids).index_add_(0, assigned, mine)
+        counts = torch.bincount(assigned, minlength=k).to(points.dtype)
+        sums, counts = all_reduce(sums), all_reduce(counts)
+        centroids = torch.where(counts[:, None] > 0, F.normalize(sums, dim=1), centroids)
+    return centroids, gather((mine @ centroids.T).argmax(dim=1), shares)

@@ -5,15 +5,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from solo.distributed.env import detect
-from solo.errors import ConfigError
 from solo.losses import moco_queue_loss
 from solo.methods.base import MomentumTwoViewMethod, register_method
-from solo.methods.memory import GlobalQueue
+from solo.methods.memory import GlobalQueue, check_queue_size
 from solo.schema import AT_LEAST_ONE, POSITIVE, PROBABILITY, ruled
 
 
@@ -42,20 +39,14 @@ class MoCoV2Plus(MomentumTwoViewMethod):
 
     @classmethod
     def check_config(cls, cfg) -> None:
-        global_batch = cfg.data.batch_size * detect().world_size
-        if cfg.method.queue_size < global_batch:
-            raise ConfigError(f"method.queue_size={cfg.method.queue_size} is smaller than the global batch ({global_batch}): "
-                              "each step pushes the whole global batch's keys; raise method.queue_size")
+        check_queue_size(cfg)
 
-    def joint(self, encoded: dict, batch: dict) -> dict:
-        f1, f2 = encoded["features"]
-        q1, q2 = self.projector(f1), self.projector(f2)
-        with torch.no_grad():
-            k1, k2 = (F.normalize(self.teacher[1](t), dim=1) for t in encoded["teacher"])
+    def pair_loss(self, p1, p2, t1, t2):
+        k1, k2 = F.normalize(t1, dim=1), F.normalize(t2, dim=1)
         # Copies: the loss's backward needs the rows as they were before this step's push.
         rows, valid = [q.rows.clone() for q in self.queues], [q.valid() for q in self.queues]
-        loss = (moco_queue_loss(q1, k2, rows[1], valid[1], self.temperature)
-                + moco_queue_loss(q2, k1, rows[0], valid[0], self.temperature)) / 2
+        loss = (moco_queue_loss(p1, k2, rows[1], valid[1], self.temperature)
+                + moco_queue_loss(p2, k1, rows[0], valid[0], self.temperature)) / 2
         self.queues[0].push(k1)
         self.queues[1].push(k2)
-        return {"loss": loss, "features": torch.cat([f1, f2]), "labels": batch["label"].repeat(2)}
+        return loss

@@ -26,6 +26,7 @@ class Supervised(Method):
     Validated by its own head: `val/acc1`, `val/acc5`."""
 
     num_views = 1
+    needs_labels = True
 
     def __init__(self, backbone, feature_dim: int, cfg: SupervisedConfig):
         super().__init__(backbone, feature_dim)

@@ -19,7 +19,7 @@ from tqdm import tqdm
 from solo.config import changed_keys, check_required, plain, validate_pretrain
 from solo.distributed import DistEnv
 from solo.distributed.env import process_group
-from solo.errors import CheckpointError, DataError
+from solo.errors import CheckpointError, ConfigError, DataError
 from solo.loggers import Loggers
 from solo.backbones import feature_width
 from solo.methods import METHODS, build_method, create_method
@@ -110,8 +110,13 @@ class Trainer:
             warnings.simplefilter("ignore")
         torch.manual_seed(t.seed)
         random.seed(t.seed)
-        splits = build_splits(cfg.data, env, t.seed, pairs=METHODS[cfg.method.name].target.inputs == "image_text")
+        method = METHODS[cfg.method.name].target
+        splits = build_splits(cfg.data, env, t.seed, pairs=method.inputs == "image_text")
+        if method.needs_labels and not splits.num_classes:
+            raise ConfigError(f"method={method.name} learns from the labels, and data={cfg.data.name}'s train split has "
+                              "none: give it labelled data (class folders, a label column)")
         self.model = model = build_model(cfg, splits.num_classes if t.probe else None, backbone)
+        model.method.set_data(len(splits.train))
         self.channels_last = t.channels_last and device.type == "cuda"
         self.dtype = torch.float64 if t.precision == "64" else torch.float32
         model.to(device, dtype=self.dtype, memory_format=torch.channels_last if self.channels_last else torch.preserve_format)
