@@ -8,7 +8,7 @@ from solo.errors import ConfigError
 from solo.train.trainer import build_model, pretrain
 from tests.test_train import TINY, compose_cfg, run, weights
 
-VIT = ["backbone.name=vit_tiny_patch16_224", "backbone.small_stem=false",
+VIT = ["backbone=resnet18", "backbone.name=vit_tiny_patch16_224", "backbone.small_stem=false",
        "+backbone.kwargs.img_size=16", "+backbone.kwargs.patch_size=4", "+backbone.kwargs.embed_dim=32",
        "+backbone.kwargs.depth=2", "+backbone.kwargs.num_heads=2"]
 ONE_STEP = ["trainer.max_steps=1", "trainer.precision=64", "optim.warmup_epochs=0"]

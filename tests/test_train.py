@@ -26,6 +26,7 @@ TINY = [
     "data.image_size=16",
     "data.num_samples=64",
     "data.num_workers=0",
+    "backbone=resnet18",  # the group named, so no method's digits recipe picks its own (resnet18_half: its channels)
     "backbone.name=test_resnet",
     "method.proj_hidden_dim=32",
     "method.proj_output_dim=16",
