@@ -45,6 +45,7 @@ METHOD = {
     "wmse": ["method.proj_hidden_dim=32", "method.proj_output_dim=8", "method.whitening_size=16"],
     "vibcreg": HEADS + ["method.iternorm_groups=4"],
     # 64 samples, 4 steps per epoch: the k-means after step 4 gives steps 5 and 6 their loss.
+    "all4one": HEADS + ["method.pred_hidden_dim=32", "method.queue_size=64", "method.base_momentum=0.9"],
     "deepclusterv2": HEADS + ["method.num_prototypes=[4,6]", "method.kmeans_iterations=3"],
 }
 STEPS = 6
@@ -166,7 +167,7 @@ def test_unknown_method_lists_every_method():
     with pytest.raises(MissingConfigException) as err:
         compose_cfg(["method=bool"])
     builtin = [m.name for m in METHODS if m.target.__module__.startswith("solo.")]  # other tests register their own
-    assert len(builtin) == 20 and all(name in str(err.value) for name in builtin)
+    assert len(builtin) == 21 and all(name in str(err.value) for name in builtin)
 
 
 @pytest.mark.parametrize(
@@ -220,6 +221,7 @@ def test_more_prototypes_than_samples_are_refused(tmp_path):
 @pytest.mark.parametrize("override, message", [
     ("method=wmse method.whitening_size=24", r"method.whitening_size=24: .* must divide it"),
     ("method=vibcreg method.iternorm_groups=5", r"method.proj_output_dim=16 is not a multiple of method.iternorm_groups=5"),
+    ("method=all4one method.proj_output_dim=12", r"method.proj_output_dim=12: All4One's Transformer over it has 8 heads"),
     ("method=nnclr method.queue_size=8", r"method.queue_size=8 is smaller than the global batch \(16\)"),
 ])
 def test_settings_a_method_cannot_use_are_refused(override, message):

@@ -227,7 +227,7 @@ def supcon_local_views(z1, z2):
 
 
 def _nnclr_local(neighbours, p, t=0.2):
-    neighbours, p = F.normalize(neighbours.detach(), dim=1), F.normalize(p, dim=1)
+    neighbours, p = F.normalize(neighbours, dim=1), F.normalize(p, dim=1)
     return F.cross_entropy(neighbours @ p.T / t, torch.arange(p.shape[0]))
 
 

@@ -1,7 +1,7 @@
 """Pure, distributed-aware loss functions: in a process group each computes the loss of the global batch."""
 
 from solo.losses._checks import NonFiniteError
-from solo.losses.barlow_twins import barlow_twins_loss
+from solo.losses.barlow_twins import all4one_feature_loss, barlow_twins_loss
 from solo.losses.contrastive import clip_loss, nnclr_loss, nt_xent_loss, supcon_loss
 from solo.losses.registry import LOSSES
 from solo.losses.regression import byol_loss, moco_queue_loss, mocov3_loss, ressl_loss, simsiam_loss
@@ -14,6 +14,7 @@ from solo.losses.whitening import wmse_loss, whiten
 __all__ = [
     "LOSSES",
     "NonFiniteError",
+    "all4one_feature_loss",
     "barlow_twins_loss",
     "byol_loss",
     "clip_loss",

@@ -1,4 +1,4 @@
-"""Barlow Twins' redundancy-reduction loss with global-batch statistics."""
+"""Barlow Twins' redundancy-reduction loss, and All4One's feature term, with global-batch statistics."""
 
 from __future__ import annotations
 
@@ -41,6 +41,30 @@ def barlow_twins_loss(z1: torch.Tensor, z2: torch.Tensor, lambd: float) -> torch
         return on_diagonal + lambd * off_diagonal
 
 
+def all4one_feature_loss(t1: torch.Tensor, t2: torch.Tensor, z1: torch.Tensor, z2: torch.Tensor) -> torch.Tensor:
+    """All4One's feature contrast (Estepa et al., 2023): the cross-correlations c of each view's teacher embedding
+    (`t1`, `t2`, detached) with the other view's student embedding (`z2`, `z1`), every feature (column) scaled to unit
+    L2 norm over the global batch (not centred); the loss is 5 (sqrt(mean (c_ii - 1)^2) + sqrt(mean_{i != j} c_ij^2)),
+    each mean over both correlations. Per-GPU norms and correlations would change with the number of processes."""
+    check_pair(t1, z2, "t1", "z2")
+    check_pair(t2, z1, "t2", "z1")
+    with torch.autocast(z1.device.type, enabled=False):
+        def unit(x):
+            x = full_precision(x)
+            return x / all_reduce(x.pow(2).sum(dim=0)).sqrt().clamp_min(1e-12)
+
+        correlations = [all_reduce(unit(t.detach()).T @ unit(z)) for t, z in ((t1, z2), (t2, z1))]
+        d = correlations[0].shape[0]
+        on = sum((torch.diagonal(c) - 1).pow(2).sum() for c in correlations) / (2 * d)
+        off = sum((c - torch.diag(torch.diagonal(c))).pow(2).sum() for c in correlations) / (2 * (d * d - d))
+        return 5 * (on.sqrt() + off.sqrt())
+
+
 @LOSSES.register("barlow_twins")  # a case for the gradient checker (python -m solo.losses.check)
 def barlow_twins_check(z1: torch.Tensor, z2: torch.Tensor) -> torch.Tensor:
     return barlow_twins_loss(z1, z2, lambd=0.05)
+
+
+@LOSSES.register("all4one_feature")
+def all4one_feature_check(z1: torch.Tensor, z2: torch.Tensor) -> torch.Tensor:
+    return all4one_feature_loss(z1, z2, z1, z2)

@@ -122,14 +122,15 @@ def clip_loss(
         return loss_sum * (world_size() / (2 * sum(sizes)))
 
 
-def nnclr_loss(neighbours: torch.Tensor, p: torch.Tensor, temperature: float) -> torch.Tensor:
-    """NNCLR (Dwibedi et al., 2021): InfoNCE of each sample's support-set neighbour (an anchor without gradient,
-    solo.methods.memory.GlobalQueue.nearest) against the predictions `p` of the whole global batch, its positive
-    being its own sample's; averaged over the global batch. Both are L2-normalised here."""
-    check_pair(neighbours, p, "neighbours", "p")
+def nnclr_loss(anchors: torch.Tensor, p: torch.Tensor, temperature: float) -> torch.Tensor:
+    """NNCLR (Dwibedi et al., 2021): InfoNCE of each sample's anchor (its support-set neighbour,
+    solo.methods.memory.GlobalQueue.nearest, which has no gradient; All4One's attended embedding, which has) against
+    the predictions `p` of the whole global batch, its positive being its own sample's; averaged over the global
+    batch. Both are L2-normalised here."""
+    check_pair(anchors, p, "anchors", "p")
     check_positive(temperature, "temperature")
     with torch.autocast(p.device.type, enabled=False):
-        anchors = F.normalize(full_precision(neighbours.detach()), dim=1)
+        anchors = F.normalize(full_precision(anchors), dim=1)
         p = F.normalize(full_precision(p), dim=1)
         sizes, rows = _global_rows(p.shape[0], p.device)
         logits = anchors @ gather(p, sizes).T / temperature
@@ -172,7 +173,7 @@ def clip_check(z1: torch.Tensor, z2: torch.Tensor, logit_scale: torch.Tensor) ->
 
 @LOSSES.register("nnclr")
 def nnclr_check(z1: torch.Tensor, z2: torch.Tensor) -> torch.Tensor:
-    # Each tower's output stands for the other's neighbours: the anchors' side takes no gradient.
+    # Each tower's output stands for the other's anchors.
     return (nnclr_loss(z1, z2, 0.2) + nnclr_loss(z2, z1, 0.2)) / 2
 
 

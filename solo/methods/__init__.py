@@ -10,7 +10,7 @@ from omegaconf import OmegaConf
 
 from solo.backbones import build_backbone
 from solo.methods import (  # noqa: F401  (registers them)
-    barlow_twins, byol, clip, deepclusterv2, dino, mocov2plus, mocov3, nnbyol, nnclr, nnsiam, ressl, siglip, simclr, simsiam, supcon,
+    all4one, barlow_twins, byol, clip, deepclusterv2, dino, mocov2plus, mocov3, nnbyol, nnclr, nnsiam, ressl, siglip, simclr, simsiam, supcon,
     supervised, swav, vibcreg, vicreg, wmse,
 )
 from solo.methods.base import METHODS, Method, register_method

@@ -55,10 +55,15 @@ class GlobalQueue(nn.Module):
     def nearest(self, z: torch.Tensor) -> torch.Tensor:
         """Each row of `z`'s nearest pushed row by cosine similarity (NNCLR's support-set lookup; the rows are pushed
         unit-norm), without gradient. Before anything was pushed, the row of `z` itself, normalised."""
+        return self.neighbours(z, 1)[:, 0]
+
+    def neighbours(self, z: torch.Tensor, k: int) -> torch.Tensor:
+        """(len(z), k, dim): each row's k nearest pushed rows, nearest first, without gradient; while fewer than k
+        rows were pushed, the row of `z` itself (normalised) fills the places left."""
         z = F.normalize(z.detach(), dim=1)
         rows = self.rows.to(z.dtype)
-        found = rows[(z @ rows.T).masked_fill(~self.valid(), float("-inf")).argmax(dim=1)]
-        return torch.where(self.count > 0, found, z)
+        scores, index = (z @ rows.T).masked_fill(~self.valid(), float("-inf")).topk(k, dim=1)
+        return torch.where(torch.isfinite(scores)[..., None], rows[index], z[:, None])
 
 
 class MemoryBank(nn.Module):
