@@ -43,7 +43,7 @@ def moved(run_dir, overrides) -> tuple[dict, float]:
     return after, max(float((after[k] - start[k]).abs().max()) for k in start)
 
 
-@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize("case", [pytest.param(c, marks=pytest.mark.slow) if c in ("deepclusterv2_vit",) else c for c in sorted(CASES)])
 def test_accumulated_step_equals_the_whole_batch_step(tmp_path, case):
     base = CASES[case] + ["data.batch_size=16"]
     pretrain(compose_cfg(base), tmp_path / "whole")

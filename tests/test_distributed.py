@@ -26,7 +26,8 @@ BUILTIN = [name for name in LOSSES.names() if LOSSES[name].target.__module__.sta
 
 def test_every_methods_loss_is_registered_with_the_checker():
     methods = {m.name for m in METHODS if m.target.__module__.startswith("solo.")}
-    own_names = {"simclr": "nt_xent"}  # SimCLR's loss keeps the paper's name
+    # SimCLR's loss keeps the paper's name; methods built on another's loss use its case (All4One: its new term's).
+    own_names = {"simclr": "nt_xent", "nnbyol": "byol", "nnsiam": "simsiam", "all4one": "all4one_feature"}
     assert {own_names.get(m, m) for m in methods} <= set(BUILTIN)
     assert all(name.removesuffix("_tiled") in set(BUILTIN) for name in BUILTIN)  # a tiled loss beside its untiled one
     assert resolve("clip").learnable == {"logit_scale": pytest.approx(1 / 0.07)}

@@ -203,6 +203,6 @@ def swav_check(z1: torch.Tensor, z2: torch.Tensor) -> torch.Tensor:
 
 @LOSSES.register("deepclusterv2")
 def deepclusterv2_check(z1: torch.Tensor, z2: torch.Tensor) -> torch.Tensor:
-    # Two clusterings of each tower's rows: by the other tower's argmax, and by that argmax with cluster 0 unassigned.
-    first = z2.detach().argmax(dim=1)
-    return deepcluster_loss([z1, z1], [first, first.masked_fill(first == 0, -1)], 0.1)
+    # Two clusterings: each tower's rows scored against the other tower's argmax, the second with cluster 0 unassigned.
+    second = z1.detach().argmax(dim=1)
+    return deepcluster_loss([z1, z2], [z2.detach().argmax(dim=1), second.masked_fill(second == 0, -1)], 0.1)
