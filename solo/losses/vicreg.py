@@ -62,13 +62,16 @@ def vicreg_loss(
         return sim_coeff * invariance + std_coeff * (std1 + std2) / 2 + cov_coeff * (cov1 + cov2)
 
 
-def _normalised_covariance(z: torch.Tensor, n: int) -> torch.Tensor:
-    """VIbCReg's covariance term of one branch: the mean of the squared off-diagonal entries of the correlation
-    matrix (columns centred and scaled to unit L2 norm over the global batch of `n`), through all-reduces."""
+def _variance_and_normalised_covariance(z: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """VIbCReg's terms of one branch, through all-reduces: VICReg's hinge on the standard deviations, and the mean of
+    the squared off-diagonal entries of the correlation matrix (columns centred and scaled to unit L2 norm over the
+    global batch of `n`). Both from one centring: the column norms give the variances."""
     centred = z - all_reduce(z.sum(dim=0)) / n
-    norms = all_reduce(centred.pow(2).sum(dim=0)).sqrt().clamp_min(1e-12)
+    squares = all_reduce(centred.pow(2).sum(dim=0))
+    std_term = F.relu(1 - torch.sqrt(squares / (n - 1) + STD_EPS)).mean()
+    norms = squares.sqrt().clamp_min(1e-12)
     correlation = all_reduce(centred.T @ centred) / (norms[:, None] * norms[None, :])
-    return (correlation - torch.diag(torch.diagonal(correlation))).pow(2).mean()
+    return std_term, (correlation - torch.diag(torch.diagonal(correlation))).pow(2).mean()
 
 
 def vibcreg_loss(
@@ -81,9 +84,9 @@ def vibcreg_loss(
     with torch.autocast(z1.device.type, enabled=False):
         z1, z2 = full_precision(z1), full_precision(z2)
         n, invariance = _global_size_and_invariance(z1, z2, "vibcreg_loss")
-        (std1, _), (std2, _) = _variance_and_covariance(z1, n), _variance_and_covariance(z2, n)
-        covariance = _normalised_covariance(z1, n) + _normalised_covariance(z2, n)
-        return sim_coeff * invariance + std_coeff * (std1 + std2) / 2 + cov_coeff * covariance
+        std1, cov1 = _variance_and_normalised_covariance(z1, n)
+        std2, cov2 = _variance_and_normalised_covariance(z2, n)
+        return sim_coeff * invariance + std_coeff * (std1 + std2) / 2 + cov_coeff * (cov1 + cov2)
 
 
 @LOSSES.register("vicreg")  # a case for the gradient checker (python -m solo.losses.check)
