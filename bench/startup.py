@@ -80,7 +80,7 @@ def to_first_step(overrides: list[str], run_dir: Path) -> float:
     from solo.train.trainer import Trainer
 
     register_configs()
-    with initialize_config_dir(config_dir=str(REPO / "configs"), version_base="1.3"):
+    with initialize_config_dir(config_dir=str(REPO / "solo" / "configs"), version_base="1.3"):
         cfg = validate_pretrain(compose("pretrain", overrides=overrides))
     with process_group() as (env, device):
         start = time.perf_counter()

@@ -1,4 +1,5 @@
-"""What the entry points share: solo's own errors as one message, not a traceback wall."""
+"""The entry points (`solo-pretrain` = `main_pretrain.py`, `solo-linear` = `main_linear.py`) and what they share: solo's
+own errors as one message, not a traceback wall."""
 
 from __future__ import annotations
 
@@ -60,3 +61,35 @@ def import_command_line_modules(argv: list[str]) -> None:
     for override in OverridesParser.create().parse_overrides(given):
         value = override.value()
         friendly_errors(import_modules)(value if isinstance(value, list) else [value])
+
+
+def _hydra_entry_point(config_name: str, run) -> None:
+    """Compose `solo/configs/<config_name>.yaml` with the command line and call `run(cfg, run_dir)`."""
+    import hydra
+    from hydra.core.hydra_config import HydraConfig
+
+    from solo.config import register_configs
+
+    register_configs()
+    import_command_line_modules(sys.argv)  # so that --help lists what they register
+
+    @hydra.main(config_path="configs", config_name=config_name, version_base="1.3")
+    @friendly_errors
+    def main(cfg) -> None:
+        run(cfg, HydraConfig.get().runtime.output_dir)
+
+    main()
+
+
+def pretrain_main() -> None:
+    """Pretrain a backbone: `torchrun --nproc_per_node=N main_pretrain.py method=simclr [key=value ...]`."""
+    from solo.train.trainer import pretrain
+
+    _hydra_entry_point("pretrain", pretrain)
+
+
+def linear_main() -> None:
+    """Evaluate pretrained weights: `python main_linear.py pretrained=<zoo name | file | run dir> [data=...]`."""
+    from solo.evaluate.offline import evaluate_pretrained
+
+    _hydra_entry_point("linear", evaluate_pretrained)

@@ -1,6 +1,6 @@
 """Structured-config schemas: every option is typed here; the YAML files under configs/ only set values.
 
-`configs/pretrain.yaml` is composed under `PretrainConfig`, so Hydra rejects a misspelt key or a wrong
+`solo/configs/pretrain.yaml` is composed under `PretrainConfig`, so Hydra rejects a misspelt key or a wrong
 type with the key's full name and lists the options of a group when one is unknown. The `method` group
 is typed by the schema its method was registered with (see solo.methods), which `validate_pretrain`
 applies after composition, together with the keys added with `+` that no schema knows, the names of

@@ -23,3 +23,13 @@ class CheckpointError(SoloError, RuntimeError):
 
 class TrainingDiverged(SoloError, RuntimeError):
     """The loss or the features became non-finite; no checkpoint of that step was written."""
+
+
+def require(module: str, needed_by: str, extra: str):
+    """Import the optional package `module`, or raise ConfigError naming what needs it and the extra that installs it."""
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        raise ConfigError(f"{needed_by} needs the {module} package: pip install 'solo[{extra}]'") from None

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
+from solo.errors import require
 from solo.registry import Registry
 from solo.schema import choices
 
@@ -72,7 +73,7 @@ class WandbLogger(MetricsLogger):
     """A Weights & Biases run whose id lives in the run directory, so a resumed (or requeued) job continues it."""
 
     def __init__(self, run_dir: Path, cfg, config: dict, resume_step: int | None = None):
-        import wandb
+        wandb = require("wandb", "logger=wandb", "wandb")
 
         id_file = Path(run_dir) / "wandb_run_id"
         if not id_file.exists():

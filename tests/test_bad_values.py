@@ -30,7 +30,7 @@ def scalar_keys(node, prefix: str = "") -> list[str]:
 
 
 def _default_keys() -> list[str]:
-    with initialize_config_dir(config_dir=str(REPO / "configs"), version_base="1.3"):
+    with initialize_config_dir(config_dir=str(REPO / "solo" / "configs"), version_base="1.3"):
         return scalar_keys(compose("pretrain"))
 
 

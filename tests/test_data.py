@@ -169,7 +169,7 @@ def test_eval_transform_resize_and_center_crop():
 
 def test_augmentation_yamls_match_schema():
     omegaconf = pytest.importorskip("omegaconf")
-    root = os.path.join(os.path.dirname(__file__), "..", "configs", "augmentation")
+    root = os.path.join(os.path.dirname(__file__), "..", "solo", "configs", "augmentation")
     schema = omegaconf.OmegaConf.structured(ViewAugmentation)
     for name in ("simclr", "barlow_twins", "digits"):
         cfg = omegaconf.OmegaConf.load(os.path.join(root, f"{name}.yaml"))

@@ -26,7 +26,7 @@ from tests.test_train import REPO, TINY, metrics, run, weights
 
 
 def compose_linear(overrides):
-    with initialize_config_dir(config_dir=str(REPO / "configs"), version_base="1.3"):
+    with initialize_config_dir(config_dir=str(REPO / "solo" / "configs"), version_base="1.3"):
         return compose("linear", overrides=overrides)
 
 

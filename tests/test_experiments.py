@@ -1,4 +1,4 @@
-"""Recipe presets in configs/experiment/: each composes under the typed schema, picks the intended groups and carries
+"""Recipe presets in solo/configs/experiment/: each composes under the typed schema, picks the intended groups and carries
 the cited numbers. Composition only (and one `--cfg job` subprocess), no training."""
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from solo.data.views.transforms import ViewAugmentation, view_sizes
 from solo.optim import LARS, param_groups
 
 REPO = Path(__file__).resolve().parents[1]
-CONFIGS = REPO / "configs"
+CONFIGS = REPO / "solo" / "configs"
 EXPERIMENTS = sorted(p.stem for p in (CONFIGS / "experiment").glob("*.yaml"))
 
 # View tuples: (brightness, contrast, saturation, hue, jitter_prob, grayscale_prob, blur_prob, solarize_prob, crop min).
@@ -248,7 +248,7 @@ def _view_tuple(v) -> tuple:
 
 def test_every_documented_recipe_is_on_disk():
     missing = set(EXPECTED) - set(EXPERIMENTS)
-    assert not missing, f"recipes checked here but absent from configs/experiment: {sorted(missing)}"
+    assert not missing, f"recipes checked here but absent from solo/configs/experiment: {sorted(missing)}"
 
 
 @pytest.mark.parametrize("name", EXPERIMENTS)

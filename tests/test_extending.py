@@ -132,7 +132,7 @@ def _overrides(root) -> list[str]:
 def test_a_users_method_dataset_and_backbone_train_together(user_package, tmp_path):
     overrides = _overrides(user_package) + ["trainer.max_steps=2", "trainer.progress_bar=false", "trainer.plots=false"]
     import_modules(["userpkg.user_cosine", "userpkg.user_squares", "userpkg.user_convnet"])
-    with initialize_config_dir(config_dir=str(REPO / "configs"), version_base="1.3"):
+    with initialize_config_dir(config_dir=str(REPO / "solo" / "configs"), version_base="1.3"):
         cfg = validate_pretrain(compose("pretrain", overrides=overrides))
     assert (cfg.method.out_dim, cfg.data.num_samples, cfg.backbone.width) == (8, 32, 6)  # each YAML typed by its schema
     metrics = pretrain(cfg, tmp_path)

@@ -69,7 +69,7 @@ def test_a_method_from_its_own_file_trains_with_its_teacher_and_resumes_exactly(
 
 
 def compose_cfg(overrides, validate=True):
-    with initialize_config_dir(config_dir=str(REPO / "configs"), version_base="1.3"):
+    with initialize_config_dir(config_dir=str(REPO / "solo" / "configs"), version_base="1.3"):
         cfg = compose("pretrain", overrides=overrides)
     return validate_pretrain(cfg) if validate else cfg
 

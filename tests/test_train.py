@@ -40,7 +40,7 @@ TINY_FILES = [o for o in TINY if not o.startswith("data.num_samples")]
 
 
 def compose_cfg(overrides):
-    with initialize_config_dir(config_dir=str(REPO / "configs"), version_base="1.3"):
+    with initialize_config_dir(config_dir=str(REPO / "solo" / "configs"), version_base="1.3"):
         return validate_pretrain(compose("pretrain", overrides=overrides))  # as main_pretrain.py does
 
 

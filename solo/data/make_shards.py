@@ -28,7 +28,7 @@ import torch
 from solo.data.sources.images import ImageFolderDataset
 from solo.data.sources.pairs import CsvPairs
 from solo.data.sources.shards import CLASSES_FILE
-from solo.errors import SoloError
+from solo.errors import SoloError, require
 
 
 def folder_samples(split_dir: str) -> Tuple[List[Tuple[str, int, Optional[str]]], Optional[List[str]]]:
@@ -51,7 +51,7 @@ def shuffled(samples: list, seed: int) -> Iterator:
 
 def write_shards(samples: list, classes: Optional[List[str]], out_dir: str, samples_per_shard: int, seed: int) -> str:
     """Write `samples` in a seeded random order to out_dir/00000.tar, ...; returns the brace pattern of the shards."""
-    import webdataset as wds
+    wds = require("webdataset", "writing shards", "webdataset")
 
     os.makedirs(out_dir, exist_ok=True)
     pattern = os.path.join(out_dir, "%05d.tar")
@@ -76,7 +76,7 @@ def write_shards(samples: list, classes: Optional[List[str]], out_dir: str, samp
 def write_parquet(samples: list, classes: Optional[List[str]], out_dir: str, split: str, samples_per_file: int,
                   seed: int) -> str:
     """Write `samples` in a seeded random order to out_dir/<split>-00000-of-0000N.parquet; returns data.path."""
-    import datasets
+    datasets = require("datasets", "writing Parquet (--format parquet)", "huggingface")
     import pyarrow as pa
     import pyarrow.parquet as pq
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 
-from solo.errors import ConfigError, NotFound
+from solo.errors import ConfigError, NotFound, require
 from solo.text import VOCAB_SIZE, ByteTokenizer, OpenCLIPTokenizer, TextTransformer
 
 
@@ -64,7 +64,7 @@ class OpenCLIPText(nn.Module):
 def open_clip_towers(name: str, overrides: dict, pretrained: str | None) -> Towers:
     """open_clip's model `name` (its config changed by `overrides`: method.model_cfg), loaded from `pretrained`
     (an open_clip state dict file or tag) or randomly initialised, taken apart into Towers."""
-    import open_clip
+    open_clip = require("open_clip", "method.model (open_clip towers)", "open_clip")
 
     config, kwargs = open_clip_config(name, overrides), open_clip_kwargs(name, overrides)
     if "multimodal_cfg" in config:
@@ -94,7 +94,7 @@ def open_clip_towers(name: str, overrides: dict, pretrained: str | None) -> Towe
 def open_clip_config(name: str, overrides: dict) -> dict:
     """open_clip's config of model `name` with `overrides` merged in key by key (a nested dict changes only the
     keys it names, e.g. {"vision_cfg": {"image_size": 16}})."""
-    import open_clip
+    open_clip = require("open_clip", "method.model (open_clip towers)", "open_clip")
 
     try:
         config = open_clip.get_model_config(name)
@@ -122,7 +122,7 @@ def open_clip_image_size(name: str, overrides: dict) -> tuple[int, int]:
 
 def check_pretrained(name: str, pretrained: str) -> None:
     """`pretrained` must be a file or one of open_clip's pretrained tags for model `name`."""
-    import open_clip
+    open_clip = require("open_clip", "method.model (open_clip towers)", "open_clip")
 
     tags = open_clip.list_pretrained_tags_by_model(name)
     if os.path.isfile(pretrained) or pretrained in tags:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from solo.errors import require
+
 PAD, SOT, EOT = 0, 1, 2
 BYTE_OFFSET = 3  # byte b is token b + 3
 VOCAB_SIZE = 256 + BYTE_OFFSET
@@ -50,7 +52,7 @@ class OpenCLIPTokenizer:
     `tokenizer(list of str) -> (n, context_length)` ids exactly as open_clip's."""
 
     def __init__(self, name: str, context_length: int):
-        import open_clip  # only for open_clip towers: solo's own need none of it
+        open_clip = require("open_clip", "method.model (open_clip towers)", "open_clip")  # solo's own towers need none of it
 
         self.tokenizer = open_clip.get_tokenizer(name, context_length=context_length)
         self.context_length = context_length

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from solo.errors import NotFound
+from solo.errors import NotFound, require
 from solo.zoo.files import entry_file
 from solo.zoo.manifest import find_entry, read_manifest
 from solo.zoo.weights import Pretrained, read_training_checkpoint, read_weights
@@ -43,7 +43,7 @@ def export_open_clip(source: str | Path, out: str | Path) -> str:
 
     The logit scale goes to open_clip's `logit_scale` (log space; CLIP's clamped at method.max_logit_scale, as its
     loss used it), SigLIP's bias to `logit_bias`. The call also sets the image mean and std solo trained with."""
-    import open_clip
+    open_clip = require("open_clip", "exporting to open_clip", "open_clip")
 
     from solo.methods.towers import open_clip_config, open_clip_kwargs, quiet_open_clip, to_open_clip
 

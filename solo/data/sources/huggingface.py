@@ -24,7 +24,7 @@ from PIL import Image
 from solo.data.decode import ImageReadError, read_file
 from solo.data.sources.pairs import ImageTextPairs
 from solo.data.sources.registry import DataConfig, register_dataset
-from solo.errors import ConfigError, DataError, NotFound
+from solo.errors import ConfigError, DataError, NotFound, require
 
 FILE_BUILDERS = {".parquet": "parquet", ".arrow": "arrow"}
 
@@ -44,10 +44,7 @@ class HuggingFaceConfig(DataConfig):
 @functools.lru_cache(maxsize=4)  # the train and the val split are built one after the other: resolve the files once
 def load_splits(path: str):
     """The splits at `path` as a {name: datasets.Dataset} mapping; NotFound naming data.path when nothing is there."""
-    try:
-        import datasets
-    except ImportError:
-        raise ConfigError("data=huggingface needs the datasets library: pip install 'solo[huggingface]'") from None
+    datasets = require("datasets", "data=huggingface", "huggingface")
     datasets.disable_progress_bars()
     try:
         if os.path.isdir(path) and any(os.path.isfile(os.path.join(path, f)) for f in ("dataset_dict.json", "state.json")):

@@ -33,7 +33,7 @@ from solo.data.sources.images import IMG_EXTENSIONS
 from solo.data.decode import ImageReadError
 from solo.data.sources.registry import DataConfig, register_dataset
 from solo.data.sources.pairs import ImageTextPairs
-from solo.errors import ConfigError, DataError, NotFound
+from solo.errors import ConfigError, DataError, NotFound, require
 from solo.schema import AT_LEAST_ONE, ruled
 
 INDEX_VERSION = 1
@@ -68,7 +68,7 @@ def _local_path(shard: str, cache_dir: str) -> str:
         return path
     path = os.path.join(cache_dir, hashlib.sha1(shard.encode()).hexdigest() + ".tar")
     if not os.path.isfile(path):
-        from webdataset.gopen import gopen
+        gopen = require("webdataset.gopen", "data.shards given by URL", "webdataset").gopen
 
         try:
             with gopen(shard, "rb") as stream:

@@ -1,0 +1,1 @@
+"""The YAML configs Hydra composes (a package so that an installed solo finds them: `pkg://solo.configs`)."""
