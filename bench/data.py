@@ -34,14 +34,23 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from solo.data import ImageFolderDataset, MultiViewDataset  # noqa: E402
-from solo.data.views import augment  # noqa: E402
-from solo.data.views.multiview import collate_raw  # noqa: E402
 from solo.data.decode import raw_image  # noqa: E402
 from solo.data.sampling.seeding import seeded_rng  # noqa: E402
+from solo.data.views import augment  # noqa: E402
+from solo.data.views.multiview import collate_raw  # noqa: E402
 from solo.data.views.transforms import ViewAugmentation, build_view_transform  # noqa: E402
 
-SIMCLR = ViewAugmentation(crop_scale=[0.08, 1.0], hflip_prob=0.5, jitter_prob=0.8, brightness=0.4, contrast=0.4,
-                          saturation=0.4, hue=0.1, grayscale_prob=0.2, blur_prob=0.5)
+SIMCLR = ViewAugmentation(
+    crop_scale=[0.08, 1.0],
+    hflip_prob=0.5,
+    jitter_prob=0.8,
+    brightness=0.4,
+    contrast=0.4,
+    saturation=0.4,
+    hue=0.1,
+    grayscale_prob=0.2,
+    blur_prob=0.5,
+)
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 
 SOLO_LEARN_SNIPPET = """
@@ -117,12 +126,18 @@ def torchvision_pipeline(paths) -> float:
     from torchvision.transforms import v2
 
     a = SIMCLR
-    transform = v2.Compose([
-        v2.RandomResizedCrop(224, scale=tuple(a.crop_scale), antialias=True), v2.RandomHorizontalFlip(a.hflip_prob),
-        v2.RandomApply([v2.ColorJitter(a.brightness, a.contrast, a.saturation, a.hue)], p=a.jitter_prob),
-        v2.RandomGrayscale(a.grayscale_prob), v2.RandomApply([v2.GaussianBlur(23, sigma=(0.1, 2.0))], p=a.blur_prob),
-        v2.ToImage(), v2.ToDtype(torch.float32, scale=True), v2.Normalize(list(MEAN), list(STD)),
-    ])
+    transform = v2.Compose(
+        [
+            v2.RandomResizedCrop(224, scale=tuple(a.crop_scale), antialias=True),
+            v2.RandomHorizontalFlip(a.hflip_prob),
+            v2.RandomApply([v2.ColorJitter(a.brightness, a.contrast, a.saturation, a.hue)], p=a.jitter_prob),
+            v2.RandomGrayscale(a.grayscale_prob),
+            v2.RandomApply([v2.GaussianBlur(23, sigma=(0.1, 2.0))], p=a.blur_prob),
+            v2.ToImage(),
+            v2.ToDtype(torch.float32, scale=True),
+            v2.Normalize(list(MEAN), list(STD)),
+        ]
+    )
     start = time.perf_counter()
     for path in paths:
         with Image.open(path) as img:
@@ -134,8 +149,9 @@ def torchvision_pipeline(paths) -> float:
 def solo_learn(paths, venv: Path, checkout: Path) -> float:
     python, checkout = venv.resolve() / "bin" / "python", checkout.resolve()
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(checkout)}
-    out = subprocess.run([str(python), "-c", SOLO_LEARN_SNIPPET, *map(str, paths)], cwd=checkout, env=env,
-                         capture_output=True, text=True)
+    out = subprocess.run(
+        [str(python), "-c", SOLO_LEARN_SNIPPET, *map(str, paths)], cwd=checkout, env=env, capture_output=True, text=True
+    )
     if out.returncode != 0:
         raise SystemExit(out.stderr[-3000:])
     return float(out.stdout.strip().splitlines()[-1])
@@ -159,14 +175,16 @@ def profile(paths, recipe) -> list[tuple[str, float]]:
             p = clock("draw parameters", recipe.draw, pixels.shape[-2], pixels.shape[-1])
         box = p[: augment.AT["width"] + 1].long().tolist()
         x = clock("crop + resize (antialiased)", augment.crop_resize, [pixels], [box], recipe.size)
-        x = clock("flip", lambda: x.flip(-1))
+        x = clock("flip", torch.flip, x, (-1,))
         one = torch.full((1, 1, 1, 1), 1.1)
         for name, op in zip(("brightness", "contrast", "saturation"), augment.BLENDS):
             x = clock(name, op, x, one)
         x = clock("hue", augment.shift_hue, x, torch.full((1, 1, 1, 1), 0.05))
-        x = clock("grayscale", lambda: augment.grey(x).expand_as(x))
-        x = clock(f"blur ({recipe.kernel} taps, separable)", augment.gaussian_blur, x, torch.tensor([1.0]), recipe.kernel)
-        clock("normalise", lambda: (x - 0.5) / 0.25)
+        x = clock("grayscale", lambda t: augment.grey(t).expand_as(t), x)
+        x = clock(
+            f"blur ({recipe.kernel} taps, separable)", augment.gaussian_blur, x, torch.tensor([1.0]), recipe.kernel
+        )
+        clock("normalise", lambda t: (t - 0.5) / 0.25, x)
     return [(name, 1e3 * seconds / len(paths)) for name, seconds in stages.items()]
 
 
@@ -186,13 +204,20 @@ def main() -> None:
     folder = ImageFolderDataset(str(args.folder), "train")
     cpu, raw = (MultiViewDataset(folder, recipes, seed=0, raw=r) for r in (False, True))
     cpu.__getitems__(batches(8, 8)[0])  # warm the page cache and the kernels
-    print(f"{args.images} JPEGs of {args.image_size * 4 // 3}x{args.image_size} px -> 2 views of 224 px, one thread, "
-          f"{os.cpu_count()} CPUs; device path on {args.device}")
+    print(
+        f"{args.images} JPEGs of {args.image_size * 4 // 3}x{args.image_size} px -> 2 views of 224 px, one thread, "
+        f"{os.cpu_count()} CPUs; device path on {args.device}"
+    )
     print("| pipeline | views/s |\n|---|---|")
-    print(f"| solo, data.augment_on=cpu (a worker's batch of {args.batch}) | {solo_cpu(cpu, args.batch):,.0f} |", flush=True)
+    print(
+        f"| solo, data.augment_on=cpu (a worker's batch of {args.batch}) | {solo_cpu(cpu, args.batch):,.0f} |",
+        flush=True,
+    )
     worker, device = solo_device(raw, args.batch, torch.device(args.device))
     print(f"| solo, data.augment_on=device: the worker's share (read, JPEG header, parameters) | {worker:,.0f} |")
-    print(f"| solo, data.augment_on=device: the device's share on {args.device} (decode, views; batch {args.batch}) | {device:,.0f} |")
+    print(
+        f"| solo, data.augment_on=device: the device's share on {args.device} (decode, views; batch {args.batch}) | {device:,.0f} |"
+    )
     print(f"| torchvision v2 on PIL images | {torchvision_pipeline(paths):,.0f} |", flush=True)
     if args.solo_learn_venv:
         print(f"| solo-learn (PIL transforms) | {solo_learn(paths, args.solo_learn_venv, args.solo_learn):,.0f} |")

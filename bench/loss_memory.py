@@ -144,7 +144,9 @@ def _repeats(n: int, requested: int | None) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
-    parser.add_argument("--sizes", type=int, nargs="+", default=[1024, 4096, 16384, 65536], help="global batches N (pairs)")
+    parser.add_argument(
+        "--sizes", type=int, nargs="+", default=[1024, 4096, 16384, 65536], help="global batches N (pairs)"
+    )
     parser.add_argument("--dim", type=int, default=256)
     parser.add_argument("--tile", default="auto", help='"auto" (the default) or a number of candidates per tile')
     parser.add_argument("--losses", nargs="+", default=["nt_xent", "clip"], choices=["nt_xent", "clip"])
@@ -165,7 +167,9 @@ def main(argv: list[str] | None = None) -> int:
         f"# device {args.device}, D = {args.dim}, float32, torch {torch.__version__}, "
         f"{args.threads or torch.get_num_threads()} threads, tile {args.tile}, untiled up to ~{args.limit_gb:g} GB"
     )
-    header = f"{'N':>7}  {'loss':<8} {'path':<16} {'peak MiB':>9} {'ms/step':>10} {'us/sample':>10} {'tiled/untiled':>13}"
+    header = (
+        f"{'N':>7}  {'loss':<8} {'path':<16} {'peak MiB':>9} {'ms/step':>10} {'us/sample':>10} {'tiled/untiled':>13}"
+    )
     print(header)
     print("-" * len(header), flush=True)
     started = time.perf_counter()
@@ -180,8 +184,15 @@ def main(argv: list[str] | None = None) -> int:
                         skipped = f"{'-':>9} {'-':>10} {'-':>10} {'-':>13}  skipped: needs ~{estimate / 1e9:.0f} GB"
                         print(f"{n:>7}  {loss:<8} {label:<16} {skipped}", flush=True)
                         continue
-                spec = {"device": args.device, "n": n, "dim": args.dim, "tile": path_tile, "loss": loss,
-                        "repeats": _repeats(n, args.repeats), "threads": args.threads}
+                spec = {
+                    "device": args.device,
+                    "n": n,
+                    "dim": args.dim,
+                    "tile": path_tile,
+                    "loss": loss,
+                    "repeats": _repeats(n, args.repeats),
+                    "threads": args.threads,
+                }
                 r = _measure(spec)
                 if "error" in r:
                     print(f"{n:>7}  {loss:<8} {label:<16} failed: {r['error']}", flush=True)

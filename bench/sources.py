@@ -44,7 +44,9 @@ def write_jpegs(root: str, count: int, size: int, classes: int = 10) -> None:
         os.makedirs(folder, exist_ok=True)
         # Smooth noise compresses like a photograph more than white noise does.
         small = rng.integers(0, 256, (size // 8, size // 8, 3), dtype=np.uint8)
-        Image.fromarray(small).resize((size, size), Image.BICUBIC).save(os.path.join(folder, f"{i:06d}.jpg"), quality=90)
+        Image.fromarray(small).resize((size, size), Image.BICUBIC).save(
+            os.path.join(folder, f"{i:06d}.jpg"), quality=90
+        )
 
 
 class Read:
@@ -97,13 +99,24 @@ def main() -> None:
         write_jpegs(os.path.join(folder, "train"), args.images, args.size)
         count = -(-args.images // args.per_shard)
         for kind, out in (("webdataset", "shards"), ("parquet", "parquet")):
-            make_shards(["imagefolder", os.path.join(folder, "train"), os.path.join(tmp, out), "--format", kind,
-                         "--samples-per-shard", str(args.per_shard)])
+            make_shards(
+                [
+                    "imagefolder",
+                    os.path.join(folder, "train"),
+                    os.path.join(tmp, out),
+                    "--format",
+                    kind,
+                    "--samples-per-shard",
+                    str(args.per_shard),
+                ]
+            )
         spec = os.path.join(tmp, "shards", f"{{00000..{count - 1:05d}}}.tar")
         builders = {
             "files": lambda: build_dataset("imagefolder", "train", root=folder),
             "shards": lambda: build_dataset("webdataset", "train", shards=spec, cache_dir=os.path.join(tmp, "cache")),
-            "huggingface": lambda: build_dataset("huggingface", "train", path=os.path.join(tmp, "parquet"), val_split=None),
+            "huggingface": lambda: build_dataset(
+                "huggingface", "train", path=os.path.join(tmp, "parquet"), val_split=None
+            ),
         }
         sources, starts = {}, {}
         for name, build in builders.items():
@@ -111,8 +124,10 @@ def main() -> None:
             sources[name], again = timed(build)
             starts[name] = (first, again)
         files = sources["files"]
-        print(f"{args.images} JPEGs of {args.size} px ({sum(os.path.getsize(p) for p, _ in files.samples) / args.images / 1024:.0f} KiB "
-              f"each), {count} shards or Parquet files, batch {args.batch}, {os.cpu_count()} CPUs")
+        print(
+            f"{args.images} JPEGs of {args.size} px ({sum(os.path.getsize(p) for p, _ in files.samples) / args.images / 1024:.0f} KiB "
+            f"each), {count} shards or Parquet files, batch {args.batch}, {os.cpu_count()} CPUs"
+        )
         print("| source | start-up, first (s) | start-up, again (s) |")
         print("|---|---|---|")
         for name, (first, again) in starts.items():
@@ -121,10 +136,16 @@ def main() -> None:
         print("|---|---|---|---|---|")
         for workers in args.workers:
             for decode in (False, True):
-                speeds = [samples_per_second(d, getattr(d, "epoch_order", None), decode, workers, args.batch, 224)
-                          for d in sources.values()]
-                print(f"| {workers} | {'decoded' if decode else 'bytes'} | " + " | ".join(f"{v:,.0f}" for v in speeds) + " |",
-                      flush=True)
+                speeds = [
+                    samples_per_second(d, getattr(d, "epoch_order", None), decode, workers, args.batch, 224)
+                    for d in sources.values()
+                ]
+                print(
+                    f"| {workers} | {'decoded' if decode else 'bytes'} | "
+                    + " | ".join(f"{v:,.0f}" for v in speeds)
+                    + " |",
+                    flush=True,
+                )
 
 
 if __name__ == "__main__":

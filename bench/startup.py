@@ -33,8 +33,16 @@ from PIL import Image
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-COMMON = ["backbone=resnet18_half", "data.image_size=16", "data.batch_size=64", "data.num_workers=0",
-          "trainer.max_steps=1", "trainer.plots=false", "trainer.progress_bar=false", "trainer.probe=false"]
+COMMON = [
+    "backbone=resnet18_half",
+    "data.image_size=16",
+    "data.batch_size=64",
+    "data.num_workers=0",
+    "trainer.max_steps=1",
+    "trainer.plots=false",
+    "trainer.progress_bar=false",
+    "trainer.probe=false",
+]
 
 
 def write_images(folder: Path, count: int = 100) -> list[Path]:
@@ -51,7 +59,9 @@ def write_csv(file: Path, images: list[Path], rows: int) -> None:
     with open(file, "w", newline="") as f:
         writer = csv.writer(f)
         writer.writerow(["image", "caption", "label"])
-        writer.writerows([f"images/{images[i % len(images)].name}", f"a picture, number {i}", i % 10] for i in range(rows))
+        writer.writerows(
+            [f"images/{images[i % len(images)].name}", f"a picture, number {i}", i % 10] for i in range(rows)
+        )
 
 
 def write_parquet(folder: Path, images: list[Path], rows: int, per_file: int = 250_000) -> None:
@@ -64,10 +74,16 @@ def write_parquet(folder: Path, images: list[Path], rows: int, per_file: int = 2
     encoded = [p.read_bytes() for p in images]
     for k, start in enumerate(range(0, rows, per_file)):
         ids = range(start, min(rows, start + per_file))
-        table = pa.table({"image": pa.array([{"bytes": encoded[i % len(encoded)] + i.to_bytes(4, "little"), "path": None}
-                                             for i in ids],
-                                            type=schema.field("image").type),
-                          "label": pa.array([i % 10 for i in ids], type=pa.int64())}, schema=schema)
+        table = pa.table(
+            {
+                "image": pa.array(
+                    [{"bytes": encoded[i % len(encoded)] + i.to_bytes(4, "little"), "path": None} for i in ids],
+                    type=schema.field("image").type,
+                ),
+                "label": pa.array([i % 10 for i in ids], type=pa.int64()),
+            },
+            schema=schema,
+        )
         pq.write_table(table, folder / f"train-{k:05d}-of-{-(-rows // per_file):05d}.parquet")
 
 
@@ -91,8 +107,12 @@ def to_first_step(overrides: list[str], run_dir: Path) -> float:
 def command_seconds(overrides: list[str], run_dir: Path) -> float:
     """Seconds from launching `python main_pretrain.py ...` to the first step's line in its metrics.jsonl."""
     start = time.time()
-    subprocess.run([sys.executable, "main_pretrain.py", *overrides, "trainer.log_every_steps=1", f"hydra.run.dir={run_dir}"],
-                   cwd=REPO, check=True, capture_output=True)
+    subprocess.run(
+        [sys.executable, "main_pretrain.py", *overrides, "trainer.log_every_steps=1", f"hydra.run.dir={run_dir}"],
+        cwd=REPO,
+        check=True,
+        capture_output=True,
+    )
     first = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[0])
     return first["time"] - start
 
@@ -108,12 +128,16 @@ def main() -> None:
         started = time.perf_counter()
         write_csv(tmp / "captions.csv", images, args.rows)
         write_parquet(tmp / "parquet", images, args.rows)
-        print(f"{args.rows:,} rows written in {time.perf_counter() - started:.0f} s: CSV "
-              f"{(tmp / 'captions.csv').stat().st_size / 2**20:.0f} MiB, Parquet "
-              f"{sum(p.stat().st_size for p in (tmp / 'parquet').iterdir()) / 2**20:.0f} MiB; {os.cpu_count()} CPUs")
+        print(
+            f"{args.rows:,} rows written in {time.perf_counter() - started:.0f} s: CSV "
+            f"{(tmp / 'captions.csv').stat().st_size / 2**20:.0f} MiB, Parquet "
+            f"{sum(p.stat().st_size for p in (tmp / 'parquet').iterdir()) / 2**20:.0f} MiB; {os.cpu_count()} CPUs"
+        )
         runs = {
-            "csv (clip)": COMMON + ["method=clip", "augmentation=clip", "data=csv", f"data.file={tmp / 'captions.csv'}"],
-            "huggingface, Parquet (simclr)": COMMON + ["data=huggingface", f"data.path={tmp / 'parquet'}", "data.val_split=null"],
+            "csv (clip)": COMMON
+            + ["method=clip", "augmentation=clip", "data=csv", f"data.file={tmp / 'captions.csv'}"],
+            "huggingface, Parquet (simclr)": COMMON
+            + ["data=huggingface", f"data.path={tmp / 'parquet'}", "data.val_split=null"],
         }
         print("| source | to the first step, first start (s) | again (s) | the command, launch to first step (s) |")
         print("|---|---|---|---|")

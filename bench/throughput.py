@@ -39,8 +39,12 @@ from solo.backbones import create_backbone  # noqa: E402
 def bare_samples_per_second(args) -> float:
     device = torch.device(args.device)
     backbone, width = create_backbone(args.backbone, small_stem=args.small_stem)
-    projector = nn.Sequential(nn.Linear(width, args.proj_hidden), nn.BatchNorm1d(args.proj_hidden), nn.ReLU(),
-                              nn.Linear(args.proj_hidden, args.proj_output))
+    projector = nn.Sequential(
+        nn.Linear(width, args.proj_hidden),
+        nn.BatchNorm1d(args.proj_hidden),
+        nn.ReLU(),
+        nn.Linear(args.proj_hidden, args.proj_output),
+    )
     model = nn.Sequential(backbone, projector).to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     views = torch.randn(2 * args.batch, 3, args.image_size, args.image_size, device=device)
@@ -71,15 +75,35 @@ def bare_samples_per_second(args) -> float:
 def solo_samples_per_second(args, nproc: int) -> float:
     steps = args.warmup + args.steps
     with tempfile.TemporaryDirectory() as run_dir:
-        launcher = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", "--standalone"] if nproc > 1 else [sys.executable]
-        cmd = launcher + [
-            "main_pretrain.py", "method=simclr", "optim=sgd", f"backbone.name={args.backbone}", f"backbone.small_stem={args.small_stem}",
-            f"method.proj_hidden_dim={args.proj_hidden}", f"method.proj_output_dim={args.proj_output}",
-            "data=synthetic", f"data.image_size={args.image_size}", f"data.batch_size={args.batch}",
-            f"data.num_samples={args.batch * nproc * (steps + 1)}", f"trainer.max_steps={steps}",
-            f"trainer.precision={args.precision}", "trainer.probe=false", f"trainer.log_every_steps={args.log_every}",
-            "trainer.plots=false", "trainer.progress_bar=false", f"hydra.run.dir={run_dir}",
-        ] + args.solo_overrides
+        launcher = (
+            [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", "--standalone"]
+            if nproc > 1
+            else [sys.executable]
+        )
+        cmd = (
+            launcher
+            + [
+                "main_pretrain.py",
+                "method=simclr",
+                "optim=sgd",
+                f"backbone.name={args.backbone}",
+                f"backbone.small_stem={args.small_stem}",
+                f"method.proj_hidden_dim={args.proj_hidden}",
+                f"method.proj_output_dim={args.proj_output}",
+                "data=synthetic",
+                f"data.image_size={args.image_size}",
+                f"data.batch_size={args.batch}",
+                f"data.num_samples={args.batch * nproc * (steps + 1)}",
+                f"trainer.max_steps={steps}",
+                f"trainer.precision={args.precision}",
+                "trainer.probe=false",
+                f"trainer.log_every_steps={args.log_every}",
+                "trainer.plots=false",
+                "trainer.progress_bar=false",
+                f"hydra.run.dir={run_dir}",
+            ]
+            + args.solo_overrides
+        )
         subprocess.run(cmd, cwd=REPO, check=True, stdout=subprocess.DEVNULL)
         with open(os.path.join(run_dir, "metrics.jsonl")) as f:
             rates = [m["train/img_per_s"] for m in map(json.loads, f) if "train/img_per_s" in m]
@@ -103,8 +127,10 @@ def main() -> None:
     parser.add_argument("solo_overrides", nargs="*", help="more main_pretrain.py overrides, e.g. data.num_workers=0")
     args = parser.parse_args()
     threads = torch.get_num_threads()
-    print(f"{args.backbone} (small stem {args.small_stem}), {args.image_size} px, batch {args.batch} per process, "
-          f"precision {args.precision}, {args.device}, {os.cpu_count()} CPUs ({threads} torch threads in the bare loop)")
+    print(
+        f"{args.backbone} (small stem {args.small_stem}), {args.image_size} px, batch {args.batch} per process, "
+        f"precision {args.precision}, {args.device}, {os.cpu_count()} CPUs ({threads} torch threads in the bare loop)"
+    )
     limit = bare_samples_per_second(args)
     per_device = args.device.startswith("cuda")
     print(f"| run | processes | samples/s | per process | {'per process' if per_device else 'all processes'} / limit |")
@@ -113,7 +139,10 @@ def main() -> None:
     for nproc in args.nproc:
         rate = solo_samples_per_second(args, nproc)
         ratio = rate / nproc / limit if per_device else rate / limit
-        print(f"| solo `main_pretrain.py method=simclr` | {nproc} | {rate:,.1f} | {rate / nproc:,.1f} | {ratio:.2f} |", flush=True)
+        print(
+            f"| solo `main_pretrain.py method=simclr` | {nproc} | {rate:,.1f} | {rate / nproc:,.1f} | {ratio:.2f} |",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

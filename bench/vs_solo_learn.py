@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -137,7 +136,9 @@ def solo_learn_python(venv: Path, checkout: Path) -> Path:
         subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True)
         subprocess.run([str(python), "-m", "pip", "install", "-q", "setuptools<70", "wheel"], check=True)
         subprocess.run([str(python), "-m", "pip", "install", "-q", "--no-build-isolation", str(checkout)], check=True)
-        subprocess.run([str(python), "-m", "pip", "install", "-q", "setuptools<70"], check=True)  # a requirement raised it
+        subprocess.run(
+            [str(python), "-m", "pip", "install", "-q", "setuptools<70"], check=True
+        )  # a requirement raised it
     return python
 
 
@@ -150,13 +151,32 @@ def timed(cmd: list[str], cwd: Path, env: dict) -> float:
 
 
 def solo_command(args, root: Path, nproc: int, steps: int, run_dir: str) -> list[str]:
-    launcher = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", "--standalone"] if nproc > 1 else [sys.executable]
+    launcher = (
+        [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", "--standalone"]
+        if nproc > 1
+        else [sys.executable]
+    )
     return launcher + [
-        "main_pretrain.py", "method=simclr", "augmentation=simclr", "optim=lars", "backbone=resnet18", "backbone.small_stem=false",
-        "method.proj_hidden_dim=2048", "method.proj_output_dim=256", "method.temperature=0.2",
-        "data=imagefolder", f"data.root={root}", f"data.image_size={args.crop}", f"data.batch_size={args.batch}",
-        f"data.num_workers={args.workers}", f"data.augment_on={args.augment_on}", f"trainer.max_steps={steps}",
-        "trainer.precision=32", "trainer.plots=false", "trainer.progress_bar=false", f"hydra.run.dir={run_dir}",
+        "main_pretrain.py",
+        "method=simclr",
+        "augmentation=simclr",
+        "optim=lars",
+        "backbone=resnet18",
+        "backbone.small_stem=false",
+        "method.proj_hidden_dim=2048",
+        "method.proj_output_dim=256",
+        "method.temperature=0.2",
+        "data=imagefolder",
+        f"data.root={root}",
+        f"data.image_size={args.crop}",
+        f"data.batch_size={args.batch}",
+        f"data.num_workers={args.workers}",
+        f"data.augment_on={args.augment_on}",
+        f"trainer.max_steps={steps}",
+        "trainer.precision=32",
+        "trainer.plots=false",
+        "trainer.progress_bar=false",
+        f"hydra.run.dir={run_dir}",
     ]
 
 
@@ -167,8 +187,12 @@ def solo_learn_command(python: Path, checkout: Path, config_dir: Path) -> list[s
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--solo-learn", type=Path, default=REPO / ".bench" / "solo-learn",
-                        help=f"a checkout of solo-learn (cloned from {SOLO_LEARN_GIT} when missing)")
+    parser.add_argument(
+        "--solo-learn",
+        type=Path,
+        default=REPO / ".bench" / "solo-learn",
+        help=f"a checkout of solo-learn (cloned from {SOLO_LEARN_GIT} when missing)",
+    )
     parser.add_argument("--venv", type=Path, default=REPO / ".bench" / "solo-learn-venv")
     parser.add_argument("--data", type=Path, default=REPO / ".bench" / "jpegs")
     parser.add_argument("--images", type=int, default=4096)
@@ -190,9 +214,11 @@ def main() -> None:
         subprocess.run(["git", "clone", "--depth", "1", SOLO_LEARN_GIT, str(checkout)], check=True)
     python = solo_learn_python(args.venv, checkout)
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "WANDB_MODE": "disabled"}
-    print(f"{args.images} JPEGs of {args.image_size} px, crops of {args.crop} px, batch {args.batch} per process, "
-          f"{args.workers} DataLoader worker(s) per process, {args.device}, {os.cpu_count()} CPUs, "
-          f"steps {args.steps[0]} and {args.steps[1]}, solo's data.augment_on={args.augment_on}")
+    print(
+        f"{args.images} JPEGs of {args.image_size} px, crops of {args.crop} px, batch {args.batch} per process, "
+        f"{args.workers} DataLoader worker(s) per process, {args.device}, {os.cpu_count()} CPUs, "
+        f"steps {args.steps[0]} and {args.steps[1]}, solo's data.augment_on={args.augment_on}"
+    )
     print("| processes | BatchNorm | solo steps/s | solo-learn steps/s | solo / solo-learn |")
     print("|---|---|---|---|---|")
     for nproc in args.nproc:
@@ -204,16 +230,28 @@ def main() -> None:
             config_dir.mkdir()
             peer = []
             for steps in args.steps:
-                (config_dir / "bench.yaml").write_text(SOLO_LEARN_CONFIG.format(
-                    root=args.data, workers=args.workers, crop=args.crop, batch=args.batch, steps=steps,
-                    devices=list(range(nproc)) if args.device == "cuda" else f'"{nproc}"', sync=synced_peer,
-                    accelerator="gpu" if args.device == "cuda" else "cpu", strategy="ddp" if nproc > 1 else "auto"))
+                (config_dir / "bench.yaml").write_text(
+                    SOLO_LEARN_CONFIG.format(
+                        root=args.data,
+                        workers=args.workers,
+                        crop=args.crop,
+                        batch=args.batch,
+                        steps=steps,
+                        devices=list(range(nproc)) if args.device == "cuda" else f'"{nproc}"',
+                        sync=synced_peer,
+                        accelerator="gpu" if args.device == "cuda" else "cpu",
+                        strategy="ddp" if nproc > 1 else "auto",
+                    )
+                )
                 work = Path(tmp) / f"solo-learn-{steps}"
                 work.mkdir()
                 peer.append(timed(solo_learn_command(python, checkout, config_dir), work, env))
             peer_rate = (args.steps[1] - args.steps[0]) / (peer[1] - peer[0])
-            print(f"<!-- solo-learn: {' '.join(solo_learn_command(python, checkout, config_dir))} with bench.yaml:\n"
-                  f"{(config_dir / 'bench.yaml').read_text()} -->", file=sys.stderr)
+            print(
+                f"<!-- solo-learn: {' '.join(solo_learn_command(python, checkout, config_dir))} with bench.yaml:\n"
+                f"{(config_dir / 'bench.yaml').read_text()} -->",
+                file=sys.stderr,
+            )
             for norm, extra in rows:
                 seconds = []
                 for steps in args.steps:
@@ -222,8 +260,10 @@ def main() -> None:
                 print(f"<!-- solo: {' '.join(cmd)} -->", file=sys.stderr)
                 rate = (args.steps[1] - args.steps[0]) / (seconds[1] - seconds[0])
                 peer_norm = "global" if synced_peer else ("per process" if nproc > 1 else "-")
-                print(f"| {nproc} | solo {norm}, solo-learn {peer_norm} | {rate:.3f} | {peer_rate:.3f} | {rate / peer_rate:.2f} |",
-                      flush=True)
+                print(
+                    f"| {nproc} | solo {norm}, solo-learn {peer_norm} | {rate:.3f} | {peer_rate:.3f} | {rate / peer_rate:.2f} |",
+                    flush=True,
+                )
 
 
 if __name__ == "__main__":

@@ -8,9 +8,8 @@ import logging
 import os
 import sys
 
-from tqdm import tqdm
-
 from omegaconf.errors import OmegaConfBaseException
+from tqdm import tqdm
 
 from solo.config import import_modules
 from solo.errors import SoloError

@@ -64,7 +64,9 @@ class TrainerConfig:
     keep_checkpoints: int = ruled(2, AT_LEAST_ONE)
     log_every_steps: int = ruled(10, AT_LEAST_ONE)
     probe: bool = True  # online linear probe on detached backbone features (needs labels)
-    knn_k: int = ruled(0, NON_NEGATIVE)  # > 0: online weighted k-NN val accuracy each epoch (cosine, k neighbours; needs labels)
+    knn_k: int = ruled(
+        0, NON_NEGATIVE
+    )  # > 0: online weighted k-NN val accuracy each epoch (cosine, k neighbours; needs labels)
     knn_temperature: float = ruled(0.07, POSITIVE)
     # Image-text methods: an ImageFolder split (class folders, e.g. /data/imagenet/val) classified zero-shot at each
     # epoch end with CLIP's ImageNet prompts, as main_linear.py data=imagefolder does: val/folder_zeroshot_acc1, _acc5.
@@ -130,7 +132,9 @@ def register_configs() -> None:
     cs.store(name="pretrain_schema", node=PretrainConfig)
     cs.store(name="linear_schema", node=LinearEvalConfig)
     # For the default run directory's name: data.batch_size x the processes the launcher starts.
-    OmegaConf.register_new_resolver("solo.global_batch", lambda batch_size: int(batch_size) * detect().world_size, replace=True)
+    OmegaConf.register_new_resolver(
+        "solo.global_batch", lambda batch_size: int(batch_size) * detect().world_size, replace=True
+    )
     OmegaConf.register_new_resolver("solo.eval_name", eval_name, replace=True)
     OmegaConf.register_new_resolver("solo.registered", registered, replace=True)
     OmegaConf.register_new_resolver("solo.image_tower", image_tower, replace=True)
@@ -139,7 +143,11 @@ def register_configs() -> None:
 def eval_name(pretrained: str, random_init: bool) -> str:
     """A run-directory name for evaluating `pretrained`: a zoo name, or the run (and step) a path points to."""
     path = Path(str(pretrained))
-    parts = [path.parent.parent.name, path.stem] if path.parent.name == "checkpoints" else [path.stem if path.suffix else path.name]
+    parts = (
+        [path.parent.parent.name, path.stem]
+        if path.parent.name == "checkpoints"
+        else [path.stem if path.suffix else path.name]
+    )
     name = re.sub(r"[^A-Za-z0-9_.-]+", "_", "-".join(p for p in parts if p))
     return name + ("-random_init" if random_init else "")
 
@@ -157,11 +165,29 @@ def image_tower(backbone: str, model: str | None) -> str:
 # What may differ between a checkpoint's run and the run that resumes it: how long, how often, where,
 # how it is logged and evaluated. data.batch_size too, as long as the global batch stays (checked apart).
 SAFE_TO_CHANGE = (
-    "trainer.max_epochs", "trainer.max_steps", "trainer.resume", "trainer.checkpoint_every_steps",
-    "trainer.keep_checkpoints", "trainer.preempt_signals", "trainer.requeue", "trainer.log_every_steps",
-    "trainer.knn_k", "trainer.knn_temperature", "trainer.zero_shot_folder", "trainer.plots", "trainer.progress_bar", "trainer.channels_last",
+    "trainer.max_epochs",
+    "trainer.max_steps",
+    "trainer.resume",
+    "trainer.checkpoint_every_steps",
+    "trainer.keep_checkpoints",
+    "trainer.preempt_signals",
+    "trainer.requeue",
+    "trainer.log_every_steps",
+    "trainer.knn_k",
+    "trainer.knn_temperature",
+    "trainer.zero_shot_folder",
+    "trainer.plots",
+    "trainer.progress_bar",
+    "trainer.channels_last",
     "trainer.accumulate",
-    "data.batch_size", "data.augment_on", "data.num_workers", "data.root", "data.file", "data.download", "logger", "imports",
+    "data.batch_size",
+    "data.augment_on",
+    "data.num_workers",
+    "data.root",
+    "data.file",
+    "data.download",
+    "logger",
+    "imports",
 )
 
 
@@ -175,7 +201,9 @@ def changed_keys(trained: dict, now: dict) -> list[tuple[str, object, object]]:
 
 def _flatten(value, key: str = "") -> dict:
     if isinstance(value, dict):
-        return {k: v for name, item in value.items() for k, v in _flatten(item, f"{key}.{name}" if key else name).items()}
+        return {
+            k: v for name, item in value.items() for k, v in _flatten(item, f"{key}.{name}" if key else name).items()
+        }
     if isinstance(value, list) and any(isinstance(item, dict) for item in value):
         return {k: v for i, item in enumerate(value) for k, v in _flatten(item, f"{key}[{i}]").items()}
     return {key: value}

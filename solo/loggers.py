@@ -82,8 +82,13 @@ class WandbLogger(MetricsLogger):
         if cfg.mode == "auto":
             mode = "online" if os.environ.get("WANDB_API_KEY") or (Path.home() / ".netrc").exists() else "offline"
         self.run = wandb.init(
-            project=cfg.project, entity=cfg.entity, id=id_file.read_text().strip(), resume="allow",
-            dir=str(run_dir), config=config, mode=mode,
+            project=cfg.project,
+            entity=cfg.entity,
+            id=id_file.read_text().strip(),
+            resume="allow",
+            dir=str(run_dir),
+            config=config,
+            mode=mode,
         )
 
     def log(self, metrics: dict) -> None:

@@ -170,16 +170,25 @@ def scaled_lr(optim_cfg, global_batch: int) -> float:
     return optim_cfg.lr
 
 
-def warmup_cosine(step: int, *, total_steps: int, warmup_steps: int, base_lr: float,
-                  warmup_start_lr: float = 0.0, final_lr: float = 0.0) -> float:
+def warmup_cosine(
+    step: int,
+    *,
+    total_steps: int,
+    warmup_steps: int,
+    base_lr: float,
+    warmup_start_lr: float = 0.0,
+    final_lr: float = 0.0,
+) -> float:
     """Learning rate at `step` (0-based, per optimizer step): linear from warmup_start_lr to base_lr over
     warmup_steps, then cosine from base_lr to final_lr at total_steps. A pure function (resume needs only the step).
 
     lr(0) == warmup_start_lr, lr(warmup_steps) == base_lr, lr(total_steps) == final_lr; steps past
     total_steps stay at final_lr."""
     if step < 0 or warmup_steps < 0 or total_steps < warmup_steps:
-        raise ValueError(f"need 0 <= step and 0 <= warmup_steps <= total_steps, got "
-                         f"step={step}, warmup_steps={warmup_steps}, total_steps={total_steps}")
+        raise ValueError(
+            f"need 0 <= step and 0 <= warmup_steps <= total_steps, got "
+            f"step={step}, warmup_steps={warmup_steps}, total_steps={total_steps}"
+        )
     if step < warmup_steps:
         return warmup_start_lr + (base_lr - warmup_start_lr) * step / warmup_steps
     progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))

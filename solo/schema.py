@@ -41,7 +41,10 @@ AT_LEAST_ONE = Rule("must be >= 1", lambda v: v >= 1)
 PROBABILITY = Rule("must be in [0, 1]", lambda v: 0 <= v <= 1)
 MOMENTUM = Rule("must be in [0, 1)", lambda v: 0 <= v < 1)
 # A loss's tile (solo.losses.tiled): none (the whole logit matrix), auto (from a memory budget), or a count.
-TILE = Rule("must be none, auto or a positive number of candidates per tile", lambda v: v in ("none", "auto") or (v.isdigit() and int(v) > 0))
+TILE = Rule(
+    "must be none, auto or a positive number of candidates per tile",
+    lambda v: v in ("none", "auto") or (v.isdigit() and int(v) > 0),
+)
 
 
 def ruled(default, rule: Rule):
@@ -63,7 +66,9 @@ def check_values(node: DictConfig, key: str = "") -> None:
     unknown = [k for k in node.keys() if k not in known]
     if unknown:  # added with `+`: Hydra opens the node for them, the schema still does not know them
         full = f"{key}.{unknown[0]}" if key else unknown[0]
-        raise ConfigError(f"Key '{unknown[0]}' not in '{schema.__name__}' (full key {full}); its keys: {', '.join(known)}")
+        raise ConfigError(
+            f"Key '{unknown[0]}' not in '{schema.__name__}' (full key {full}); its keys: {', '.join(known)}"
+        )
     if hasattr(schema, "validate") and not OmegaConf.missing_keys(node):
         try:
             OmegaConf.to_object(node).validate()

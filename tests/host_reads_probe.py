@@ -45,8 +45,12 @@ def _region(region, original, step_of):
 
 for _name in READS:
     setattr(torch.Tensor, _name, _recording(_name, getattr(torch.Tensor, _name)))
-_step, _add, _to_device, _requested = (TrainStep.__call__, trainer_module.MetricsWindow.add,
-                                       trainer_module.Trainer._to_device, Preemption.requested)
+_step, _add, _to_device, _requested = (
+    TrainStep.__call__,
+    trainer_module.MetricsWindow.add,
+    trainer_module.Trainer._to_device,
+    Preemption.requested,
+)
 steps_done = [0]  # the trainer's step count, as its loop sees it after a step
 
 

@@ -8,29 +8,71 @@ from solo.errors import ConfigError
 from solo.train.trainer import build_model, pretrain
 from tests.test_train import TINY, compose_cfg, run, weights
 
-VIT = ["backbone=resnet18", "backbone.name=vit_tiny_patch16_224", "backbone.small_stem=false",
-       "+backbone.kwargs.img_size=16", "+backbone.kwargs.patch_size=4", "+backbone.kwargs.embed_dim=32",
-       "+backbone.kwargs.depth=2", "+backbone.kwargs.num_heads=2"]
+VIT = [
+    "backbone=resnet18",
+    "backbone.name=vit_tiny_patch16_224",
+    "backbone.small_stem=false",
+    "+backbone.kwargs.img_size=16",
+    "+backbone.kwargs.patch_size=4",
+    "+backbone.kwargs.embed_dim=32",
+    "+backbone.kwargs.depth=2",
+    "+backbone.kwargs.num_heads=2",
+]
 ONE_STEP = ["trainer.max_steps=1", "trainer.precision=64", "optim.warmup_epochs=0"]
 CASES = {  # a LayerNorm image tower (timm's ViT), with SimCLR's BatchNorm projector, and CLIP's two towers
     "simclr_vit": [o for o in TINY if not o.startswith("backbone")] + VIT + ONE_STEP,
-    "clip_vit": [o for o in TINY if not o.startswith(("backbone", "method", "data"))] + VIT + ONE_STEP
-    + ["method=clip", "data=digits", "method.embed_dim=16", "method.text.width=32", "method.text.depth=1", "method.text.heads=2"],
+    "clip_vit": [o for o in TINY if not o.startswith(("backbone", "method", "data"))]
+    + VIT
+    + ONE_STEP
+    + [
+        "method=clip",
+        "data=digits",
+        "method.embed_dim=16",
+        "method.text.width=32",
+        "method.text.depth=1",
+        "method.text.heads=2",
+    ],
     # A momentum teacher (its EMA after the step), multi-crop with a centre (ViT at any input size), Sinkhorn, SigLIP.
-    "byol_vit": [o for o in TINY if not o.startswith("backbone")] + VIT + ONE_STEP + ["method=byol", "method.pred_hidden_dim=32"],
-    "dino_vit": [o for o in TINY if not o.startswith(("backbone", "method"))] + VIT + ONE_STEP
-    + ["method=dino", "+backbone.kwargs.dynamic_img_size=true", "method.proj_hidden_dim=32", "method.bottleneck_dim=16",
-       "method.num_prototypes=64", "method.freeze_last_layer_epochs=0"],
-    "swav_vit": [o for o in TINY if not o.startswith("backbone")] + VIT + ONE_STEP
+    "byol_vit": [o for o in TINY if not o.startswith("backbone")]
+    + VIT
+    + ONE_STEP
+    + ["method=byol", "method.pred_hidden_dim=32"],
+    "dino_vit": [o for o in TINY if not o.startswith(("backbone", "method"))]
+    + VIT
+    + ONE_STEP
+    + [
+        "method=dino",
+        "+backbone.kwargs.dynamic_img_size=true",
+        "method.proj_hidden_dim=32",
+        "method.bottleneck_dim=16",
+        "method.num_prototypes=64",
+        "method.freeze_last_layer_epochs=0",
+    ],
+    "swav_vit": [o for o in TINY if not o.startswith("backbone")]
+    + VIT
+    + ONE_STEP
     + ["method=swav", "augmentation=digits", "method.num_prototypes=16", "method.freeze_prototypes_epochs=0"],
     # A global queue, pushed once per optimizer step with the whole batch's keys: 3 steps, so it is read too.
-    "mocov2plus_vit": [o for o in TINY if not o.startswith("backbone")] + VIT + [o for o in ONE_STEP if "max_steps" not in o]
+    "mocov2plus_vit": [o for o in TINY if not o.startswith("backbone")]
+    + VIT
+    + [o for o in ONE_STEP if "max_steps" not in o]
     + ["trainer.max_steps=3", "method=mocov2plus", "method.queue_size=64"],
     # A memory bank and k-means at the epoch's end (4 steps of 16): steps 5 and 6 learn the clusters.
-    "deepclusterv2_vit": [o for o in TINY if not o.startswith("backbone")] + VIT + [o for o in ONE_STEP if "max_steps" not in o]
+    "deepclusterv2_vit": [o for o in TINY if not o.startswith("backbone")]
+    + VIT
+    + [o for o in ONE_STEP if "max_steps" not in o]
     + ["trainer.max_steps=6", "method=deepclusterv2", "method.num_prototypes=[4,6]", "method.kmeans_iterations=3"],
-    "siglip_vit": [o for o in TINY if not o.startswith(("backbone", "method", "data"))] + VIT + ONE_STEP
-    + ["method=siglip", "data=digits", "method.embed_dim=16", "method.text.width=32", "method.text.depth=1", "method.text.heads=2"],
+    "siglip_vit": [o for o in TINY if not o.startswith(("backbone", "method", "data"))]
+    + VIT
+    + ONE_STEP
+    + [
+        "method=siglip",
+        "data=digits",
+        "method.embed_dim=16",
+        "method.text.width=32",
+        "method.text.depth=1",
+        "method.text.heads=2",
+    ],
 }
 
 
@@ -43,7 +85,9 @@ def moved(run_dir, overrides) -> tuple[dict, float]:
     return after, max(float((after[k] - start[k]).abs().max()) for k in start)
 
 
-@pytest.mark.parametrize("case", [pytest.param(c, marks=pytest.mark.slow) if c in ("deepclusterv2_vit",) else c for c in sorted(CASES)])
+@pytest.mark.parametrize(
+    "case", [pytest.param(c, marks=pytest.mark.slow) if c in ("deepclusterv2_vit",) else c for c in sorted(CASES)]
+)
 def test_accumulated_step_equals_the_whole_batch_step(tmp_path, case):
     base = CASES[case] + ["data.batch_size=16"]
     pretrain(compose_cfg(base), tmp_path / "whole")
@@ -86,7 +130,7 @@ def test_a_batchnorm_backbone_sees_micro_batch_statistics(tmp_path, monkeypatch)
 
     def ghost_model(cfg, num_classes, backbone=None):
         model = build_model(cfg, num_classes, backbone)
-        for name, module in list(model.method.backbone.named_modules()):
+        for _name, module in list(model.method.backbone.named_modules()):
             for child_name, child in list(module.named_children()):
                 if isinstance(child, nn.BatchNorm2d):
                     setattr(module, child_name, GhostBatchNorm(child, 4))

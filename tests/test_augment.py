@@ -8,13 +8,23 @@ import pytest
 import torch
 from torchvision.transforms.v2 import functional as TF
 
-from solo.data.views.augment import AT, JITTER, SOLARIZE_THRESHOLD, ViewRecipe, crop_box
 from solo.data.sampling.seeding import seeded_rng
+from solo.data.views.augment import AT, JITTER, SOLARIZE_THRESHOLD, ViewRecipe, crop_box
 from solo.data.views.transforms import ViewAugmentation
 
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
-EVERYTHING = ViewAugmentation(crop_scale=[0.08, 1.0], hflip_prob=0.5, jitter_prob=0.8, brightness=0.4, contrast=0.4,
-                              saturation=0.4, hue=0.1, grayscale_prob=0.2, blur_prob=0.5, solarize_prob=0.2)
+EVERYTHING = ViewAugmentation(
+    crop_scale=[0.08, 1.0],
+    hflip_prob=0.5,
+    jitter_prob=0.8,
+    brightness=0.4,
+    contrast=0.4,
+    saturation=0.4,
+    hue=0.1,
+    grayscale_prob=0.2,
+    blur_prob=0.5,
+    solarize_prob=0.2,
+)
 
 
 def torchvision_view(recipe: ViewRecipe, image: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
@@ -24,8 +34,12 @@ def torchvision_view(recipe: ViewRecipe, image: torch.Tensor, p: torch.Tensor) -
     if p[AT["flip"]]:
         x = TF.horizontal_flip(x)
     if p[AT["jitter"]]:
-        adjust = {"brightness": TF.adjust_brightness, "contrast": TF.adjust_contrast,
-                  "saturation": TF.adjust_saturation, "hue": TF.adjust_hue}
+        adjust = {
+            "brightness": TF.adjust_brightness,
+            "contrast": TF.adjust_contrast,
+            "saturation": TF.adjust_saturation,
+            "hue": TF.adjust_hue,
+        }
         for op in p[AT["order0"] : AT["order3"] + 1].long().tolist():
             if getattr(recipe.aug, JITTER[op]) > 0:
                 x = adjust[JITTER[op]](x, float(p[AT[JITTER[op]]]))
@@ -40,7 +54,9 @@ def torchvision_view(recipe: ViewRecipe, image: torch.Tensor, p: torch.Tensor) -
 
 def images_and_params(recipe: ViewRecipe, n: int, same_size: bool = False):
     g = torch.Generator().manual_seed(0)
-    sizes = [(40, 52)] * n if same_size else [tuple(torch.randint(12, 70, (2,), generator=g).tolist()) for _ in range(n)]
+    sizes = (
+        [(40, 52)] * n if same_size else [tuple(torch.randint(12, 70, (2,), generator=g).tolist()) for _ in range(n)]
+    )
     images = [torch.randint(0, 256, (3, h, w), dtype=torch.uint8, generator=g) for h, w in sizes]
     params = []
     for i, image in enumerate(images):
@@ -49,11 +65,17 @@ def images_and_params(recipe: ViewRecipe, n: int, same_size: bool = False):
     return images, torch.stack(params)
 
 
-@pytest.mark.parametrize("aug", [
-    EVERYTHING,
-    ViewAugmentation(jitter_prob=1.0, brightness=0.8, contrast=0.8, saturation=0.8, hue=0.5),  # every order, strong
-    ViewAugmentation(crop_scale=[0.5, 1.0], hflip_prob=0.0, jitter_prob=0.0, grayscale_prob=1.0, blur_prob=1.0, solarize_prob=1.0),
-], ids=["simclr-like", "colour", "grey-blur-solarize"])
+@pytest.mark.parametrize(
+    "aug",
+    [
+        EVERYTHING,
+        ViewAugmentation(jitter_prob=1.0, brightness=0.8, contrast=0.8, saturation=0.8, hue=0.5),  # every order, strong
+        ViewAugmentation(
+            crop_scale=[0.5, 1.0], hflip_prob=0.0, jitter_prob=0.0, grayscale_prob=1.0, blur_prob=1.0, solarize_prob=1.0
+        ),
+    ],
+    ids=["simclr-like", "colour", "grey-blur-solarize"],
+)
 @pytest.mark.parametrize("size", [8, 32])
 def test_batched_views_equal_torchvision_sample_by_sample(aug, size):
     """Every sample of a batch of images of different sizes, each with its own parameters, gets torchvision's view."""
@@ -64,7 +86,9 @@ def test_batched_views_equal_torchvision_sample_by_sample(aug, size):
     for i, (image, p) in enumerate(zip(images, params)):
         expected = torchvision_view(recipe, image, p)
         worst = float(((batch[i] - expected) * torch.tensor(STD).view(3, 1, 1)).abs().max())
-        assert worst < 2e-6, f"sample {i}: {worst} off torchvision's view (in [0, 1] pixel units); parameters {p.tolist()}"
+        assert worst < 2e-6, (
+            f"sample {i}: {worst} off torchvision's view (in [0, 1] pixel units); parameters {p.tolist()}"
+        )
 
 
 def test_cpu_path_is_the_batched_path_on_one_sample():
@@ -126,9 +150,8 @@ def test_a_jpeg_that_parses_but_does_not_decode_is_unreadable_in_the_worker():
 
     from PIL import Image
 
-    from solo.data.decode import ImageReadError
+    from solo.data.decode import ImageReadError, raw_image
     from solo.data.views.multiview import MultiViewDataset
-    from solo.data.decode import raw_image
 
     buffer = io.BytesIO()
     Image.new("RGB", (32, 32), (200, 30, 90)).save(buffer, "JPEG")

@@ -13,9 +13,17 @@ from tests.test_train import REPO, compose_cfg
 
 WRONG = ("abc", "-3", "0")
 # Small and quick, on the default data; the key under test comes after these, so it wins.
-QUICK = ["backbone.name=test_resnet", "method.proj_hidden_dim=32", "method.proj_output_dim=16", "data.batch_size=16",
-         "data.num_workers=0", "data.check_images=10", "trainer.max_steps=1", "trainer.progress_bar=false",
-         "trainer.plots=false"]
+QUICK = [
+    "backbone.name=test_resnet",
+    "method.proj_hidden_dim=32",
+    "method.proj_output_dim=16",
+    "data.batch_size=16",
+    "data.num_workers=0",
+    "data.check_images=10",
+    "trainer.max_steps=1",
+    "trainer.progress_bar=false",
+    "trainer.plots=false",
+]
 
 
 def scalar_keys(node, prefix: str = "") -> list[str]:
@@ -44,7 +52,9 @@ def names_the_key(message: str, key: str) -> bool:
 def test_wrong_values_train_or_name_the_key(key, tmp_path, monkeypatch):
     import huggingface_hub.constants
 
-    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)  # backbone.pretrained: no retries on a network that is not there
+    monkeypatch.setattr(
+        huggingface_hub.constants, "HF_HUB_OFFLINE", True
+    )  # backbone.pretrained: no retries on a network that is not there
     for i, value in enumerate(WRONG):
         try:
             pretrain(compose_cfg(QUICK + [f"{key}={value}"]), tmp_path / f"run{i}")

@@ -5,8 +5,8 @@ import csv
 import pytest
 from PIL import Image
 
-from solo.train.trainer import pretrain
 from solo.errors import DataError
+from solo.train.trainer import pretrain
 from tests.test_train import compose_cfg, metrics, run, weights, weights_at_init
 
 TINY_CLIP = [
@@ -70,7 +70,12 @@ def test_clip_trains_from_a_caption_csv(caption_folder):
     root, rows = caption_folder
     _write_pairs(root, "pairs_train.csv", rows[:16])
     _write_pairs(root, "pairs_val.csv", rows[16:])
-    overrides = TINY_CLIP + ["data=csv", f"data.root={root}", f"data.file='{root}/pairs_{{split}}.csv'", "data.image_size=16"]
+    overrides = TINY_CLIP + [
+        "data=csv",
+        f"data.root={root}",
+        f"data.file='{root}/pairs_{{split}}.csv'",
+        "data.image_size=16",
+    ]
     final = pretrain(compose_cfg(overrides + ["data.batch_size=8", "trainer.max_steps=2"]), root / "run")
     assert {"val/zeroshot_acc1", "val/i2t_recall1", "val/acc1"} <= final.keys()
 
@@ -78,7 +83,11 @@ def test_clip_trains_from_a_caption_csv(caption_folder):
 @pytest.mark.parametrize(
     "mutate, error, message",
     [
-        (lambda rows: rows.__setitem__(3, ["images/missing.png", "a caption", 0]), DataError, "1 of the first 24 .*missing.png"),
+        (
+            lambda rows: rows.__setitem__(3, ["images/missing.png", "a caption", 0]),
+            DataError,
+            "1 of the first 24 .*missing.png",
+        ),
         (lambda rows: rows.__setitem__(5, ["images/5.png", "   ", 1]), ValueError, "row 6"),
     ],
 )
@@ -86,7 +95,12 @@ def test_bad_caption_csv_is_a_clear_error(caption_folder, mutate, error, message
     root, rows = caption_folder
     mutate(rows)
     _write_pairs(root, "pairs_train.csv", rows)
-    overrides = TINY_CLIP + ["data=csv", f"data.root={root}", f"data.file='{root}/pairs_{{split}}.csv'", "data.image_size=16"]
+    overrides = TINY_CLIP + [
+        "data=csv",
+        f"data.root={root}",
+        f"data.file='{root}/pairs_{{split}}.csv'",
+        "data.image_size=16",
+    ]
     with pytest.raises(error, match=message):
         pretrain(compose_cfg(overrides + ["data.batch_size=8", "trainer.max_steps=1"]), root / "run")
 
@@ -103,7 +117,12 @@ def test_long_captions_are_truncated_and_reported_once(caption_folder):
     root, rows = caption_folder
     rows = [[path, caption + " " + "very " * 20 + "long", label] for path, caption, label in rows]
     _write_pairs(root, "pairs_train.csv", rows)
-    overrides = TINY_CLIP + ["data=csv", f"data.root={root}", f"data.file='{root}/pairs_{{split}}.csv'", "data.image_size=16"]
+    overrides = TINY_CLIP + [
+        "data=csv",
+        f"data.root={root}",
+        f"data.file='{root}/pairs_{{split}}.csv'",
+        "data.image_size=16",
+    ]
     with pytest.warns(UserWarning, match="truncated") as record:
         pretrain(compose_cfg(overrides + ["data.batch_size=8", "trainer.max_steps=1"]), root / "run")
     assert len([w for w in record if "truncated" in str(w.message)]) == 1
@@ -113,12 +132,22 @@ def test_missing_caption_images_are_skipped_and_counted_until_too_many(caption_f
     """data=csv looks at no image file at start: a missing one is skipped and counted (data.on_bad_image=skip);
     when most images of a logging window are unreadable, the run stops with an error naming the data's paths."""
     root, rows = caption_folder
-    overrides = TINY_CLIP + ["data=csv", f"data.root={root}", f"data.file='{root}/pairs_{{split}}.csv'", "data.image_size=16",
-                             "data.on_bad_image=skip", "data.batch_size=8", "trainer.max_steps=2", "trainer.log_every_steps=2"]
+    overrides = TINY_CLIP + [
+        "data=csv",
+        f"data.root={root}",
+        f"data.file='{root}/pairs_{{split}}.csv'",
+        "data.image_size=16",
+        "data.on_bad_image=skip",
+        "data.batch_size=8",
+        "trainer.max_steps=2",
+        "trainer.log_every_steps=2",
+    ]
     few = [[f"images/gone_{i}.png", *r[1:]] if i in (3, 10) else r for i, r in enumerate(rows[:16])]
     _write_pairs(root, "pairs_train.csv", few)
     pretrain(compose_cfg(overrides), root / "few")
     assert sum(m.get("data/skipped_images", 0) for m in metrics(root / "few")) >= 1
-    _write_pairs(root, "pairs_train.csv", [[f"images/gone_{i}.png", *r[1:]] if i % 4 else r for i, r in enumerate(rows[:16])])
+    _write_pairs(
+        root, "pairs_train.csv", [[f"images/gone_{i}.png", *r[1:]] if i % 4 else r for i, r in enumerate(rows[:16])]
+    )
     with pytest.raises(DataError, match=r"of the last 16 images read could not be read .*data.root, data.path"):
         pretrain(compose_cfg(overrides), root / "many")

@@ -10,7 +10,6 @@ import torch
 from PIL import Image
 
 from solo.data import (
-    dataset_stats,
     DATASETS,
     EvalDataset,
     ImageReadError,
@@ -20,6 +19,7 @@ from solo.data import (
     build_dataset,
     build_eval_transform,
     build_view_transform,
+    dataset_stats,
     sample_seed,
     seeded_rng,
 )
@@ -176,7 +176,9 @@ def test_augmentation_yamls_match_schema():
         assert len(cfg.views) == 2
         for view in cfg.views:
             assert set(view) == set(schema) - {"size", "count"}  # every recipe field written out
-            build_view_transform(omegaconf.OmegaConf.to_object(omegaconf.OmegaConf.merge(schema, view)), 16, *dataset_stats("digits"))
+            build_view_transform(
+                omegaconf.OmegaConf.to_object(omegaconf.OmegaConf.merge(schema, view)), 16, *dataset_stats("digits")
+            )
 
 
 # ------------------------------------------------------------------------- digits
@@ -256,7 +258,7 @@ def test_imagefolder_labeled(tmp_path):
 
     train = build_dataset("imagefolder", "train", root=str(tmp_path), image_size=SIZE)
     assert train.classes == ["cat", "dog"] and len(train) == 4
-    for i, (path, label) in enumerate(train.samples):
+    for i, (path, _label) in enumerate(train.samples):
         img, got_label = train[i]
         assert img.mode == "RGB"
         assert np.array_equal(np.asarray(img), written[path][0])

@@ -11,10 +11,10 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from solo.distributed import gather
-from solo.losses.check import TOLERANCE, _layouts, _reference, resolve, run_check
 from solo.distributed.env import detect, first_host, slurm_port
 from solo.errors import ConfigError
 from solo.losses import LOSSES
+from solo.losses.check import TOLERANCE, _layouts, _reference, resolve, run_check
 from solo.methods import METHODS
 from tests.checker_user_losses import SPECS as USER_SPECS
 from tests.wrong_losses import WRONG, WRONG_SSL
@@ -35,7 +35,11 @@ def test_every_methods_loss_is_registered_with_the_checker():
     assert resolve("nt_xent").learnable == resolve("barlow_twins").learnable == resolve("dino").learnable == {}
 
 
-@pytest.fixture(scope="module", params=[1, 2, pytest.param(3, marks=pytest.mark.slow), pytest.param(4, marks=pytest.mark.slow)], ids=lambda w: f"W{w}")
+@pytest.fixture(
+    scope="module",
+    params=[1, 2, pytest.param(3, marks=pytest.mark.slow), pytest.param(4, marks=pytest.mark.slow)],
+    ids=lambda w: f"W{w}",
+)
 def registered_results(request):
     return run_check(BUILTIN, request.param)
 
@@ -120,12 +124,16 @@ def test_gather_uneven_forward_and_reduce_scatter_backward():
     ctx = mp.get_context("spawn")
     queue = ctx.SimpleQueue()
     with tempfile.TemporaryDirectory() as tmp:
-        mp.start_processes(_gather_worker, args=(world, f"{tmp}/store", sizes, queue), nprocs=world, start_method="spawn")
+        mp.start_processes(
+            _gather_worker, args=(world, f"{tmp}/store", sizes, queue), nprocs=world, start_method="spawn"
+        )
     out = {}
     while not queue.empty():
         rank, y, grad = queue.get()
         out[rank] = (y, grad)
-    expected_y = torch.cat([torch.arange(s * 2, dtype=torch.float64).reshape(-1, 2) + 100 * r for r, s in enumerate(sizes)])
+    expected_y = torch.cat(
+        [torch.arange(s * 2, dtype=torch.float64).reshape(-1, 2) + 100 * r for r, s in enumerate(sizes)]
+    )
     weight_sum = sum(r + 1 for r in range(world))  # sum over ranks of the (r + 1) factors
     offset = 0
     for rank, s in enumerate(sizes):
@@ -154,8 +162,10 @@ def test_cli_passes_registered_and_fails_a_wrong_loss():
 
 @pytest.mark.parametrize(
     "args, n_losses",
-    [pytest.param(["nt_xent", "clip"], len(BUILTIN), marks=pytest.mark.slow),
-     pytest.param(["--only", *USER_SPECS], len(USER_SPECS), marks=pytest.mark.slow)],
+    [
+        pytest.param(["nt_xent", "clip"], len(BUILTIN), marks=pytest.mark.slow),
+        pytest.param(["--only", *USER_SPECS], len(USER_SPECS), marks=pytest.mark.slow),
+    ],
     ids=["registered", "dozen_user_losses"],
 )
 def test_cli_with_many_results_does_not_deadlock(args, n_losses):
@@ -228,7 +238,9 @@ def test_learnable_scalar_gradients_are_checked(world):
     for r, layout in zip(by_spec[SIGLIP_WRONG[1]], _layouts(world, uneven=True, empty_rank=False)):
         _, grads = _reference(SIGLIP, layout, seed=0)
         scale = max(abs(g).max() for g in grads.values())
-        assert r.param_errors["scalars.bias"] == pytest.approx((world - 1) * abs(grads["scalars.bias"]) / scale, rel=1e-9)
+        assert r.param_errors["scalars.bias"] == pytest.approx(
+            (world - 1) * abs(grads["scalars.bias"]) / scale, rel=1e-9
+        )
 
 
 # --- environment detection -------------------------------------------------------------------------
@@ -246,7 +258,14 @@ SLURM = {
 
 def test_detect_torchrun():
     e = detect(TORCHRUN)
-    assert (e.rank, e.local_rank, e.world_size, e.master_addr, e.master_port, e.launcher) == (3, 1, 8, "node7", 29500, "torchrun")
+    assert (e.rank, e.local_rank, e.world_size, e.master_addr, e.master_port, e.launcher) == (
+        3,
+        1,
+        8,
+        "node7",
+        29500,
+        "torchrun",
+    )
 
 
 def test_detect_srun_without_torchrun():
@@ -277,7 +296,13 @@ def test_half_set_slurm_environment_is_an_error():
 
 @pytest.mark.parametrize(
     "nodelist, host",
-    [("node1", "node1"), ("gpu[003-005,9]", "gpu003"), ("a[7],b[1-2]", "a7"), ("cn-01,cn-02", "cn-01"), ("x[10-11]-ib", "x10")],
+    [
+        ("node1", "node1"),
+        ("gpu[003-005,9]", "gpu003"),
+        ("a[7],b[1-2]", "a7"),
+        ("cn-01,cn-02", "cn-01"),
+        ("x[10-11]-ib", "x10"),
+    ],
 )
 def test_first_host(nodelist, host):
     assert first_host(nodelist) == host
@@ -311,16 +336,28 @@ def _batchnorm_worker(rank, world, store, sizes, device, queue):
     grads = [bn[0].weight.grad.clone(), bn[0].bias.grad.clone()]
     for g in grads:  # the parameters' gradients are local: DDP sums them (and divides by W, as for any loss)
         dist.all_reduce(g)
-    queue.put((rank, type(bn[0]).__module__, mine.grad.cpu().numpy(), [g.cpu().numpy() for g in grads],
-               bn[0].running_mean.cpu().numpy(), bn[0].running_var.cpu().numpy()))
+    queue.put(
+        (
+            rank,
+            type(bn[0]).__module__,
+            mine.grad.cpu().numpy(),
+            [g.cpu().numpy() for g in grads],
+            bn[0].running_mean.cpu().numpy(),
+            bn[0].running_var.cpu().numpy(),
+        )
+    )
     dist.barrier()
     dist.destroy_process_group()
 
 
-@pytest.mark.parametrize("device, sizes", [
-    ("cpu", [4, 4]), ("cpu", [5, 0, 2]),
-    pytest.param("cuda", [4, 4], marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")),
-])
+@pytest.mark.parametrize(
+    "device, sizes",
+    [
+        ("cpu", [4, 4]),
+        ("cpu", [5, 0, 2]),
+        pytest.param("cuda", [4, 4], marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")),
+    ],
+)
 def test_sync_batchnorm_equals_batchnorm_on_the_whole_batch(device, sizes):
     """W processes (uneven and empty shards included) give every rank exactly the gradient of one BatchNorm on the
     whole batch, and the same running statistics: solo's SyncBatchNorm on the CPU, torch's on a GPU (float64)."""
@@ -328,8 +365,9 @@ def test_sync_batchnorm_equals_batchnorm_on_the_whole_batch(device, sizes):
     ctx = mp.get_context("spawn")
     queue = ctx.SimpleQueue()
     with tempfile.TemporaryDirectory() as tmp:
-        mp.start_processes(_batchnorm_worker, args=(world, f"{tmp}/store", sizes, device, queue), nprocs=world,
-                           start_method="spawn")
+        mp.start_processes(
+            _batchnorm_worker, args=(world, f"{tmp}/store", sizes, device, queue), nprocs=world, start_method="spawn"
+        )
     x, upstream = _batchnorm_inputs(sizes)
     x.requires_grad_()
     bn = torch.nn.BatchNorm2d(3, dtype=torch.float64)

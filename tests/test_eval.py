@@ -17,11 +17,11 @@ from sklearn.linear_model import LogisticRegression
 from sklearn.model_selection import train_test_split
 from sklearn.preprocessing import StandardScaler
 
+from solo.errors import SoloError
 from solo.eval.knn import knn_accuracy, knn_logits
 from solo.eval.linear import LinearProtocol, train_linear
-from solo.evaluate.offline import evaluate_pretrained
 from solo.eval.plots import plot_curves
-from solo.errors import SoloError
+from solo.evaluate.offline import evaluate_pretrained
 from tests.test_train import REPO, TINY, metrics, run, weights
 
 
@@ -84,24 +84,45 @@ def test_online_knn_equals_offline_knn_and_plots_are_written(tmp_path, monkeypat
     for png in ("curves.png", "embedding.png"):
         _looks_drawn(run_dir / png, min_colours=10 if png == "embedding.png" else 4)
 
-    cfg_overrides = [f"pretrained={run_dir}", "data=synthetic", "data.image_size=16", "data.num_samples=64",
-                     "data.num_workers=0", "knn.k=5", "linear.epochs=20"]
+    cfg_overrides = [
+        f"pretrained={run_dir}",
+        "data=synthetic",
+        "data.image_size=16",
+        "data.num_samples=64",
+        "data.num_workers=0",
+        "knn.k=5",
+        "linear.epochs=20",
+    ]
     cfg = compose_linear(cfg_overrides)
     summary = evaluate_pretrained(cfg, tmp_path / "eval")
     assert summary["knn"]["acc1"] == pytest.approx(online["val/knn_acc1"], abs=1e-9)
     assert summary["knn"]["acc5"] == pytest.approx(online["val/knn_acc5"], abs=1e-9)
     logged = [json.loads(line) for line in (tmp_path / "eval" / "metrics.jsonl").read_text().splitlines()]
     assert [m["epoch"] for m in logged if "val/linear_acc1" in m] == list(range(20))
-    assert json.loads((tmp_path / "eval" / "summary.json").read_text())["linear"]["acc1"] == logged[-2]["val/linear_acc1"]
+    assert (
+        json.loads((tmp_path / "eval" / "summary.json").read_text())["linear"]["acc1"] == logged[-2]["val/linear_acc1"]
+    )
     for png in ("curves.png", "embedding.png"):
         _looks_drawn(tmp_path / "eval" / png)
 
     # torchrun main_linear.py: features extracted in two shards give the same results, cached or not.
     for attempt in ("extract", "cached"):
         out = subprocess.run(
-            [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--standalone", "main_linear.py",
-             *cfg_overrides, f"hydra.run.dir={tmp_path / attempt}"],
-            cwd=REPO, env=os.environ | {"SOLO_CACHE": str(tmp_path / "cache2")}, capture_output=True, text=True, timeout=300,
+            [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--nproc_per_node=2",
+                "--standalone",
+                "main_linear.py",
+                *cfg_overrides,
+                f"hydra.run.dir={tmp_path / attempt}",
+            ],
+            cwd=REPO,
+            env=os.environ | {"SOLO_CACHE": str(tmp_path / "cache2")},
+            capture_output=True,
+            text=True,
+            timeout=300,
         )
         assert out.returncode == 0, out.stdout + out.stderr
         assert ("train features from the cache" in out.stdout) == (attempt == "cached")
@@ -124,9 +145,19 @@ def test_random_init_and_finetune(tmp_path, monkeypatch):
     run_dir = tmp_path / "run"
     run(TINY + ["data.batch_size=8", "trainer.max_steps=4"], run_dir)
     assert not (run_dir / "curves.png").exists()  # trainer.plots=false
-    common = [f"pretrained={run_dir}", "data=synthetic", "data.image_size=16", "data.num_samples=64",
-              "data.num_workers=0", "data.batch_size=16", "linear.epochs=5", "plots=false"]
-    trained = evaluate_pretrained(compose_linear(common + ["finetune.enabled=true", "finetune.epochs=2"]), tmp_path / "a")
+    common = [
+        f"pretrained={run_dir}",
+        "data=synthetic",
+        "data.image_size=16",
+        "data.num_samples=64",
+        "data.num_workers=0",
+        "data.batch_size=16",
+        "linear.epochs=5",
+        "plots=false",
+    ]
+    trained = evaluate_pretrained(
+        compose_linear(common + ["finetune.enabled=true", "finetune.epochs=2"]), tmp_path / "a"
+    )
     baseline = evaluate_pretrained(compose_linear(common + ["random_init=true"]), tmp_path / "b")
     assert trained["random_init"] is False and baseline["random_init"] is True
     assert trained["linear"] != baseline["linear"]  # other weights, other features
@@ -135,14 +166,28 @@ def test_random_init_and_finetune(tmp_path, monkeypatch):
     assert metrics(tmp_path / "a")[-1]["val/finetune_acc1"] == trained["finetune"]["acc1"]
 
 
-FINETUNE_64 = ["data=synthetic", "data.image_size=16", "data.num_samples=256", "data.num_workers=0", "data.batch_size=8",
-               "linear.epochs=1", "plots=false", "feature_cache=false", "finetune.enabled=true", "finetune.epochs=2",
-               "finetune.precision=64", "finetune.checkpoint_every_steps=1", "finetune.log_every_steps=1"]
+FINETUNE_64 = [
+    "data=synthetic",
+    "data.image_size=16",
+    "data.num_samples=256",
+    "data.num_workers=0",
+    "data.batch_size=8",
+    "linear.epochs=1",
+    "plots=false",
+    "feature_cache=false",
+    "finetune.enabled=true",
+    "finetune.epochs=2",
+    "finetune.precision=64",
+    "finetune.checkpoint_every_steps=1",
+    "finetune.log_every_steps=1",
+]
 
 
 def _main_linear(overrides, run_dir, **popen):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    return subprocess.Popen([sys.executable, "main_linear.py", *overrides, f"hydra.run.dir={run_dir}"], cwd=REPO, env=env, **popen)
+    return subprocess.Popen(
+        [sys.executable, "main_linear.py", *overrides, f"hydra.run.dir={run_dir}"], cwd=REPO, env=env, **popen
+    )
 
 
 @pytest.mark.slow
@@ -172,8 +217,15 @@ def test_finetuning_killed_and_resumed_is_bit_identical(tmp_path):
 @pytest.mark.slow
 def test_finetuning_takes_any_optimizer_and_precision(tmp_path):
     run(TINY + ["data.batch_size=8", "trainer.max_steps=2"], tmp_path / "pre")
-    overrides = [f"pretrained={tmp_path / 'pre'}", *FINETUNE_64[:-4], "finetune.epochs=1", "finetune.precision=bf16",
-                 "optim@finetune.optim=adamw", "finetune.optim.lr=1e-3", "finetune.optim.betas=[0.9,0.95]"]
+    overrides = [
+        f"pretrained={tmp_path / 'pre'}",
+        *FINETUNE_64[:-4],
+        "finetune.epochs=1",
+        "finetune.precision=bf16",
+        "optim@finetune.optim=adamw",
+        "finetune.optim.lr=1e-3",
+        "finetune.optim.betas=[0.9,0.95]",
+    ]
     summary = evaluate_pretrained(compose_linear(overrides), tmp_path / "eval")
     assert "adamw" in summary["finetune"]["protocol"] and "precision bf16" in summary["finetune"]["protocol"]
     with pytest.raises(SoloError, match=r"finetune\.optim\.betas"):
@@ -196,6 +248,8 @@ def test_unlabelled_data_is_refused(tmp_path):
             Image.new("RGB", (16, 16), (i * 40, 0, 0)).save(tmp_path / "data" / split / f"{i}.png")
     run_dir = tmp_path / "run"
     run(TINY + ["data.batch_size=8", "trainer.max_steps=2"], run_dir)
-    cfg = compose_linear([f"pretrained={run_dir}", "data=imagefolder", f"data.root={tmp_path / 'data'}", "data.image_size=16"])
+    cfg = compose_linear(
+        [f"pretrained={run_dir}", "data=imagefolder", f"data.root={tmp_path / 'data'}", "data.image_size=16"]
+    )
     with pytest.raises(ValueError, match="needs labelled train and val splits"):
         evaluate_pretrained(cfg, tmp_path / "eval")

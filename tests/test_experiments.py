@@ -18,8 +18,8 @@ from torch import nn
 
 import solo.config
 from solo.config import PretrainConfig, validate_pretrain
-from solo.methods import METHODS
 from solo.data.views.transforms import ViewAugmentation, view_sizes
+from solo.methods import METHODS
 from solo.optim import LARS, param_groups
 
 REPO = Path(__file__).resolve().parents[1]
@@ -31,14 +31,18 @@ SIMCLR_CIFAR_VIEW = (0.4, 0.4, 0.4, 0.1, 0.8, 0.2, 0.0, 0.0, 0.08)  # strength 0
 SIMCLR_IMAGENET_VIEW = (0.8, 0.8, 0.8, 0.2, 0.8, 0.2, 0.5, 0.0, 0.08)  # strength 1.0 + blur (SimCLR appendix A)
 BT_CIFAR_VIEWS = [(0.4, 0.4, 0.2, 0.1, 0.8, 0.2, 0.0, 0.0, 0.08), (0.4, 0.4, 0.2, 0.1, 0.8, 0.2, 0.0, 0.2, 0.08)]
 BYOL_VIEWS = [(0.4, 0.4, 0.2, 0.1, 0.8, 0.2, 1.0, 0.0, 0.08), (0.4, 0.4, 0.2, 0.1, 0.8, 0.2, 0.1, 0.2, 0.08)]
-MOCOV3_VIEWS = [(0.4, 0.4, 0.2, 0.1, 0.8, 0.2, 1.0, 0.0, 0.2), (0.4, 0.4, 0.2, 0.1, 0.8, 0.2, 0.1, 0.2, 0.2)]  # --crop-min=.2
+MOCOV3_VIEWS = [
+    (0.4, 0.4, 0.2, 0.1, 0.8, 0.2, 1.0, 0.0, 0.2),
+    (0.4, 0.4, 0.2, 0.1, 0.8, 0.2, 0.1, 0.2, 0.2),
+]  # --crop-min=.2
 VICREG_CIFAR_VIEWS = [(0.4, 0.4, 0.2, 0.1, 0.8, 0.2, 0.0, 0.1, 0.2)]  # solo-learn cifar/vicreg.yaml, count 2
 SWAV_CIFAR_VIEWS = [(0.8, 0.8, 0.8, 0.2, 0.8, 0.2, 0.5, 0.0, 0.08)]  # solo-learn augmentations/symmetric.yaml, count 2
 # Multi-crop: SwAV 2 x 224 (area 0.14-1) + 6 x 96 (0.05-0.14), strength-1 colour + blur 0.5 on every crop;
 # DINO (README's ResNet-50 scales) 2 global BYOL-style crops + 8 x 96 local crops with blur 0.5.
 SWAV_IMAGENET_VIEWS = [(0.8, 0.8, 0.8, 0.2, 0.8, 0.2, 0.5, 0.0, 0.14), (0.8, 0.8, 0.8, 0.2, 0.8, 0.2, 0.5, 0.0, 0.05)]
 DINO_IMAGENET_VIEWS = [
-    (0.4, 0.4, 0.2, 0.1, 0.8, 0.2, 1.0, 0.0, 0.14), (0.4, 0.4, 0.2, 0.1, 0.8, 0.2, 0.1, 0.2, 0.14),
+    (0.4, 0.4, 0.2, 0.1, 0.8, 0.2, 1.0, 0.0, 0.14),
+    (0.4, 0.4, 0.2, 0.1, 0.8, 0.2, 0.1, 0.2, 0.14),
     (0.4, 0.4, 0.2, 0.1, 0.8, 0.2, 0.5, 0.0, 0.05),
 ]
 # Per views entry: (size, count, crop max, hflip); recipes without "geometry" have 2 entries of one view each at
@@ -47,43 +51,107 @@ TWO_VIEWS = [(None, 1, 1.0, 0.5)] * 2
 ONE_ENTRY_TWO_VIEWS = [(None, 2, 1.0, 0.5)]
 
 _SIMCLR_CIFAR = {
-    "method.name": "simclr", "backbone.name": "resnet18", "backbone.small_stem": True,
-    "method.temperature": 0.2, "method.proj_hidden_dim": 2048, "method.proj_output_dim": 256,
-    "data.batch_size": 256, "optim.name": "lars", "optim.lr": 0.4, "optim.lr_scaling": "linear", "optim.eta": 0.02,
-    "optim.weight_decay": 1e-4, "optim.warmup_epochs": 10, "optim.exclude_bias_and_norm": True,
-    "trainer.max_epochs": 1000, "views": [SIMCLR_CIFAR_VIEW] * 2,
+    "method.name": "simclr",
+    "backbone.name": "resnet18",
+    "backbone.small_stem": True,
+    "method.temperature": 0.2,
+    "method.proj_hidden_dim": 2048,
+    "method.proj_output_dim": 256,
+    "data.batch_size": 256,
+    "optim.name": "lars",
+    "optim.lr": 0.4,
+    "optim.lr_scaling": "linear",
+    "optim.eta": 0.02,
+    "optim.weight_decay": 1e-4,
+    "optim.warmup_epochs": 10,
+    "optim.exclude_bias_and_norm": True,
+    "trainer.max_epochs": 1000,
+    "views": [SIMCLR_CIFAR_VIEW] * 2,
 }
 _BT_CIFAR = {
-    "method.name": "barlow_twins", "backbone.name": "resnet18", "backbone.small_stem": True,
-    "method.proj_hidden_dim": 2048, "method.proj_output_dim": 2048, "method.lambd": 0.0051, "method.scale_loss": 0.1,
-    "data.batch_size": 256, "optim.name": "lars", "optim.lr": 0.3, "optim.lr_scaling": "linear", "optim.eta": 0.02,
-    "optim.weight_decay": 1e-4, "optim.warmup_epochs": 10, "optim.exclude_bias_and_norm": True,
-    "trainer.max_epochs": 1000, "views": BT_CIFAR_VIEWS,
+    "method.name": "barlow_twins",
+    "backbone.name": "resnet18",
+    "backbone.small_stem": True,
+    "method.proj_hidden_dim": 2048,
+    "method.proj_output_dim": 2048,
+    "method.lambd": 0.0051,
+    "method.scale_loss": 0.1,
+    "data.batch_size": 256,
+    "optim.name": "lars",
+    "optim.lr": 0.3,
+    "optim.lr_scaling": "linear",
+    "optim.eta": 0.02,
+    "optim.weight_decay": 1e-4,
+    "optim.warmup_epochs": 10,
+    "optim.exclude_bias_and_norm": True,
+    "trainer.max_epochs": 1000,
+    "views": BT_CIFAR_VIEWS,
 }
 _SIMCLR_IMAGENET = {
-    "method.name": "simclr", "backbone.name": "resnet50", "backbone.small_stem": False, "data.name": "imagefolder",
-    "data.image_size": 224, "data.batch_size": 128, "method.temperature": 0.1, "method.proj_hidden_dim": 2048,
-    "method.proj_output_dim": 128, "optim.name": "lars", "optim.lr": 0.3, "optim.lr_scaling": "linear",
-    "optim.eta": 0.001, "optim.weight_decay": 1e-6, "optim.warmup_epochs": 10, "optim.final_lr": 0.0,
-    "optim.exclude_bias_and_norm": True, "trainer.max_epochs": 100, "views": [SIMCLR_IMAGENET_VIEW] * 2,
+    "method.name": "simclr",
+    "backbone.name": "resnet50",
+    "backbone.small_stem": False,
+    "data.name": "imagefolder",
+    "data.image_size": 224,
+    "data.batch_size": 128,
+    "method.temperature": 0.1,
+    "method.proj_hidden_dim": 2048,
+    "method.proj_output_dim": 128,
+    "optim.name": "lars",
+    "optim.lr": 0.3,
+    "optim.lr_scaling": "linear",
+    "optim.eta": 0.001,
+    "optim.weight_decay": 1e-6,
+    "optim.warmup_epochs": 10,
+    "optim.final_lr": 0.0,
+    "optim.exclude_bias_and_norm": True,
+    "trainer.max_epochs": 100,
+    "views": [SIMCLR_IMAGENET_VIEW] * 2,
 }
 _BT_IMAGENET = {
-    "method.name": "barlow_twins", "backbone.name": "resnet50", "backbone.small_stem": False,
-    "data.name": "imagefolder", "data.image_size": 224, "data.batch_size": 64, "method.proj_hidden_dim": 8192,
-    "method.proj_output_dim": 8192, "method.lambd": 0.0051, "method.scale_loss": 1.0, "optim.name": "lars",
-    "optim.lr": 0.2, "optim.lr_scaling": "linear", "optim.eta": 0.001, "optim.weight_decay": 1.5e-6,
-    "optim.warmup_epochs": 10, "optim.final_lr": 1.6e-3, "optim.exclude_bias_and_norm": True,
-    "trainer.max_epochs": 1000, "views": BYOL_VIEWS,
+    "method.name": "barlow_twins",
+    "backbone.name": "resnet50",
+    "backbone.small_stem": False,
+    "data.name": "imagefolder",
+    "data.image_size": 224,
+    "data.batch_size": 64,
+    "method.proj_hidden_dim": 8192,
+    "method.proj_output_dim": 8192,
+    "method.lambd": 0.0051,
+    "method.scale_loss": 1.0,
+    "optim.name": "lars",
+    "optim.lr": 0.2,
+    "optim.lr_scaling": "linear",
+    "optim.eta": 0.001,
+    "optim.weight_decay": 1.5e-6,
+    "optim.warmup_epochs": 10,
+    "optim.final_lr": 1.6e-3,
+    "optim.exclude_bias_and_norm": True,
+    "trainer.max_epochs": 1000,
+    "views": BYOL_VIEWS,
 }
 
 # solo-learn's CIFAR settings shared by its recipes (scripts/pretrain/cifar/*.yaml and its scheduler defaults).
 _SOLO_LEARN_CIFAR = {
-    "backbone.name": "resnet18", "backbone.small_stem": True, "data.name": "cifar10", "data.batch_size": 256,
-    "optim.name": "lars", "optim.lr_scaling": "linear", "optim.eta": 0.02, "optim.warmup_epochs": 10,
-    "optim.warmup_start_lr": 3e-5, "optim.final_lr": 0.0, "optim.exclude_bias_and_norm": True,
+    "backbone.name": "resnet18",
+    "backbone.small_stem": True,
+    "data.name": "cifar10",
+    "data.batch_size": 256,
+    "optim.name": "lars",
+    "optim.lr_scaling": "linear",
+    "optim.eta": 0.02,
+    "optim.warmup_epochs": 10,
+    "optim.warmup_start_lr": 3e-5,
+    "optim.final_lr": 0.0,
+    "optim.exclude_bias_and_norm": True,
     "trainer.max_epochs": 1000,
 }
-_IMAGENET = {"backbone.name": "resnet50", "backbone.small_stem": False, "data.name": "imagefolder", "data.image_size": 224}
+_IMAGENET = {
+    "backbone.name": "resnet50",
+    "backbone.small_stem": False,
+    "data.name": "imagefolder",
+    "data.image_size": 224,
+}
 
 # The cited numbers, per recipe (see each file's header for the source of each).
 EXPECTED = {
@@ -94,112 +162,262 @@ EXPECTED = {
     "simclr_imagenet": _SIMCLR_IMAGENET,
     "barlow_twins_imagenet": _BT_IMAGENET,
     "simclr_imagenet_resnet18": {
-        **_SIMCLR_IMAGENET, "backbone.name": "resnet18", "optim.lr": 1.2, "optim.lr_scaling": "sqrt",
+        **_SIMCLR_IMAGENET,
+        "backbone.name": "resnet18",
+        "optim.lr": 1.2,
+        "optim.lr_scaling": "sqrt",
     },
     "barlow_twins_imagenet_resnet18": {
-        **_BT_IMAGENET, "backbone.name": "resnet18", "data.batch_size": 128, "optim.final_lr": 2e-4,
+        **_BT_IMAGENET,
+        "backbone.name": "resnet18",
+        "data.batch_size": 128,
+        "optim.final_lr": 2e-4,
     },
     # solo-learn cifar/byol.yaml
     "byol_cifar10": {
-        **_SOLO_LEARN_CIFAR, "method.name": "byol", "method.proj_hidden_dim": 4096, "method.proj_output_dim": 256,
-        "method.pred_hidden_dim": 4096, "method.base_momentum": 0.99, "method.final_momentum": 1.0, "optim.lr": 1.0,
-        "optim.weight_decay": 1e-5, "optim.probe_lr": 0.1, "views": BT_CIFAR_VIEWS,
+        **_SOLO_LEARN_CIFAR,
+        "method.name": "byol",
+        "method.proj_hidden_dim": 4096,
+        "method.proj_output_dim": 256,
+        "method.pred_hidden_dim": 4096,
+        "method.base_momentum": 0.99,
+        "method.final_momentum": 1.0,
+        "optim.lr": 1.0,
+        "optim.weight_decay": 1e-5,
+        "optim.probe_lr": 0.1,
+        "views": BT_CIFAR_VIEWS,
     },
     # BYOL (Grill et al. 2020) and byol/configs/byol.py's 1000-epoch preset
     "byol_imagenet": {
-        **_IMAGENET, "method.name": "byol", "method.proj_hidden_dim": 4096, "method.proj_output_dim": 256,
-        "method.pred_hidden_dim": 4096, "method.base_momentum": 0.996, "method.final_momentum": 1.0,
-        "data.batch_size": 128, "optim.name": "lars", "optim.lr": 0.2, "optim.lr_scaling": "linear", "optim.eta": 0.001,
-        "optim.weight_decay": 1.5e-6, "optim.warmup_epochs": 10, "optim.final_lr": 0.0,
-        "optim.exclude_bias_and_norm": True, "trainer.max_epochs": 1000, "views": BYOL_VIEWS,
+        **_IMAGENET,
+        "method.name": "byol",
+        "method.proj_hidden_dim": 4096,
+        "method.proj_output_dim": 256,
+        "method.pred_hidden_dim": 4096,
+        "method.base_momentum": 0.996,
+        "method.final_momentum": 1.0,
+        "data.batch_size": 128,
+        "optim.name": "lars",
+        "optim.lr": 0.2,
+        "optim.lr_scaling": "linear",
+        "optim.eta": 0.001,
+        "optim.weight_decay": 1.5e-6,
+        "optim.warmup_epochs": 10,
+        "optim.final_lr": 0.0,
+        "optim.exclude_bias_and_norm": True,
+        "trainer.max_epochs": 1000,
+        "views": BYOL_VIEWS,
     },
     # solo-learn cifar/mocov3.yaml
     "mocov3_cifar10": {
-        **_SOLO_LEARN_CIFAR, "method.name": "mocov3", "method.proj_hidden_dim": 4096, "method.proj_output_dim": 256,
-        "method.pred_hidden_dim": 4096, "method.temperature": 0.2, "method.base_momentum": 0.99,
-        "method.final_momentum": 1.0, "optim.lr": 0.3, "optim.weight_decay": 1e-6, "optim.probe_lr": 0.3,
+        **_SOLO_LEARN_CIFAR,
+        "method.name": "mocov3",
+        "method.proj_hidden_dim": 4096,
+        "method.proj_output_dim": 256,
+        "method.pred_hidden_dim": 4096,
+        "method.temperature": 0.2,
+        "method.base_momentum": 0.99,
+        "method.final_momentum": 1.0,
+        "optim.lr": 0.3,
+        "optim.weight_decay": 1e-6,
+        "optim.probe_lr": 0.3,
         "views": BT_CIFAR_VIEWS,
     },
     # MoCo v3 (Chen et al. 2021), CONFIG.md's ResNet-50 1000-epoch setup
     "mocov3_imagenet": {
-        **_IMAGENET, "method.name": "mocov3", "method.proj_hidden_dim": 4096, "method.proj_output_dim": 256,
-        "method.pred_hidden_dim": 4096, "method.temperature": 1.0, "method.base_momentum": 0.996,
-        "method.final_momentum": 1.0, "data.batch_size": 256, "optim.name": "lars", "optim.lr": 0.3,
-        "optim.lr_scaling": "linear", "optim.eta": 0.001, "optim.weight_decay": 1.5e-6, "optim.warmup_epochs": 10,
-        "optim.final_lr": 0.0, "optim.exclude_bias_and_norm": True, "trainer.max_epochs": 1000, "views": MOCOV3_VIEWS,
+        **_IMAGENET,
+        "method.name": "mocov3",
+        "method.proj_hidden_dim": 4096,
+        "method.proj_output_dim": 256,
+        "method.pred_hidden_dim": 4096,
+        "method.temperature": 1.0,
+        "method.base_momentum": 0.996,
+        "method.final_momentum": 1.0,
+        "data.batch_size": 256,
+        "optim.name": "lars",
+        "optim.lr": 0.3,
+        "optim.lr_scaling": "linear",
+        "optim.eta": 0.001,
+        "optim.weight_decay": 1.5e-6,
+        "optim.warmup_epochs": 10,
+        "optim.final_lr": 0.0,
+        "optim.exclude_bias_and_norm": True,
+        "trainer.max_epochs": 1000,
+        "views": MOCOV3_VIEWS,
     },
     # solo-learn cifar/vicreg.yaml
     "vicreg_cifar10": {
-        **_SOLO_LEARN_CIFAR, "method.name": "vicreg", "method.proj_hidden_dim": 2048, "method.proj_output_dim": 2048,
-        "method.sim_coeff": 25.0, "method.std_coeff": 25.0, "method.cov_coeff": 1.0, "optim.lr": 0.3,
-        "optim.weight_decay": 1e-4, "optim.probe_lr": 0.1, "views": VICREG_CIFAR_VIEWS, "geometry": ONE_ENTRY_TWO_VIEWS,
+        **_SOLO_LEARN_CIFAR,
+        "method.name": "vicreg",
+        "method.proj_hidden_dim": 2048,
+        "method.proj_output_dim": 2048,
+        "method.sim_coeff": 25.0,
+        "method.std_coeff": 25.0,
+        "method.cov_coeff": 1.0,
+        "optim.lr": 0.3,
+        "optim.weight_decay": 1e-4,
+        "optim.probe_lr": 0.1,
+        "views": VICREG_CIFAR_VIEWS,
+        "geometry": ONE_ENTRY_TWO_VIEWS,
     },
     # VICReg (Bardes et al. 2022) and main_vicreg.py
     "vicreg_imagenet": {
-        **_IMAGENET, "method.name": "vicreg", "method.proj_hidden_dim": 8192, "method.proj_output_dim": 8192,
-        "method.sim_coeff": 25.0, "method.std_coeff": 25.0, "method.cov_coeff": 1.0, "data.batch_size": 64,
-        "optim.name": "lars", "optim.lr": 0.2, "optim.lr_scaling": "linear", "optim.eta": 0.001,
-        "optim.weight_decay": 1e-6, "optim.warmup_epochs": 10, "optim.final_lr": 1.6e-3,
-        "optim.exclude_bias_and_norm": True, "trainer.max_epochs": 1000, "views": BYOL_VIEWS,
+        **_IMAGENET,
+        "method.name": "vicreg",
+        "method.proj_hidden_dim": 8192,
+        "method.proj_output_dim": 8192,
+        "method.sim_coeff": 25.0,
+        "method.std_coeff": 25.0,
+        "method.cov_coeff": 1.0,
+        "data.batch_size": 64,
+        "optim.name": "lars",
+        "optim.lr": 0.2,
+        "optim.lr_scaling": "linear",
+        "optim.eta": 0.001,
+        "optim.weight_decay": 1e-6,
+        "optim.warmup_epochs": 10,
+        "optim.final_lr": 1.6e-3,
+        "optim.exclude_bias_and_norm": True,
+        "trainer.max_epochs": 1000,
+        "views": BYOL_VIEWS,
     },
     # solo-learn cifar/dino.yaml (+ its DINO defaults: teacher 0.07, student 0.1, no warm-up, freeze 1 epoch)
     "dino_cifar10": {
-        **_SOLO_LEARN_CIFAR, "method.name": "dino", "method.proj_hidden_dim": 2048, "method.use_bn_in_head": False, "method.bottleneck_dim": 256,
-        "method.num_prototypes": 4096, "method.student_temperature": 0.1, "method.teacher_temperature": 0.07,
-        "method.warmup_teacher_temperature_epochs": 0.0, "method.center_momentum": 0.9,
-        "method.base_momentum": 0.9995, "method.final_momentum": 1.0, "method.freeze_last_layer_epochs": 1.0,
-        "optim.lr": 0.3, "optim.weight_decay": 1e-6, "optim.probe_lr": 0.1, "views": BT_CIFAR_VIEWS,
+        **_SOLO_LEARN_CIFAR,
+        "method.name": "dino",
+        "method.proj_hidden_dim": 2048,
+        "method.use_bn_in_head": False,
+        "method.bottleneck_dim": 256,
+        "method.num_prototypes": 4096,
+        "method.student_temperature": 0.1,
+        "method.teacher_temperature": 0.07,
+        "method.warmup_teacher_temperature_epochs": 0.0,
+        "method.center_momentum": 0.9,
+        "method.base_momentum": 0.9995,
+        "method.final_momentum": 1.0,
+        "method.freeze_last_layer_epochs": 1.0,
+        "optim.lr": 0.3,
+        "optim.weight_decay": 1e-6,
+        "optim.probe_lr": 0.1,
+        "views": BT_CIFAR_VIEWS,
     },
     # DINO (Caron et al. 2021): the README's ResNet-50 command on main_dino.py's defaults
     "dino_imagenet": {
-        **_IMAGENET, "method.name": "dino", "method.proj_hidden_dim": 2048, "method.use_bn_in_head": False, "method.bottleneck_dim": 256,
-        "method.num_prototypes": 65536, "method.student_temperature": 0.1, "method.teacher_temperature": 0.04,
-        "method.warmup_teacher_temperature": 0.04, "method.warmup_teacher_temperature_epochs": 0.0,
-        "method.center_momentum": 0.9, "method.base_momentum": 0.996, "method.final_momentum": 1.0,
-        "method.freeze_last_layer_epochs": 1.0, "data.batch_size": 64, "optim.name": "sgd", "optim.lr": 0.03,
-        "optim.lr_scaling": "linear", "optim.momentum": 0.9, "optim.weight_decay": 1e-4, "optim.warmup_epochs": 10,
-        "optim.warmup_start_lr": 0.0, "optim.final_lr": 1e-6, "optim.exclude_bias_and_norm": True,
-        "trainer.max_epochs": 100, "views": DINO_IMAGENET_VIEWS,
+        **_IMAGENET,
+        "method.name": "dino",
+        "method.proj_hidden_dim": 2048,
+        "method.use_bn_in_head": False,
+        "method.bottleneck_dim": 256,
+        "method.num_prototypes": 65536,
+        "method.student_temperature": 0.1,
+        "method.teacher_temperature": 0.04,
+        "method.warmup_teacher_temperature": 0.04,
+        "method.warmup_teacher_temperature_epochs": 0.0,
+        "method.center_momentum": 0.9,
+        "method.base_momentum": 0.996,
+        "method.final_momentum": 1.0,
+        "method.freeze_last_layer_epochs": 1.0,
+        "data.batch_size": 64,
+        "optim.name": "sgd",
+        "optim.lr": 0.03,
+        "optim.lr_scaling": "linear",
+        "optim.momentum": 0.9,
+        "optim.weight_decay": 1e-4,
+        "optim.warmup_epochs": 10,
+        "optim.warmup_start_lr": 0.0,
+        "optim.final_lr": 1e-6,
+        "optim.exclude_bias_and_norm": True,
+        "trainer.max_epochs": 100,
+        "views": DINO_IMAGENET_VIEWS,
         "geometry": [(None, 1, 1.0, 0.5), (None, 1, 1.0, 0.5), (96, 8, 0.14, 0.5)],
         "view_sizes": [224, 224] + [96] * 8,
     },
     # solo-learn cifar/swav.yaml (+ its SwAV defaults: epsilon 0.05, 3 Sinkhorn iterations); no queue
     "swav_cifar10": {
-        **_SOLO_LEARN_CIFAR, "method.name": "swav", "method.proj_hidden_dim": 2048, "method.proj_output_dim": 128,
-        "method.num_prototypes": 3000, "method.temperature": 0.1, "method.epsilon": 0.05,
-        "method.sinkhorn_iterations": 3, "method.freeze_prototypes_epochs": 2.0, "optim.lr": 0.6,
-        "optim.weight_decay": 1e-6, "optim.probe_lr": 0.1, "views": SWAV_CIFAR_VIEWS, "geometry": ONE_ENTRY_TWO_VIEWS,
+        **_SOLO_LEARN_CIFAR,
+        "method.name": "swav",
+        "method.proj_hidden_dim": 2048,
+        "method.proj_output_dim": 128,
+        "method.num_prototypes": 3000,
+        "method.temperature": 0.1,
+        "method.epsilon": 0.05,
+        "method.sinkhorn_iterations": 3,
+        "method.freeze_prototypes_epochs": 2.0,
+        "optim.lr": 0.6,
+        "optim.weight_decay": 1e-6,
+        "optim.probe_lr": 0.1,
+        "views": SWAV_CIFAR_VIEWS,
+        "geometry": ONE_ENTRY_TWO_VIEWS,
     },
     # SwAV (Caron et al. 2020), scripts/swav_800ep_pretrain.sh
     "swav_imagenet": {
-        **_IMAGENET, "method.name": "swav", "method.proj_hidden_dim": 2048, "method.proj_output_dim": 128,
-        "method.num_prototypes": 3000, "method.temperature": 0.1, "method.epsilon": 0.05,
-        "method.sinkhorn_iterations": 3, "method.freeze_prototypes_epochs": 1.0, "data.batch_size": 64,
-        "optim.name": "lars", "optim.lr": 0.3, "optim.lr_scaling": "linear", "optim.eta": 0.001,
-        "optim.weight_decay": 1e-6, "optim.exclude_bias_and_norm": False, "optim.warmup_epochs": 10,
-        "optim.warmup_start_lr": 0.3, "optim.final_lr": 4.8e-3, "trainer.max_epochs": 800,
-        "views": SWAV_IMAGENET_VIEWS, "geometry": [(None, 2, 1.0, 0.5), (96, 6, 0.14, 0.5)],
+        **_IMAGENET,
+        "method.name": "swav",
+        "method.proj_hidden_dim": 2048,
+        "method.proj_output_dim": 128,
+        "method.num_prototypes": 3000,
+        "method.temperature": 0.1,
+        "method.epsilon": 0.05,
+        "method.sinkhorn_iterations": 3,
+        "method.freeze_prototypes_epochs": 1.0,
+        "data.batch_size": 64,
+        "optim.name": "lars",
+        "optim.lr": 0.3,
+        "optim.lr_scaling": "linear",
+        "optim.eta": 0.001,
+        "optim.weight_decay": 1e-6,
+        "optim.exclude_bias_and_norm": False,
+        "optim.warmup_epochs": 10,
+        "optim.warmup_start_lr": 0.3,
+        "optim.final_lr": 4.8e-3,
+        "trainer.max_epochs": 800,
+        "views": SWAV_IMAGENET_VIEWS,
+        "geometry": [(None, 2, 1.0, 0.5), (96, 6, 0.14, 0.5)],
         "view_sizes": [224, 224] + [96] * 6,
     },
 }
 # CLIP (Radford et al. 2021, sec. 2.5, appendix F): AdamW beta2 0.98, weight decay 0.2, lr 5e-4 for RN50,
 # text Transformer 512 wide, 12 layers, 8 heads, context 77, embedding 1024 for RN50, 32 epochs.
 CLIP_EXPECTED = {
-    "method.name": "clip", "backbone.name": "resnet50", "data.name": "csv", "optim.name": "adamw",
-    "optim.lr": 5e-4, "optim.weight_decay": 0.2, "optim.betas": [0.9, 0.98], "method.embed_dim": 1024,
-    "method.text.width": 512, "method.text.depth": 12, "method.text.heads": 8, "method.text.context_length": 77,
-    "method.init_logit_scale": 1 / 0.07, "method.max_logit_scale": 100.0, "trainer.max_epochs": 32,
+    "method.name": "clip",
+    "backbone.name": "resnet50",
+    "data.name": "csv",
+    "optim.name": "adamw",
+    "optim.lr": 5e-4,
+    "optim.weight_decay": 0.2,
+    "optim.betas": [0.9, 0.98],
+    "method.embed_dim": 1024,
+    "method.text.width": 512,
+    "method.text.depth": 12,
+    "method.text.heads": 8,
+    "method.text.context_length": 77,
+    "method.init_logit_scale": 1 / 0.07,
+    "method.max_logit_scale": 100.0,
+    "trainer.max_epochs": 32,
 }
 
 
 # SigLIP (Zhai et al. 2023): t' = log 10 (t = 10), b = -10, beta2 0.95, lr 1e-3, decoupled weight decay 1e-4 (0.1 in
 # torch's lr-coupled AdamW at lr 1e-3), no augmentation; the towers and epochs follow the CLIP recipe (a choice).
 SIGLIP_EXPECTED = {
-    "method.name": "siglip", "backbone.name": "resnet50", "data.name": "csv", "data.image_size": 224,
-    "optim.name": "adamw", "optim.lr": 1e-3, "optim.lr_scaling": "none", "optim.weight_decay": 1e-4 / 1e-3,
-    "optim.betas": [0.9, 0.95], "optim.grad_clip": 1.0, "method.init_logit_scale": 10.0, "method.init_bias": -10.0,
-    "method.embed_dim": 1024, "method.text.width": 512, "method.text.depth": 12, "method.text.heads": 8,
-    "method.text.context_length": 77, "trainer.max_epochs": 32,
+    "method.name": "siglip",
+    "backbone.name": "resnet50",
+    "data.name": "csv",
+    "data.image_size": 224,
+    "optim.name": "adamw",
+    "optim.lr": 1e-3,
+    "optim.lr_scaling": "none",
+    "optim.weight_decay": 1e-4 / 1e-3,
+    "optim.betas": [0.9, 0.95],
+    "optim.grad_clip": 1.0,
+    "method.init_logit_scale": 10.0,
+    "method.init_bias": -10.0,
+    "method.embed_dim": 1024,
+    "method.text.width": 512,
+    "method.text.depth": 12,
+    "method.text.heads": 8,
+    "method.text.context_length": 77,
+    "trainer.max_epochs": 32,
 }
 
 
@@ -242,8 +460,17 @@ def _compose(*overrides: str):
 
 
 def _view_tuple(v) -> tuple:
-    return (v.brightness, v.contrast, v.saturation, v.hue, v.jitter_prob, v.grayscale_prob, v.blur_prob,
-            v.solarize_prob, v.crop_scale[0])
+    return (
+        v.brightness,
+        v.contrast,
+        v.saturation,
+        v.hue,
+        v.jitter_prob,
+        v.grayscale_prob,
+        v.blur_prob,
+        v.solarize_prob,
+        v.crop_scale[0],
+    )
 
 
 def test_every_documented_recipe_is_on_disk():
@@ -366,7 +593,9 @@ def test_teacher_momenta_are_fractions():
 
 def test_command_line_overrides_beat_the_experiment():
     cfg = _compose("experiment=simclr_cifar10", "backbone=resnet50", "method.temperature=0.5", "data.batch_size=64")
-    assert cfg.backbone.name == "resnet50" and cfg.backbone.small_stem is True  # the experiment's small_stem still applies
+    assert (
+        cfg.backbone.name == "resnet50" and cfg.backbone.small_stem is True
+    )  # the experiment's small_stem still applies
     assert cfg.method.temperature == 0.5 and cfg.data.batch_size == 64
 
 
@@ -388,7 +617,10 @@ def test_unknown_experiment_lists_the_available_ones():
 def test_cli_prints_the_composed_config():
     out = subprocess.run(
         [sys.executable, "main_pretrain.py", "experiment=simclr_cifar10", "--cfg", "job"],
-        cwd=REPO, capture_output=True, text=True, timeout=120,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert out.returncode == 0, out.stderr
     printed = OmegaConf.create(out.stdout)

@@ -78,7 +78,7 @@ MODULES = {
         def user_squares(d, split, seed, pairs):
             return Squares(d.num_samples, d.image_size, split)
     ''',
-    "user_convnet.py": '''
+    "user_convnet.py": """
         from dataclasses import dataclass
 
         from torch import nn
@@ -97,7 +97,7 @@ MODULES = {
             net = nn.Sequential(nn.Conv2d(3, cfg.width, 3, padding=1), nn.BatchNorm2d(cfg.width), nn.ReLU(),
                                 nn.AdaptiveAvgPool2d(1), nn.Flatten())
             return net, cfg.width
-    ''',
+    """,
 }
 YAMLS = {
     "method/user_cosine.yaml": "name: user_cosine\nout_dim: 8\n",
@@ -124,9 +124,13 @@ def user_package(tmp_path_factory):
 
 
 def _overrides(root) -> list[str]:
-    return ["imports=[userpkg.user_cosine,userpkg.user_squares,userpkg.user_convnet]",
-            f"hydra.searchpath=[file://{root / 'userpkg' / 'configs'}]",
-            "method=user_cosine", "data=user_squares", "backbone=user_convnet"]
+    return [
+        "imports=[userpkg.user_cosine,userpkg.user_squares,userpkg.user_convnet]",
+        f"hydra.searchpath=[file://{root / 'userpkg' / 'configs'}]",
+        "method=user_cosine",
+        "data=user_squares",
+        "backbone=user_convnet",
+    ]
 
 
 def test_a_users_method_dataset_and_backbone_train_together(user_package, tmp_path):
@@ -143,10 +147,16 @@ def test_a_users_method_dataset_and_backbone_train_together(user_package, tmp_pa
 
 def test_help_lists_what_a_users_package_registers(user_package):
     env = {"PYTHONPATH": f"{user_package}:{REPO}", "PATH": "/usr/bin:/bin"}
-    out = subprocess.run([sys.executable, "main_pretrain.py", *_overrides(user_package)[:2], "--help"], cwd=REPO, env=env,
-                         capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "main_pretrain.py", *_overrides(user_package)[:2], "--help"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr
-    registered = out.stdout[out.stdout.index("Registered"):]
+    registered = out.stdout[out.stdout.index("Registered") :]
     assert "user_cosine" in registered.split("method:")[1].splitlines()[0]
     assert "user_squares" in registered.split("data.name:")[1].splitlines()[0]
     assert "user_convnet" in registered.split("backbone.name:")[1].splitlines()[0]

@@ -21,8 +21,12 @@ SHORT = TINY + ["data.batch_size=16", "trainer.max_steps=4"]
 def main_pretrain(overrides, run_dir, **env):
     """`python main_pretrain.py ...` as a user runs it: (exit code, everything it printed)."""
     result = subprocess.run(
-        [sys.executable, "main_pretrain.py", *overrides, f"hydra.run.dir={run_dir}"], cwd=REPO, capture_output=True,
-        text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1", **env},
+        [sys.executable, "main_pretrain.py", *overrides, f"hydra.run.dir={run_dir}"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "OMP_NUM_THREADS": "1", **env},
     )
     return result.returncode, (result.stdout + result.stderr).strip()
 
@@ -30,7 +34,10 @@ def main_pretrain(overrides, run_dir, **env):
 def test_rerun_with_other_hyperparameters_is_refused_and_config_kept(tmp_path):
     pretrain(compose_cfg(SHORT), tmp_path)
     before = (tmp_path / "config.yaml").read_text()
-    with pytest.raises(CheckpointError, match=r"optim.lr: 0.3 -> 1.0, method.temperature: 0.2 -> 0.5|method.temperature: 0.2 -> 0.5, optim.lr: 0.3 -> 1.0"):
+    with pytest.raises(
+        CheckpointError,
+        match=r"optim.lr: 0.3 -> 1.0, method.temperature: 0.2 -> 0.5|method.temperature: 0.2 -> 0.5, optim.lr: 0.3 -> 1.0",
+    ):
         pretrain(compose_cfg(SHORT + ["optim.lr=1.0", "method.temperature=0.5"]), tmp_path)
     assert (tmp_path / "config.yaml").read_text() == before
     # What is safe to change resumes: a longer run, other logging.
@@ -55,8 +62,11 @@ def test_unknown_keys_added_with_plus_are_refused():
     "overrides, message",
     [
         (["data=imagefolder", "data.root=/nowhere"], "error: imagefolder: no folder /nowhere/train"),
-        pytest.param(["data.batch_size=128"], "error: the global batch (128 per process x 1 processes = 128) is larger than the dataset (64",
-                     marks=pytest.mark.slow),  # each a fresh process: about 10 s
+        pytest.param(
+            ["data.batch_size=128"],
+            "error: the global batch (128 per process x 1 processes = 128) is larger than the dataset (64",
+            marks=pytest.mark.slow,
+        ),  # each a fresh process: about 10 s
         pytest.param(["method.temperature=0"], "error: method.temperature=0.0: must be > 0", marks=pytest.mark.slow),
         (["optim.lr=-1"], "error: optim.lr=-1.0: must be > 0"),
     ],
@@ -81,9 +91,15 @@ def _images(root, bad=()):
 
 def test_a_corrupt_image_read_by_a_worker_is_named_in_one_message(tmp_path):
     _images(tmp_path / "data", bad=["broken.png"])
-    data = ["data=imagefolder", f"data.root={tmp_path / 'data'}", "data.batch_size=8", "data.num_workers=1", "trainer.max_steps=2"]
+    data = [
+        "data=imagefolder",
+        f"data.root={tmp_path / 'data'}",
+        "data.batch_size=8",
+        "data.num_workers=1",
+        "trainer.max_steps=2",
+    ]
     code, out = main_pretrain(TINY_FILES + data + ["data.check_images=0"], tmp_path / "run")
-    error = out[out.index("error:"):]  # after the run's start line
+    error = out[out.index("error:") :]  # after the run's start line
     assert code == 2 and len(error.splitlines()) <= 3 and "Traceback" not in out, out
     assert error.startswith(f"error: cannot read image {tmp_path / 'data' / 'train' / 'b' / 'broken.png'}"), out
     code, out = main_pretrain(TINY_FILES + data, tmp_path / "run2")  # found at start, before training
@@ -93,12 +109,25 @@ def test_a_corrupt_image_read_by_a_worker_is_named_in_one_message(tmp_path):
 @pytest.mark.slow
 def test_skipped_images_are_the_same_on_every_world_size(tmp_path):
     _images(tmp_path / "data", bad=["broken1.png", "broken2.png"])
-    data = TINY_FILES + ["data=imagefolder", f"data.root={tmp_path / 'data'}", "data.on_bad_image=skip", "trainer.max_steps=6",
-                   "trainer.log_every_steps=1", "trainer.precision=64"]
-    subprocess.run([sys.executable, "main_pretrain.py", *data, "data.batch_size=8", f"hydra.run.dir={tmp_path / 'w1'}"],
-                   cwd=REPO, check=True, capture_output=True, timeout=300)
+    data = TINY_FILES + [
+        "data=imagefolder",
+        f"data.root={tmp_path / 'data'}",
+        "data.on_bad_image=skip",
+        "trainer.max_steps=6",
+        "trainer.log_every_steps=1",
+        "trainer.precision=64",
+    ]
+    subprocess.run(
+        [sys.executable, "main_pretrain.py", *data, "data.batch_size=8", f"hydra.run.dir={tmp_path / 'w1'}"],
+        cwd=REPO,
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
     launch(data + ["data.batch_size=4"], tmp_path / "w2", nproc=2, stdout=subprocess.DEVNULL).wait(timeout=300)
-    one, two = ([m.get("data/skipped_images") for m in metrics(tmp_path / w) if "train/loss" in m] for w in ("w1", "w2"))
+    one, two = (
+        [m.get("data/skipped_images") for m in metrics(tmp_path / w) if "train/loss" in m] for w in ("w1", "w2")
+    )
     assert one == two and sum(one) > 0, (one, two)
     a, b = weights(tmp_path / "w1"), weights(tmp_path / "w2")
     assert all(torch.allclose(a[k], b[k], rtol=0, atol=1e-10) for k in a)

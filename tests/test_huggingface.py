@@ -16,10 +16,19 @@ from solo.data import HuggingFaceImages, HuggingFacePairs, SyntheticDataset, bui
 from solo.data.decode import ImageReadError
 from solo.data.make_shards import main as make_shards
 from solo.errors import ConfigError, DataError, NotFound
+from solo.train.trainer import pretrain
 from tests.test_eval import compose_linear
 from tests.test_shards import write_folder
-from solo.train.trainer import pretrain
-from tests.test_train import TINY, compose_cfg, kill_processes_mentioning, launch, metrics, run, weights, weights_at_init
+from tests.test_train import (
+    TINY,
+    compose_cfg,
+    kill_processes_mentioning,
+    launch,
+    metrics,
+    run,
+    weights,
+    weights_at_init,
+)
 
 NUM_TRAIN, NUM_VAL, BROKEN = 64, 32, 9  # row BROKEN of the train split holds bytes that are no image
 
@@ -38,8 +47,13 @@ def synthetic_split(count: int, split: str, broken: int | None = None) -> datase
         rows["image"].append({"bytes": b"not an image" if i == broken else png(image), "path": None})
         rows["label"].append(label)
         rows["caption"].append([f"a picture of class {label}", f"class {label}, number {i}"])
-    features = datasets.Features({"image": datasets.Image(), "label": datasets.ClassLabel(names=["w", "x", "y", "z"]),
-                                  "caption": datasets.Sequence(datasets.Value("string"))})
+    features = datasets.Features(
+        {
+            "image": datasets.Image(),
+            "label": datasets.ClassLabel(names=["w", "x", "y", "z"]),
+            "caption": datasets.Sequence(datasets.Value("string")),
+        }
+    )
     return datasets.Dataset.from_dict(rows, features=features)
 
 
@@ -47,15 +61,23 @@ def synthetic_split(count: int, split: str, broken: int | None = None) -> datase
 def saved(tmp_path_factory):
     """A DatasetDict written by save_to_disk: train (one broken image) and validation."""
     path = tmp_path_factory.mktemp("hf") / "synthetic"
-    datasets.DatasetDict({"train": synthetic_split(NUM_TRAIN, "train", BROKEN),
-                          "validation": synthetic_split(NUM_VAL, "val")}).save_to_disk(str(path))
+    datasets.DatasetDict(
+        {"train": synthetic_split(NUM_TRAIN, "train", BROKEN), "validation": synthetic_split(NUM_VAL, "val")}
+    ).save_to_disk(str(path))
     return path
 
 
 def hf_overrides(path, batch: int, steps: int) -> list[str]:
     return [o for o in TINY if not o.startswith("data.num_samples")] + [
-        "data=huggingface", f"data.path={path}", "data.image_size=16", "data.num_workers=0", "data.on_bad_image=skip",
-        f"data.batch_size={batch}", f"trainer.max_steps={steps}", "trainer.precision=64"]
+        "data=huggingface",
+        f"data.path={path}",
+        "data.image_size=16",
+        "data.num_workers=0",
+        "data.on_bad_image=skip",
+        f"data.batch_size={batch}",
+        f"trainer.max_steps={steps}",
+        "trainer.precision=64",
+    ]
 
 
 def test_reads_images_labels_and_classes_as_written(saved):
@@ -68,7 +90,10 @@ def test_reads_images_labels_and_classes_as_written(saved):
     with pytest.raises(ImageReadError, match=f"row {BROKEN} of split 'train'"):
         train.image(BROKEN)
     pairs = build_dataset("huggingface", "val", path=str(saved), caption_column="caption", pairs=True)
-    assert isinstance(pairs, HuggingFacePairs) and pairs.caption_options(5) == ["a picture of class 1", "class 1, number 5"]
+    assert isinstance(pairs, HuggingFacePairs) and pairs.caption_options(5) == [
+        "a picture of class 1",
+        "class 1, number 5",
+    ]
     assert build_dataset("huggingface", "val", path=str(saved), val_split=None) is None
 
 
@@ -79,8 +104,20 @@ def test_converter_writes_parquet_that_datasets_reads_back(tmp_path):
     write_folder(tmp_path / "folder" / "val", count=8)
     out = tmp_path / "parquet"
     for split in ("train", "val"):
-        assert make_shards(["imagefolder", str(tmp_path / "folder" / split), str(out), "--format", "parquet",
-                            "--samples-per-shard", "10"]) == 0
+        assert (
+            make_shards(
+                [
+                    "imagefolder",
+                    str(tmp_path / "folder" / split),
+                    str(out),
+                    "--format",
+                    "parquet",
+                    "--samples-per-shard",
+                    "10",
+                ]
+            )
+            == 0
+        )
     loaded = datasets.load_dataset(str(out))
     assert sorted(loaded) == ["train", "validation"] and len(loaded["train"]) == 24
     assert loaded["train"].features["label"].names == ["class_0", "class_1", "class_2", "class_3"]
@@ -89,23 +126,49 @@ def test_converter_writes_parquet_that_datasets_reads_back(tmp_path):
     assert read == files
     assert len(build_dataset("huggingface", "val", path=str(out))) == 8
 
-    rows = ["image,caption,label"] + [f"train/{f.parent.name}/{f.name},a picture of {f.parent.name},{f.parent.name[-1]}"
-                                      for f in sorted((tmp_path / "folder" / "train").glob("*/*"))]
+    rows = ["image,caption,label"] + [
+        f"train/{f.parent.name}/{f.name},a picture of {f.parent.name},{f.parent.name[-1]}"
+        for f in sorted((tmp_path / "folder" / "train").glob("*/*"))
+    ]
     (tmp_path / "captions.csv").write_text("\n".join(rows) + "\n")
-    assert make_shards(["csv", str(tmp_path / "captions.csv"), str(tmp_path / "pairs"), "--format", "parquet",
-                        "--root", str(tmp_path / "folder")]) == 0
-    pairs = build_dataset("huggingface", "train", path=str(tmp_path / "pairs"), val_split=None, caption_column="caption",
-                          pairs=True)
+    assert (
+        make_shards(
+            [
+                "csv",
+                str(tmp_path / "captions.csv"),
+                str(tmp_path / "pairs"),
+                "--format",
+                "parquet",
+                "--root",
+                str(tmp_path / "folder"),
+            ]
+        )
+        == 0
+    )
+    pairs = build_dataset(
+        "huggingface", "train", path=str(tmp_path / "pairs"), val_split=None, caption_column="caption", pairs=True
+    )
     assert sorted(pairs.caption_options(i)[0] for i in range(len(pairs))) == sorted(r.split(",")[1] for r in rows[1:])
     assert all(pairs.caption_options(i)[0].endswith(str(pairs.label(i))) for i in range(len(pairs)))
 
 
-@pytest.mark.parametrize("keys, error, message", [
-    ({"image_column": "img"}, ConfigError, r"data.image_column='img': split 'train' of .* its columns: \['image', 'label', 'caption'\]"),
-    ({"label_column": "class"}, ConfigError, r"data.label_column='class'"),
-    ({"label_column": "caption"}, DataError, r"data.label_column='caption' holds .*data.label_column=null"),
-    ({"train_split": "training"}, ConfigError, r"data.train_split='training': .* its splits: \['train', 'validation'\]"),
-])
+@pytest.mark.parametrize(
+    "keys, error, message",
+    [
+        (
+            {"image_column": "img"},
+            ConfigError,
+            r"data.image_column='img': split 'train' of .* its columns: \['image', 'label', 'caption'\]",
+        ),
+        ({"label_column": "class"}, ConfigError, r"data.label_column='class'"),
+        ({"label_column": "caption"}, DataError, r"data.label_column='caption' holds .*data.label_column=null"),
+        (
+            {"train_split": "training"},
+            ConfigError,
+            r"data.train_split='training': .* its splits: \['train', 'validation'\]",
+        ),
+    ],
+)
 def test_bad_settings_name_the_key(saved, keys, error, message):
     with pytest.raises(error, match=message):
         build_dataset("huggingface", "train", path=str(saved), **keys)
@@ -125,8 +188,18 @@ def test_linear_evaluation_of_unlabelled_data_is_refused(saved, tmp_path):
     from tests.test_train import run as pretrain_run
 
     pretrain_run(TINY + ["trainer.max_steps=1", "data.batch_size=8"], tmp_path / "pre")
-    cfg = compose_linear([f"pretrained={tmp_path / 'pre'}", "data=huggingface", f"data.path={saved}", "data.image_size=16",
-                          "data.label_column=null", "data.num_workers=0", "plots=false", "feature_cache=false"])
+    cfg = compose_linear(
+        [
+            f"pretrained={tmp_path / 'pre'}",
+            "data=huggingface",
+            f"data.path={saved}",
+            "data.image_size=16",
+            "data.label_column=null",
+            "data.num_workers=0",
+            "plots=false",
+            "feature_cache=false",
+        ]
+    )
     with pytest.raises(ConfigError, match="linear evaluation needs labelled"):
         evaluate_pretrained(cfg, tmp_path / "eval")
 
@@ -146,8 +219,15 @@ def test_training_is_world_size_invariant_and_counts_the_broken_image(saved, tmp
     assert skips[0] == skips[1] == 1  # the epoch of 64 rows reads row BROKEN once
 
 
-CLIP = ["method=clip", "augmentation=clip", "method.embed_dim=16", "method.text.width=16", "method.text.depth=1",
-        "method.text.heads=2", "data.caption_column=caption"]
+CLIP = [
+    "method=clip",
+    "augmentation=clip",
+    "method.embed_dim=16",
+    "method.text.width=16",
+    "method.text.depth=1",
+    "method.text.heads=2",
+    "data.caption_column=caption",
+]
 
 
 @pytest.mark.slow
@@ -156,7 +236,7 @@ def test_image_text_invariance_and_killed_run_resumes_bit_identical(saved, tmp_p
     """Image-text pairs (CLIP, a caption drawn per epoch from each row's list): 1 x 16 == 2 x 8 (float64). Then, for
     both kinds, a 2-process run killed after a mid-epoch checkpoint and restarted ends bit-identical."""
     extra = [o for o in CLIP if kind == "image_text"]
-    strip = ("method.proj_", ) if kind == "image_text" else ()
+    strip = ("method.proj_",) if kind == "image_text" else ()
     common = [o for o in hf_overrides(saved, 8, 10) if not o.startswith(strip)] + extra
     if kind == "image_text":
         run([o.replace("data.batch_size=8", "data.batch_size=16") for o in common], tmp_path / "w1")
@@ -167,10 +247,17 @@ def test_image_text_invariance_and_killed_run_resumes_bit_identical(saved, tmp_p
         moved = max(float((one[k] - start[k]).abs().max()) for k in one if k.startswith("method."))
         assert max(float((one[k] - two[k]).abs().max()) for k in one) <= 1e-10 * moved
     killed = tmp_path / "killed"
-    proc = launch(common + ["trainer.checkpoint_every_steps=3"], killed, nproc=2, stdout=subprocess.DEVNULL,
-                  stderr=subprocess.DEVNULL)
+    proc = launch(
+        common + ["trainer.checkpoint_every_steps=3"],
+        killed,
+        nproc=2,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     deadline = time.time() + 180
-    while not (killed / "checkpoints" / "step-000000006.pt").exists() and time.time() < deadline and proc.poll() is None:
+    while (
+        not (killed / "checkpoints" / "step-000000006.pt").exists() and time.time() < deadline and proc.poll() is None
+    ):
         time.sleep(0.05)
     kill_processes_mentioning(str(killed))
     proc.wait()
@@ -181,5 +268,7 @@ def test_image_text_invariance_and_killed_run_resumes_bit_identical(saved, tmp_p
 
 
 def test_a_method_that_learns_from_labels_refuses_unlabelled_data(saved, tmp_path):
-    with pytest.raises(ConfigError, match=r"method=supcon learns from the labels, and data=huggingface's train split has none"):
+    with pytest.raises(
+        ConfigError, match=r"method=supcon learns from the labels, and data=huggingface's train split has none"
+    ):
         pretrain(compose_cfg(hf_overrides(saved, 16, 1) + ["method=supcon", "data.label_column=null"]), tmp_path)

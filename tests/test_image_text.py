@@ -12,18 +12,18 @@ from omegaconf.errors import MissingMandatoryValue
 from PIL import Image
 
 from solo.data import (
-    build_dataset,
-    dataset_stats,
     ImageReadError,
     ViewAugmentation,
+    build_dataset,
     build_eval_transform,
     build_view_transform,
+    dataset_stats,
 )
+from solo.data.sampling.seeding import sample_seed
 from solo.data.sources.pairs import DIGIT_TEMPLATES, CsvPairs, DigitsPairs, digit_caption
 from solo.data.views.image_text import ImageTextDataset, ZeroShotEvalDataset
-from solo.data.sampling.seeding import sample_seed
-from solo.text.tokenizer import ByteTokenizer
 from solo.errors import DataError
+from solo.text.tokenizer import ByteTokenizer
 from tests.test_data import assert_global_rng_untouched
 
 SIZE = 16
@@ -268,7 +268,9 @@ def test_csv_missing_images_are_found_when_read_not_at_start(tmp_path):
     assert len(pairs) == 8
     with pytest.raises(ImageReadError, match=r"missing_0\.png \(row 2 of"):
         pairs.image(1)
-    with pytest.raises(DataError, match=r"7 of the first 8 images cannot be read.*missing_0\.png.*data.on_bad_image=skip"):
+    with pytest.raises(
+        DataError, match=r"7 of the first 8 images cannot be read.*missing_0\.png.*data.on_bad_image=skip"
+    ):
         check_images(pairs.image, 8, skip=False)
     assert len(check_images(pairs.image, 8, skip=True)) == 7
 

@@ -23,7 +23,7 @@ def import_cycles(package: str) -> list[list[str]]:
         path.append(module)
         for imported in sorted(graph.find_modules_directly_imported_by(module)):
             if state.get(imported) == "open":
-                cycles.append(path[path.index(imported):] + [imported])
+                cycles.append(path[path.index(imported) :] + [imported])
             elif imported not in state:
                 visit(imported)
         path.pop()
@@ -36,8 +36,12 @@ def import_cycles(package: str) -> list[list[str]]:
 
 
 def test_layers_point_down():
-    lint_imports = "from importlinter.cli import lint_imports_command; lint_imports_command()"  # the lint-imports script
-    out = subprocess.run([sys.executable, "-c", lint_imports, "--config", ".importlinter"], cwd=REPO, capture_output=True, text=True)
+    lint_imports = (
+        "from importlinter.cli import lint_imports_command; lint_imports_command()"  # the lint-imports script
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", lint_imports, "--config", ".importlinter"], cwd=REPO, capture_output=True, text=True
+    )
     assert out.returncode == 0 and "0 broken" in out.stdout, out.stdout + out.stderr
 
 
@@ -59,8 +63,13 @@ def long_functions(root: Path) -> list[str]:
     found = []
     for path in sorted(root.rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno + 1 > MAX_LINES:
-                found.append(f"{path.relative_to(root.parent)}:{node.lineno} {node.name} ({node.end_lineno - node.lineno + 1} lines)")
+            if (
+                isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+                and node.end_lineno - node.lineno + 1 > MAX_LINES
+            ):
+                found.append(
+                    f"{path.relative_to(root.parent)}:{node.lineno} {node.name} ({node.end_lineno - node.lineno + 1} lines)"
+                )
     return found
 
 
@@ -75,8 +84,10 @@ def test_every_bench_and_script_imports():
     """bench/ and scripts/ are not imported by the suite otherwise: a moved module would break them unseen.
     One interpreter runs each with --help (argparse exits before any work)."""
     files = sorted(str(p) for folder in ("bench", "scripts") for p in (REPO / folder).glob("*.py"))
-    code = ("import runpy, sys\nfor f in sys.argv[1:]:\n    sys.argv = [f, '--help']\n    try:\n"
-            "        runpy.run_path(f, run_name='__main__')\n    except SystemExit as e:\n"
-            "        assert e.code in (0, None), (f, e.code)\n")
+    code = (
+        "import runpy, sys\nfor f in sys.argv[1:]:\n    sys.argv = [f, '--help']\n    try:\n"
+        "        runpy.run_path(f, run_name='__main__')\n    except SystemExit as e:\n"
+        "        assert e.code in (0, None), (f, e.code)\n"
+    )
     out = subprocess.run([sys.executable, "-c", code, *files], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]

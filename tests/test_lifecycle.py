@@ -41,7 +41,9 @@ def checkpoint(run_dir, step=None) -> dict:
 def test_a_method_from_its_own_file_trains_with_its_teacher_and_resumes_exactly(tmp_path):
     run(TOY, tmp_path / "straight", nproc=2)
     model = checkpoint(tmp_path / "straight")["model"]
-    teacher = sorted(k for k in model if k.startswith("method.teacher.") and "running" not in k and "num_batches" not in k)
+    teacher = sorted(
+        k for k in model if k.startswith("method.teacher.") and "running" not in k and "num_batches" not in k
+    )
     assert teacher, "the teacher is part of the checkpoint"
     # After step 6 the teacher has moved towards the student by exactly the scheduled momentum (0.965).
     previous, now = checkpoint(tmp_path / "straight", 5)["model"], checkpoint(tmp_path / "straight", 6)["model"]
@@ -56,7 +58,9 @@ def test_a_method_from_its_own_file_trains_with_its_teacher_and_resumes_exactly(
     killed = tmp_path / "killed"
     proc = launch(TOY, killed, nproc=2, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 120
-    while not (killed / "checkpoints" / "step-000000004.pt").exists() and time.time() < deadline and proc.poll() is None:
+    while (
+        not (killed / "checkpoints" / "step-000000004.pt").exists() and time.time() < deadline and proc.poll() is None
+    ):
         time.sleep(0.05)
     kill_processes_mentioning(str(killed))
     proc.wait()
@@ -83,7 +87,9 @@ def test_multicrop_views_have_their_sizes_and_are_the_same_on_any_world_size():
         d = cfg.data.copy()
         d.batch_size = 8 // world
         splits = build_splits(d, env, seed=0, pairs=False)
-        loaders = build_loaders(splits, d, cfg.augmentation.views, env, seed=0, tokenizer=None, knn=False, device=torch.device("cpu"))
+        loaders = build_loaders(
+            splits, d, cfg.augmentation.views, env, seed=0, tokenizer=None, knn=False, device=torch.device("cpu")
+        )
         loaders.train.load_state_dict({"epoch": 1, "batch_in_epoch": 3})
         return next(iter(loaders.train)), splits.train
 
@@ -111,8 +117,13 @@ def test_a_dataset_from_its_own_file_trains(tmp_path):
     from solo.train.trainer import pretrain
 
     overrides = [o for o in TINY if not o.startswith("data.num_samples")]
-    cfg = compose_cfg(overrides + ["data.name=toy_stripes", "imports=[tests.toy_dataset]", "data.batch_size=16", "trainer.max_steps=3"])
+    cfg = compose_cfg(
+        overrides
+        + ["data.name=toy_stripes", "imports=[tests.toy_dataset]", "data.batch_size=16", "trainer.max_steps=3"]
+    )
     final = pretrain(cfg, tmp_path)
     assert final["val/acc1"] >= 0.0 and len(metrics(tmp_path)) == 4  # 3 training steps and one validation
-    with pytest.raises(ConfigError, match="unknown dataset data.name='no_such_data'; available: cifar10, .*toy_stripes"):
+    with pytest.raises(
+        ConfigError, match="unknown dataset data.name='no_such_data'; available: cifar10, .*toy_stripes"
+    ):
         compose_cfg(overrides + ["data.name=no_such_data"])

@@ -47,8 +47,12 @@ def test_clip_matches_symmetric_cross_entropy_definition():
     n = img.shape[0]
     i2t = t2i = 0.0
     for i in range(n):
-        i2t += -math.log(math.exp(scale * float(img[i] @ txt[i])) / sum(math.exp(scale * float(img[i] @ txt[j])) for j in range(n)))
-        t2i += -math.log(math.exp(scale * float(txt[i] @ img[i])) / sum(math.exp(scale * float(txt[i] @ img[j])) for j in range(n)))
+        i2t += -math.log(
+            math.exp(scale * float(img[i] @ txt[i])) / sum(math.exp(scale * float(img[i] @ txt[j])) for j in range(n))
+        )
+        t2i += -math.log(
+            math.exp(scale * float(txt[i] @ img[i])) / sum(math.exp(scale * float(txt[i] @ img[j])) for j in range(n))
+        )
     assert float(clip_loss(img, txt, scale)) == pytest.approx((i2t + t2i) / (2 * n), rel=1e-12)
 
 
@@ -82,7 +86,10 @@ def test_logits_in_float32_under_bf16_autocast(loss):
         (lambda: nt_xent_loss(torch.randn(4, 3), torch.randn(4, 5), 0.1), "feature sizes: 3 and 5"),
         (lambda: nt_xent_loss(torch.randn(4, 3), torch.randn(5, 3), 0.1), "batch sizes 4 and 5 differ"),
         (lambda: nt_xent_loss(torch.randn(4), torch.randn(4), 0.1), "2-D"),
-        (lambda: nt_xent_loss(torch.randn(4, 3), torch.randn(4, 3), 0.0), "temperature must be a finite number > 0, got 0.0"),
+        (
+            lambda: nt_xent_loss(torch.randn(4, 3), torch.randn(4, 3), 0.0),
+            "temperature must be a finite number > 0, got 0.0",
+        ),
         (lambda: nt_xent_loss(torch.randn(4, 3), torch.randn(4, 3), -1), "temperature"),
         (lambda: nt_xent_loss(torch.tensor([[1.0, float("nan")]] * 2), torch.randn(2, 2), 0.1), "z1 has non-finite"),
         (lambda: clip_loss(torch.randn(4, 3), torch.full((4, 3), float("inf")), 10.0), "text_features has non-finite"),
@@ -189,7 +196,10 @@ def test_dino_matches_a_double_loop_over_views_and_samples():
                 continue
             total = 0.0
             for i in range(n):
-                q = [math.exp(x) for x in _log_softmax([(teacher[g][i, c].item() - center[c].item()) / tt for c in range(k)])]
+                q = [
+                    math.exp(x)
+                    for x in _log_softmax([(teacher[g][i, c].item() - center[c].item()) / tt for c in range(k)])
+                ]
                 log_p = _log_softmax([student[v][i, c].item() / ts for c in range(k)])
                 total += -sum(q[c] * log_p[c] for c in range(k))
             pair_losses.append(total / n)

@@ -13,7 +13,17 @@ from hydra.errors import MissingConfigException
 from solo.errors import ConfigError
 from solo.methods import METHODS
 from solo.train.trainer import pretrain
-from tests.test_train import REPO, TINY, TINY_FILES, compose_cfg, kill_processes_mentioning, launch, run, weights, weights_at_init
+from tests.test_train import (
+    REPO,
+    TINY,
+    TINY_FILES,
+    compose_cfg,
+    kill_processes_mentioning,
+    launch,
+    run,
+    weights,
+    weights_at_init,
+)
 
 BASE = [o for o in TINY if not o.startswith("method.")] + ["trainer.precision=64"]
 HEADS = ["method.proj_hidden_dim=32", "method.proj_output_dim=16"]
@@ -25,12 +35,19 @@ METHOD = {
     "vicreg": HEADS,
     "siglip": TEXT,
     # Multi-crop, which the digits recipe leaves out: 2 global 16 px crops and 4 local 8 px ones.
-    "dino": ["augmentation=multicrop_digits", "method.proj_hidden_dim=32", "method.bottleneck_dim=16",
-             "method.num_prototypes=64", "method.base_momentum=0.9",
-             "method.warmup_teacher_temperature=0.02", "method.warmup_teacher_temperature_epochs=1",
-             "method.freeze_last_layer_epochs=0.5"],
+    "dino": [
+        "augmentation=multicrop_digits",
+        "method.proj_hidden_dim=32",
+        "method.bottleneck_dim=16",
+        "method.num_prototypes=64",
+        "method.base_momentum=0.9",
+        "method.warmup_teacher_temperature=0.02",
+        "method.warmup_teacher_temperature_epochs=1",
+        "method.freeze_last_layer_epochs=0.5",
+    ],
     # Multi-crop, which the digits recipe leaves out: 2 global 16 px crops and 4 local 8 px ones.
-    "swav": HEADS + ["augmentation=multicrop_digits", "method.num_prototypes=16", "method.freeze_prototypes_epochs=0.5"],
+    "swav": HEADS
+    + ["augmentation=multicrop_digits", "method.num_prototypes=16", "method.freeze_prototypes_epochs=0.5"],
     # A queue of 64 that the 6 steps of 16 keys wrap (96 pushed): negatives from the queue, not the batch.
     "mocov2plus": HEADS + ["method.queue_size=64", "method.base_momentum=0.9"],
     "supervised": ["method.num_classes=10", "augmentation=supervised"],  # one view: main_linear.py's fine-tuning
@@ -53,8 +70,14 @@ STEPS = 6
 
 def overrides(method: str, batch: int) -> list[str]:
     base = BASE if "data=digits" not in METHOD[method] else [o for o in BASE if o in TINY_FILES or o not in TINY]
-    return base + [f"method={method}", *METHOD[method], f"data.batch_size={batch}", f"trainer.max_steps={STEPS}",
-                   "trainer.checkpoint_every_steps=1", "trainer.keep_checkpoints=10"]
+    return base + [
+        f"method={method}",
+        *METHOD[method],
+        f"data.batch_size={batch}",
+        f"trainer.max_steps={STEPS}",
+        "trainer.checkpoint_every_steps=1",
+        "trainer.keep_checkpoints=10",
+    ]
 
 
 @pytest.mark.slow
@@ -74,11 +97,15 @@ def test_step_is_world_size_invariant_and_resumes_exactly(tmp_path, method):
     killed = tmp_path / "killed"
     proc = launch(overrides(method, 8), killed, nproc=2, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 180
-    while not (killed / "checkpoints" / "step-000000003.pt").exists() and time.time() < deadline and proc.poll() is None:
+    while (
+        not (killed / "checkpoints" / "step-000000003.pt").exists() and time.time() < deadline and proc.poll() is None
+    ):
         time.sleep(0.05)
     kill_processes_mentioning(str(killed))
     proc.wait()
-    assert 0 < torch.load(killed / "checkpoints" / "last.pt", weights_only=True)["step"] < STEPS, "the kill lands mid-run"
+    assert 0 < torch.load(killed / "checkpoints" / "last.pt", weights_only=True)["step"] < STEPS, (
+        "the kill lands mid-run"
+    )
     assert "resuming from" in run(overrides(method, 8), killed, nproc=2)
     resumed = weights(killed)
     for key in two:
@@ -86,8 +113,10 @@ def test_step_is_world_size_invariant_and_resumes_exactly(tmp_path, method):
 
 
 # Each kind of state and its known-wrong variant (tests/local_state_methods.py): filled with each rank's rows only.
-RANK_LOCAL = {"mocov2plus": ("mocov2plus_local_queue", "method.queues.0.count"),
-              "nnclr": ("nnclr_local_support", "method.support.count")}
+RANK_LOCAL = {
+    "mocov2plus": ("mocov2plus_local_queue", "method.queues.0.count"),
+    "nnclr": ("nnclr_local_support", "method.support.count"),
+}
 
 
 @pytest.mark.slow
@@ -97,12 +126,21 @@ def test_rank_local_state_is_not_world_size_invariant(tmp_path, method):
     differ, by far more than rounding, once the state is read (step 2 on); the global one (the test above) does not."""
     local_name, count = RANK_LOCAL[method]
     local = [o for o in overrides(method, 8) if not o.startswith("method=")] + [
-        f"method={local_name}", "imports=[tests.local_state_methods]", f"hydra.searchpath=[file://{REPO / 'tests' / 'configs'}]"]
+        f"method={local_name}",
+        "imports=[tests.local_state_methods]",
+        f"hydra.searchpath=[file://{REPO / 'tests' / 'configs'}]",
+    ]
     run(overrides(method, 16), tmp_path / "global_w1")
     run(local, tmp_path / "local_w2", nproc=2)
-    one, two, start = weights(tmp_path / "global_w1"), weights(tmp_path / "local_w2"), weights_at_init(overrides(method, 16))
+    one, two, start = (
+        weights(tmp_path / "global_w1"),
+        weights(tmp_path / "local_w2"),
+        weights_at_init(overrides(method, 16)),
+    )
     moved = max(float((one[k] - start[k]).abs().max()) for k in start)
-    worst = max(float((one[k] - two[k]).abs().max()) for k in start if not k.startswith(("method.queues.", "method.support.")))
+    worst = max(
+        float((one[k] - two[k]).abs().max()) for k in start if not k.startswith(("method.queues.", "method.support."))
+    )
     assert worst > 1e-4 * moved, f"a rank-local state changed the weights by only {worst} of {moved}"
     assert int(checkpoint(tmp_path / "global_w1", STEPS)[count]) == 16 * STEPS  # every row of every step: it wrapped
 
@@ -174,8 +212,16 @@ def test_unknown_method_lists_every_method():
     "method, views, message",
     [
         ("byol", "augmentation=multicrop_digits", r"only used by methods that take local crops \(dino, swav\)"),
-        ("dino", "augmentation=multicrop_digits augmentation.views.1.size=32", r"local crops .* must be smaller than 16 px"),
-        ("swav", "augmentation=clip", r"swav compares 2 view\(s\) of one size first, but augmentation.views gives sizes \[16\]"),
+        (
+            "dino",
+            "augmentation=multicrop_digits augmentation.views.1.size=32",
+            r"local crops .* must be smaller than 16 px",
+        ),
+        (
+            "swav",
+            "augmentation=clip",
+            r"swav compares 2 view\(s\) of one size first, but augmentation.views gives sizes \[16\]",
+        ),
     ],
 )
 def test_views_a_method_cannot_use_are_refused_with_the_reason(method, views, message):
@@ -185,7 +231,11 @@ def test_views_a_method_cannot_use_are_refused_with_the_reason(method, views, me
 
 @pytest.mark.parametrize(
     "override",
-    ["method=byol method.base_momentum=1.5", "method=mocov3 method.final_momentum=-0.1", "method=dino method.base_momentum=2"],
+    [
+        "method=byol method.base_momentum=1.5",
+        "method=mocov3 method.final_momentum=-0.1",
+        "method=dino method.base_momentum=2",
+    ],
 )
 def test_teacher_momentum_outside_0_1_is_refused(override):
     key = override.split()[1].split("=")[0]
@@ -214,16 +264,27 @@ def test_byol_targets_are_the_teachers_and_take_no_gradient():
 
 
 def test_more_prototypes_than_samples_are_refused(tmp_path):
-    with pytest.raises(ConfigError, match=r"method.num_prototypes=\[4, 65\]: k-means cannot make 65 clusters of the 64 samples"):
+    with pytest.raises(
+        ConfigError, match=r"method.num_prototypes=\[4, 65\]: k-means cannot make 65 clusters of the 64 samples"
+    ):
         pretrain(compose_cfg(overrides("deepclusterv2", 16) + ["method.num_prototypes=[4,65]"]), tmp_path)
 
 
-@pytest.mark.parametrize("override, message", [
-    ("method=wmse method.whitening_size=24", r"method.whitening_size=24: .* must divide it"),
-    ("method=vibcreg method.iternorm_groups=5", r"method.proj_output_dim=16 is not a multiple of method.iternorm_groups=5"),
-    ("method=all4one method.proj_output_dim=12", r"method.proj_output_dim=12: All4One's Transformer over it has 8 heads"),
-    ("method=nnclr method.queue_size=8", r"method.queue_size=8 is smaller than the global batch \(16\)"),
-])
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("method=wmse method.whitening_size=24", r"method.whitening_size=24: .* must divide it"),
+        (
+            "method=vibcreg method.iternorm_groups=5",
+            r"method.proj_output_dim=16 is not a multiple of method.iternorm_groups=5",
+        ),
+        (
+            "method=all4one method.proj_output_dim=12",
+            r"method.proj_output_dim=12: All4One's Transformer over it has 8 heads",
+        ),
+        ("method=nnclr method.queue_size=8", r"method.queue_size=8 is smaller than the global batch \(16\)"),
+    ],
+)
 def test_settings_a_method_cannot_use_are_refused(override, message):
     with pytest.raises(ConfigError, match=message):
         compose_cfg(BASE + HEADS + ["data.batch_size=16"] + override.split())

@@ -14,8 +14,8 @@ from safetensors.torch import save_file
 import solo.zoo
 from solo.data import ImageFolderDataset
 from solo.errors import ConfigError, NotFound
-from solo.evaluate.offline import evaluate_pretrained
 from solo.eval.zero_shot import class_names, class_prompts, imagenet_zeroshot
+from solo.evaluate.offline import evaluate_pretrained
 from solo.train.trainer import build_model, pretrain
 from solo.zoo.__main__ import main as zoo_command
 from tests.test_eval import compose_linear
@@ -28,8 +28,13 @@ MODEL_CFG = {
     "vision_cfg": {"image_size": 16, "layers": 1, "width": 32, "patch_size": 8, "head_width": 16},
     "text_cfg": {"context_length": 32, "vocab_size": 49408, "width": 32, "heads": 2, "layers": 1},
 }
-TINY = [f"method.model={NAME}", f"+method.model_cfg={MODEL_CFG}".replace("'", ""),
-        "data.num_workers=0", "trainer.progress_bar=false", "trainer.plots=false"]
+TINY = [
+    f"method.model={NAME}",
+    f"+method.model_cfg={MODEL_CFG}".replace("'", ""),
+    "data.num_workers=0",
+    "trainer.progress_bar=false",
+    "trainer.plots=false",
+]
 INIT_LOGIT_SCALE = {"clip": 1 / 0.07, "siglip": 10.0}
 CAPTIONS = ["a handwritten 7.", "the digit two.", "a photo of a dog, on grass!", ""]
 
@@ -56,11 +61,15 @@ def test_trained_model_exports_to_open_clip_with_the_same_embeddings(runs, metho
     ours = solo.zoo.load(str(runs[method]))
     assert ours.log_logit_scale.item() != pytest.approx(math.log(INIT_LOGIT_SCALE[method]))  # trained
     call = solo.zoo.export_open_clip(runs[method], tmp_path / "model.bin")
-    assert call.startswith(f"model, _, preprocess = open_clip.create_model_and_transforms('{NAME}', pretrained='{tmp_path / 'model.bin'}'")
+    assert call.startswith(
+        f"model, _, preprocess = open_clip.create_model_and_transforms('{NAME}', pretrained='{tmp_path / 'model.bin'}'"
+    )
     assert call.endswith(f"tokenizer = open_clip.get_tokenizer('{NAME}', context_length=32)")
     assert f"image_mean={tuple(solo.zoo.resolve(str(runs[method])).data['mean'])}" in call
     extra = {"init_logit_bias": ours.bias.item()} if method == "siglip" else {}  # open_clip's ViT-B-32 has no bias
-    model, _, _ = open_clip.create_model_and_transforms(NAME, pretrained=str(tmp_path / "model.bin"), **MODEL_CFG, **extra)
+    model, _, _ = open_clip.create_model_and_transforms(
+        NAME, pretrained=str(tmp_path / "model.bin"), **MODEL_CFG, **extra
+    )
     model.eval()
     images, tokens = torch.randn(4, 3, 16, 16), ours.tokenizer(CAPTIONS)
     with torch.no_grad():
@@ -118,18 +127,26 @@ def test_default_clip_keeps_solos_own_towers():
 
 
 def test_configuration_errors_name_the_key():
-    with pytest.raises(ConfigError, match=r"method.model=ViT-B-3 is not an open_clip model; did you mean: ViT-B-32.*open_clip.list_models\(\)"):
+    with pytest.raises(
+        ConfigError,
+        match=r"method.model=ViT-B-3 is not an open_clip model; did you mean: ViT-B-32.*open_clip.list_models\(\)",
+    ):
         compose_cfg(["method=clip", "method.model=ViT-B-3"])
     with pytest.raises(ConfigError, match=r"method.model=ViT-B-32 takes 224 px images .*data.image_size=16"):
         compose_cfg(["method=clip", "method.model=ViT-B-32"])
-    with pytest.raises(NotFound, match=r"method.pretrained=/nowhere/model.bin: no such file, nor one of open_clip's tags"):
+    with pytest.raises(
+        NotFound, match=r"method.pretrained=/nowhere/model.bin: no such file, nor one of open_clip's tags"
+    ):
         compose_cfg(["method=clip"] + TINY + ["method.pretrained=/nowhere/model.bin"])
 
 
 def test_weights_of_another_model_are_refused(tmp_path):
     other = open_clip.create_model(NAME, **{**MODEL_CFG, "embed_dim": 16})
     torch.save(other.state_dict(), tmp_path / "other.bin")
-    with pytest.raises(ConfigError, match=r"(?s)method.pretrained=.*other.bin: open_clip cannot load it into method.model=ViT-B-32.*size mismatch"):
+    with pytest.raises(
+        ConfigError,
+        match=r"(?s)method.pretrained=.*other.bin: open_clip cannot load it into method.model=ViT-B-32.*size mismatch",
+    ):
         build([f"method.pretrained={tmp_path / 'other.bin'}"])
 
 
@@ -144,7 +161,11 @@ def test_imagenet_zero_shot_names_and_templates():
     assert len(data["wnids"]) == len(set(data["wnids"])) == 1000 and data["wnids"] == sorted(data["wnids"])
     assert data["templates"] == [t("{}") for t in open_clip.OPENAI_IMAGENET_TEMPLATES]
     assert class_names(["n01440764", "n02123045", "n15075141", "golden_retriever"]) == [
-        "tench", "tabby cat", "toilet paper", "golden retriever"]
+        "tench",
+        "tabby cat",
+        "toilet paper",
+        "golden retriever",
+    ]
 
 
 @pytest.fixture
@@ -162,28 +183,71 @@ def test_an_imagefolder_of_synsets_gets_imagenet_prompts(synset_folder, runs, mo
     classes = ImageFolderDataset(str(synset_folder), "train").classes
     prompts = class_prompts("imagefolder", classes)
     assert classes == ["golden_retriever", "n01440764", "n02123045"]  # sorted folder names
-    assert [p[0] for p in prompts] == ["a bad photo of a golden retriever.", "a bad photo of a tench.", "a bad photo of a tabby cat."]
+    assert [p[0] for p in prompts] == [
+        "a bad photo of a golden retriever.",
+        "a bad photo of a tench.",
+        "a bad photo of a tabby cat.",
+    ]
     assert all(len(p) == 80 for p in prompts)
     monkeypatch.setenv("SOLO_CACHE", str(synset_folder / "cache"))
-    summary = evaluate_pretrained(compose_linear([f"pretrained={runs['clip']}", "data=imagefolder", f"data.root={synset_folder}",
-                                                  "data.image_size=16", "linear.epochs=2", "plots=false"]), synset_folder / "eval")
+    summary = evaluate_pretrained(
+        compose_linear(
+            [
+                f"pretrained={runs['clip']}",
+                "data=imagefolder",
+                f"data.root={synset_folder}",
+                "data.image_size=16",
+                "linear.epochs=2",
+                "plots=false",
+            ]
+        ),
+        synset_folder / "eval",
+    )
     assert summary["zero_shot"]["protocol"].startswith("zero-shot with 80 prompt(s) per class")
     with pytest.raises(ConfigError, match=r"data.image_size=32: .* for 16 px images"):
-        evaluate_pretrained(compose_linear([f"pretrained={runs['clip']}", "data.image_size=32"]), synset_folder / "eval32")
+        evaluate_pretrained(
+            compose_linear([f"pretrained={runs['clip']}", "data.image_size=32"]), synset_folder / "eval32"
+        )
 
 
 def test_training_classifies_an_imagefolder_zero_shot_as_main_linear_does(synset_folder, tmp_path, monkeypatch):
     """trainer.zero_shot_folder: at each epoch end, the same zero-shot accuracy as main_linear.py data=imagefolder on
     those images (its own path: cached features, then the classifier)."""
     run_dir = tmp_path / "run"
-    pretrain(compose_cfg(["method=clip"] + TINY + ["data.batch_size=32", "trainer.max_steps=2",
-                                                   f"trainer.zero_shot_folder={synset_folder / 'val'}"]), run_dir)
+    pretrain(
+        compose_cfg(
+            ["method=clip"]
+            + TINY
+            + ["data.batch_size=32", "trainer.max_steps=2", f"trainer.zero_shot_folder={synset_folder / 'val'}"]
+        ),
+        run_dir,
+    )
     logged = [m for m in metrics(run_dir) if "val/folder_zeroshot_acc1" in m][-1]
     monkeypatch.setenv("SOLO_CACHE", str(tmp_path / "cache"))
-    summary = evaluate_pretrained(compose_linear([f"pretrained={run_dir}", "data=imagefolder", f"data.root={synset_folder}",
-                                                  "data.image_size=16", "linear.epochs=1", "plots=false"]), tmp_path / "eval")
+    summary = evaluate_pretrained(
+        compose_linear(
+            [
+                f"pretrained={run_dir}",
+                "data=imagefolder",
+                f"data.root={synset_folder}",
+                "data.image_size=16",
+                "linear.epochs=1",
+                "plots=false",
+            ]
+        ),
+        tmp_path / "eval",
+    )
     assert logged["val/folder_zeroshot_acc1"] == pytest.approx(summary["zero_shot"]["acc1"], abs=1e-12)
     assert logged["val/folder_zeroshot_acc5"] == pytest.approx(summary["zero_shot"]["acc5"], abs=1e-12)
     with pytest.raises(ConfigError, match=r"trainer.zero_shot_folder=.*needs an image-text method"):
-        pretrain(compose_cfg(["method=simclr", "data.num_workers=0", "trainer.max_steps=1",
-                              f"trainer.zero_shot_folder={synset_folder / 'val'}"]), tmp_path / "simclr")
+        pretrain(
+            compose_cfg(
+                [
+                    "method=simclr",
+                    "data.num_workers=0",
+                    "trainer.max_steps=1",
+                    f"trainer.zero_shot_folder={synset_folder / 'val'}",
+                ]
+            ),
+            tmp_path / "simclr",
+        )

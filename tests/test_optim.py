@@ -94,8 +94,9 @@ def test_lars_skips_params_without_grad_and_supports_closure():
     assert frozen not in opt.state
 
 
-@pytest.mark.parametrize("kwargs", [dict(lr=-1.0), dict(lr=0.1, momentum=-0.1),
-                                    dict(lr=0.1, weight_decay=-1.0), dict(lr=0.1, eta=0.0)])
+@pytest.mark.parametrize(
+    "kwargs", [dict(lr=-1.0), dict(lr=0.1, momentum=-0.1), dict(lr=0.1, weight_decay=-1.0), dict(lr=0.1, eta=0.0)]
+)
 def test_lars_rejects_bad_hyperparameters(kwargs):
     with pytest.raises(ValueError):
         LARS([_param([1.0])], **kwargs)
@@ -106,8 +107,12 @@ def test_lars_rejects_bad_hyperparameters(kwargs):
 
 def _small_model():
     return nn.Sequential(
-        nn.Conv2d(3, 4, 3, bias=True), nn.BatchNorm2d(4), nn.ReLU(),
-        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(4, 2),
+        nn.Conv2d(3, 4, 3, bias=True),
+        nn.BatchNorm2d(4),
+        nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(4, 2),
     )
 
 

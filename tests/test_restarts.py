@@ -16,7 +16,12 @@ from tests.test_train import REPO, TINY, launch, metrics, run, weights
 
 pytestmark = pytest.mark.slow  # launches and restarts of 2-process jobs: minutes; `pytest -m slow`
 
-COMMON = TINY + ["data.num_samples=128", "data.batch_size=8", "trainer.max_steps=48", "trainer.checkpoint_every_steps=5"]
+COMMON = TINY + [
+    "data.num_samples=128",
+    "data.batch_size=8",
+    "trainer.max_steps=48",
+    "trainer.checkpoint_every_steps=5",
+]
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +64,9 @@ def test_sigterm_leaves_a_checkpoint_at_the_current_step_and_resume_is_exact(tmp
         os.kill(pid, signal.SIGTERM)
     out, _ = proc.communicate(timeout=120)
     state = torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)
-    assert 5 < state["step"] < 48 and state["step"] % 5 != 0, f"expected a preemption checkpoint, got step {state['step']}"
+    assert 5 < state["step"] < 48 and state["step"] % 5 != 0, (
+        f"expected a preemption checkpoint, got step {state['step']}"
+    )
     assert f"SIGTERM: checkpoint written at step {state['step']}" in out
     run(COMMON, run_dir, nproc=2)
     _assert_same(uninterrupted, weights(run_dir))
@@ -69,12 +76,25 @@ def test_sigterm_leaves_a_checkpoint_at_the_current_step_and_resume_is_exact(tmp
 
 def test_elastic_restart_after_a_worker_dies_is_exact(tmp_path, uninterrupted):
     run_dir = tmp_path / "elastic"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--standalone", "--max-restarts=1",
-           "main_pretrain.py", *COMMON, f"hydra.run.dir={run_dir}"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node=2",
+        "--standalone",
+        "--max-restarts=1",
+        "main_pretrain.py",
+        *COMMON,
+        f"hydra.run.dir={run_dir}",
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     _wait_for(run_dir / "checkpoints" / "step-000000005.pt", proc)
-    workers = [p for p in _processes_mentioning(str(run_dir), "main_pretrain.py") if p not in _processes_mentioning(str(run_dir), "torch.distributed.run")]
+    workers = [
+        p
+        for p in _processes_mentioning(str(run_dir), "main_pretrain.py")
+        if p not in _processes_mentioning(str(run_dir), "torch.distributed.run")
+    ]
     assert len(workers) == 2
     os.kill(workers[1], signal.SIGKILL)  # one worker dies (OOM killer, node fault)
     out, _ = proc.communicate(timeout=300)
@@ -95,10 +115,25 @@ def test_two_nodes_on_one_machine_match_one_node(tmp_path, uninterrupted):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     procs = [
         subprocess.Popen(
-            [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", f"--node_rank={node}", "--nproc_per_node=1",
-             "--rdzv_backend=c10d", f"--rdzv_endpoint={endpoint}", "--rdzv_id=two-nodes",
-             "main_pretrain.py", *COMMON, f"hydra.run.dir={run_dir}"],
-            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--nnodes=2",
+                f"--node_rank={node}",
+                "--nproc_per_node=1",
+                "--rdzv_backend=c10d",
+                f"--rdzv_endpoint={endpoint}",
+                "--rdzv_id=two-nodes",
+                "main_pretrain.py",
+                *COMMON,
+                f"hydra.run.dir={run_dir}",
+            ],
+            cwd=REPO,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
         )
         for node in (0, 1)
     ]
@@ -135,11 +170,30 @@ def test_srun_style_launch_without_torchrun_matches_torchrun(tmp_path, uninterru
     job_id = str(20_000 + os.getpid() % 10_000)  # the port derives from it; unique per test process
     procs = []
     for rank in (0, 1):
-        env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
-        env.update(OMP_NUM_THREADS="1", SLURM_PROCID=str(rank), SLURM_LOCALID=str(rank), SLURM_NTASKS="2",
-                   SLURM_JOB_NODELIST="localhost", SLURM_JOB_ID=job_id, SLURM_STEP_ID="0")
-        procs.append(subprocess.Popen([sys.executable, "main_pretrain.py", *COMMON, f"hydra.run.dir={run_dir}"], cwd=REPO,
-                                      env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+        env = {
+            k: v
+            for k, v in os.environ.items()
+            if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+        }
+        env.update(
+            OMP_NUM_THREADS="1",
+            SLURM_PROCID=str(rank),
+            SLURM_LOCALID=str(rank),
+            SLURM_NTASKS="2",
+            SLURM_JOB_NODELIST="localhost",
+            SLURM_JOB_ID=job_id,
+            SLURM_STEP_ID="0",
+        )
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, "main_pretrain.py", *COMMON, f"hydra.run.dir={run_dir}"],
+                cwd=REPO,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+        )
     outs = [p.communicate(timeout=300)[0] for p in procs]
     assert all(p.returncode == 0 for p in procs), outs
     assert "world size 2" in outs[0]

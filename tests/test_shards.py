@@ -13,13 +13,22 @@ import webdataset as wds
 
 from solo.data import MultiViewDataset, SyntheticDataset, build_view_transforms
 from solo.data.decode import ImageReadError
-from solo.data.sources.pairs import CsvPairs
 from solo.data.make_shards import main as make_shards
-from solo.data.sources.shards import ShardDataset, ShardPairs
 from solo.data.sampling.source import MapDataSource
+from solo.data.sources.pairs import CsvPairs
+from solo.data.sources.shards import ShardDataset, ShardPairs
 from solo.errors import ConfigError
 from solo.train.trainer import pretrain
-from tests.test_train import TINY, compose_cfg, kill_processes_mentioning, launch, metrics, run, weights, weights_at_init
+from tests.test_train import (
+    TINY,
+    compose_cfg,
+    kill_processes_mentioning,
+    launch,
+    metrics,
+    run,
+    weights,
+    weights_at_init,
+)
 
 NUM_IMAGES, PER_SHARD = 192, 24  # 8 shards; a global batch of 16 divides the epoch, so every sample is read
 
@@ -65,8 +74,13 @@ def test_shards_hold_the_files_and_read_back_as_webdataset_reads_them(folder, sh
         ext = "jpg" if "jpg" in sample else "png"
         assert dataset.member(i, ext) == sample[ext]
         name = by_content[sample[ext]]  # each sample is one source file, byte for byte, with its class
-        assert name.endswith(ext) and dataset.classes[dataset.label(i)] == files[name][1] == dataset.classes[int(sample["cls"])]
-    assert sorted(by_content[dataset.member(i, "jpg") or dataset.member(i, "png")] for i in range(NUM_IMAGES)) == sorted(files)
+        assert (
+            name.endswith(ext)
+            and dataset.classes[dataset.label(i)] == files[name][1] == dataset.classes[int(sample["cls"])]
+        )
+    assert sorted(
+        by_content[dataset.member(i, "jpg") or dataset.member(i, "png")] for i in range(NUM_IMAGES)
+    ) == sorted(files)
     # Written in a shuffled order: the first shard mixes the classes.
     assert len({dataset.label(i) for i in range(PER_SHARD)}) == 4
 
@@ -78,7 +92,7 @@ def test_epoch_order_shuffles_shards_then_samples_within_windows(shards, tmp_pat
     assert order == dataset.epoch_order(0, 0) and order != dataset.epoch_order(0, 1) != dataset.epoch_order(1, 0)
     shard_of = [s for s in range(8) for _ in range(PER_SHARD)]
     window = 2 * PER_SHARD
-    blocks = [{shard_of[i] for i in order[w:w + window]} for w in range(0, NUM_IMAGES, window)]
+    blocks = [{shard_of[i] for i in order[w : w + window]} for w in range(0, NUM_IMAGES, window)]
     assert all(len(b) == 2 for b in blocks), "each window of the order holds the samples of 2 whole shards"
     assert len(set().union(*blocks)) == 8
     within = order[:window]
@@ -87,8 +101,15 @@ def test_epoch_order_shuffles_shards_then_samples_within_windows(shards, tmp_pat
 
 def batches(dataset, workers, batch_size=8, world_size=1, rank=0, epoch=1):
     views = build_view_transforms([{"crop_scale": [0.5, 1.0]}] * 2, 16, (0.5,) * 3, (0.5,) * 3)
-    source = MapDataSource(MultiViewDataset(dataset, views, seed=3, skip_bad=True), batch_size, rank, world_size, seed=3,
-                           order=dataset.epoch_order, num_workers=workers)
+    source = MapDataSource(
+        MultiViewDataset(dataset, views, seed=3, skip_bad=True),
+        batch_size,
+        rank,
+        world_size,
+        seed=3,
+        order=dataset.epoch_order,
+        num_workers=workers,
+    )
     source.epoch = epoch
     return list(source)
 
@@ -99,8 +120,13 @@ def test_zero_one_and_two_workers_and_any_world_size_read_the_same_batches(shard
     assert len(reference) == NUM_IMAGES // 16
     for workers in (1, 2):
         for a, b in zip(reference, batches(dataset, workers=workers, batch_size=16), strict=True):
-            assert torch.equal(a["index"], b["index"]) and all(torch.equal(x, y) for x, y in zip(a["views"], b["views"]))
-    rank0, rank1 = batches(dataset, 0, batch_size=8, world_size=2, rank=0), batches(dataset, 0, batch_size=8, world_size=2, rank=1)
+            assert torch.equal(a["index"], b["index"]) and all(
+                torch.equal(x, y) for x, y in zip(a["views"], b["views"])
+            )
+    rank0, rank1 = (
+        batches(dataset, 0, batch_size=8, world_size=2, rank=0),
+        batches(dataset, 0, batch_size=8, world_size=2, rank=1),
+    )
     for whole, first, second in zip(reference, rank0, rank1, strict=True):
         assert torch.equal(whole["index"], torch.cat([first["index"], second["index"]]))
         assert torch.equal(whole["views"][0], torch.cat([first["views"][0], second["views"][0]]))
@@ -150,11 +176,25 @@ def test_shards_fetched_by_url_are_cached_and_read_the_same(shards, tmp_path):
 
 def test_caption_pairs_from_a_csv(tmp_path, folder):
     root, files = folder
-    rows = ["image,caption,label"] + [f"{f.parent.name}/{f.name},a picture of {f.parent.name} number {f.stem},{f.parent.name[-1]}"
-                                      for f in sorted(root.glob("*/*"))[:40]]
+    rows = ["image,caption,label"] + [
+        f"{f.parent.name}/{f.name},a picture of {f.parent.name} number {f.stem},{f.parent.name[-1]}"
+        for f in sorted(root.glob("*/*"))[:40]
+    ]
     (tmp_path / "captions.csv").write_text("\n".join(rows) + "\n")
-    assert make_shards(["csv", str(tmp_path / "captions.csv"), str(tmp_path / "shards"), "--root", str(root),
-                        "--samples-per-shard", "16"]) == 0
+    assert (
+        make_shards(
+            [
+                "csv",
+                str(tmp_path / "captions.csv"),
+                str(tmp_path / "shards"),
+                "--root",
+                str(root),
+                "--samples-per-shard",
+                "16",
+            ]
+        )
+        == 0
+    )
     pairs = ShardPairs(f"{tmp_path}/shards/{{00000..00002}}.tar", cache_dir=str(tmp_path / "cache"))
     source = CsvPairs(tmp_path / "captions.csv", root)
     by_caption = {source.captions[i]: i for i in range(len(source))}
@@ -166,17 +206,27 @@ def test_caption_pairs_from_a_csv(tmp_path, folder):
 
 
 def test_missing_shards_setting_says_what_to_set():
-    with pytest.raises(ConfigError, match=r"data.shards is required and not set: add data.shards=\.\.\. to the command line"):
+    with pytest.raises(
+        ConfigError, match=r"data.shards is required and not set: add data.shards=\.\.\. to the command line"
+    ):
         pretrain(compose_cfg(["data=webdataset"]), "/nonexistent-run-dir")
 
 
-SHARD_RUN = [o for o in TINY if not o.startswith("data")] + ["data=webdataset", "data.image_size=16", "data.num_workers=1",
-                                                               "trainer.precision=64"]
+SHARD_RUN = [o for o in TINY if not o.startswith("data")] + [
+    "data=webdataset",
+    "data.image_size=16",
+    "data.num_workers=1",
+    "trainer.precision=64",
+]
 
 
 def shard_overrides(spec, cache, batch, steps=3):
-    return SHARD_RUN + [f"data.shards='{spec}'", f"data.cache_dir={cache}", f"data.batch_size={batch}",
-                        f"trainer.max_steps={steps}"]
+    return SHARD_RUN + [
+        f"data.shards='{spec}'",
+        f"data.cache_dir={cache}",
+        f"data.batch_size={batch}",
+        f"trainer.max_steps={steps}",
+    ]
 
 
 @pytest.mark.parametrize("augment_on", ["cpu", pytest.param("device", marks=pytest.mark.slow)])
@@ -190,11 +240,19 @@ def test_training_on_shards_is_world_size_invariant(folder, tmp_path, augment_on
     run(shard_overrides(spec, cache, 16, steps) + ["data.augment_on=cpu"], tmp_path / "w1")
     out = run(shard_overrides(spec, cache, 8, steps) + [f"data.augment_on={augment_on}"], tmp_path / "w2", nproc=2)
     assert "00007.tar" in out, "the damaged shard is reported at the start"
-    one, two, start = weights(tmp_path / "w1"), weights(tmp_path / "w2"), weights_at_init(shard_overrides(spec, cache, 16))
-    moved = max(float((one[k] - start[k]).abs().max()) for k in one if k.startswith("method."))  # the probe has 4 classes here
+    one, two, start = (
+        weights(tmp_path / "w1"),
+        weights(tmp_path / "w2"),
+        weights_at_init(shard_overrides(spec, cache, 16)),
+    )
+    moved = max(
+        float((one[k] - start[k]).abs().max()) for k in one if k.startswith("method.")
+    )  # the probe has 4 classes here
     worst, name = max((float((one[k] - two[k]).abs().max()), k) for k in one)
     assert worst <= 1e-10 * moved, f"{name}: W=1 and W=2 differ by {worst}"
-    skips = [[m["data/skipped_images"] for m in metrics(tmp_path / d) if "data/skipped_images" in m] for d in ("w1", "w2")]
+    skips = [
+        [m["data/skipped_images"] for m in metrics(tmp_path / d) if "data/skipped_images" in m] for d in ("w1", "w2")
+    ]
     assert skips[0] == skips[1] and sum(skips[0]) >= 1
 
 
@@ -205,7 +263,9 @@ def test_killed_run_on_shards_resumes_bit_identical(shards, tmp_path):
     killed = tmp_path / "killed"
     proc = launch(common, killed, nproc=2, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 180
-    while not (killed / "checkpoints" / "step-000000006.pt").exists() and time.time() < deadline and proc.poll() is None:
+    while (
+        not (killed / "checkpoints" / "step-000000006.pt").exists() and time.time() < deadline and proc.poll() is None
+    ):
         time.sleep(0.05)
     kill_processes_mentioning(str(killed))
     proc.wait()
@@ -221,15 +281,38 @@ def test_clip_trains_on_caption_shards(tmp_path, folder):
     from tests.test_clip import TINY_CLIP
 
     root, _ = folder
-    rows = ["image,caption,label"] + [f"{f.parent.name}/{f.name},a picture of {f.parent.name.replace('_', ' ')},{f.parent.name[-1]}"
-                                      for f in sorted(root.glob("*/*"))[:64]]
+    rows = ["image,caption,label"] + [
+        f"{f.parent.name}/{f.name},a picture of {f.parent.name.replace('_', ' ')},{f.parent.name[-1]}"
+        for f in sorted(root.glob("*/*"))[:64]
+    ]
     (tmp_path / "captions.csv").write_text("\n".join(rows) + "\n")
     for split in ("train", "val"):
-        make_shards(["csv", str(tmp_path / "captions.csv"), str(tmp_path / split), "--root", str(root), "--samples-per-shard", "32"])
+        make_shards(
+            [
+                "csv",
+                str(tmp_path / "captions.csv"),
+                str(tmp_path / split),
+                "--root",
+                str(root),
+                "--samples-per-shard",
+                "32",
+            ]
+        )
     run_dir = tmp_path / "run"
-    pretrain(compose_cfg(TINY_CLIP + ["data=webdataset", "data.image_size=16", "data.batch_size=16", "trainer.max_steps=4",
-                                      f"data.shards='{tmp_path}/train/{{00000..00001}}.tar'",
-                                      f"data.val_shards='{tmp_path}/val/{{00000..00001}}.tar'",
-                                      f"data.cache_dir={tmp_path / 'cache'}"]), run_dir)
+    pretrain(
+        compose_cfg(
+            TINY_CLIP
+            + [
+                "data=webdataset",
+                "data.image_size=16",
+                "data.batch_size=16",
+                "trainer.max_steps=4",
+                f"data.shards='{tmp_path}/train/{{00000..00001}}.tar'",
+                f"data.val_shards='{tmp_path}/val/{{00000..00001}}.tar'",
+                f"data.cache_dir={tmp_path / 'cache'}",
+            ]
+        ),
+        run_dir,
+    )
     val = [m for m in metrics(run_dir) if "val/zeroshot_acc1" in m]
     assert val and 0 <= val[-1]["val/zeroshot_acc1"] <= 1 and "val/i2t_recall1" in val[-1]

@@ -39,7 +39,9 @@ def _wait(predicate, timeout, what):
 def slurm(tmp_path_factory):
     missing = [d for d in DAEMONS if shutil.which(d) is None]
     if missing:
-        pytest.skip(f"SLURM cannot be started here: {', '.join(missing)} not installed (apt-get install slurm-wlm munge)")
+        pytest.skip(
+            f"SLURM cannot be started here: {', '.join(missing)} not installed (apt-get install slurm-wlm munge)"
+        )
     if os.geteuid() != 0:
         pytest.skip("SLURM cannot be started here: the test cluster's daemons must run as root")
     if subprocess.run(["munge", "-n"], capture_output=True).returncode != 0:
@@ -90,7 +92,11 @@ PartitionName=debug Nodes={name} Default=YES MaxTime=INFINITE State=UP OverSubsc
     try:
         _wait(lambda: _sh("sinfo", "-h", "-o", "%t", env=env, check=False).strip() == "idle", 30, "an idle node")
     except TimeoutError:
-        logs = "\n".join((home / "log" / f).read_text()[-1500:] for f in ("slurmctld.log", "slurmd.log") if (home / "log" / f).exists())
+        logs = "\n".join(
+            (home / "log" / f).read_text()[-1500:]
+            for f in ("slurmctld.log", "slurmd.log")
+            if (home / "log" / f).exists()
+        )
         _stop(home, env)
         pytest.skip(f"SLURM cannot be started here: the node never became idle.\n{logs}")
     yield env
@@ -115,11 +121,24 @@ def _job_field(job: str, field: str, env) -> str:
 
 def test_sbatch_job_trains_is_signalled_requeued_and_finishes_where_it_stopped(slurm, tmp_path):
     env = {**slurm, "SOLO_NPROC_PER_NODE": "1", "SOLO_RUN_ROOT": str(tmp_path), "OMP_NUM_THREADS": "1"}
-    overrides = TINY + ["data.num_samples=128", "data.batch_size=8", "trainer.max_steps=120", "trainer.checkpoint_every_steps=5"]
+    overrides = TINY + [
+        "data.num_samples=128",
+        "data.batch_size=8",
+        "trainer.max_steps=120",
+        "trainer.checkpoint_every_steps=5",
+    ]
     # Two torchrun "nodes" on the one machine: srun starts one per task.
     job = _sh(
-        "sbatch", "--parsable", "--ntasks=2", "--ntasks-per-node=2", "--cpus-per-task=1", f"--chdir={REPO}",
-        f"--output={tmp_path}/job-%j.out", "scripts/slurm/pretrain.sbatch", *overrides, env=env,
+        "sbatch",
+        "--parsable",
+        "--ntasks=2",
+        "--ntasks-per-node=2",
+        "--cpus-per-task=1",
+        f"--chdir={REPO}",
+        f"--output={tmp_path}/job-%j.out",
+        "scripts/slurm/pretrain.sbatch",
+        *overrides,
+        env=env,
     ).strip()
     run_dir = tmp_path / f"slurm-{job}"
     _wait(lambda: (run_dir / "checkpoints" / "step-000000005.pt").exists(), 240, "the first checkpoint")
@@ -144,8 +163,15 @@ def test_srun_sbatch_one_task_per_process_without_torchrun(slurm, tmp_path):
     env = {**slurm, "SOLO_RUN_ROOT": str(tmp_path), "OMP_NUM_THREADS": "1"}
     overrides = TINY + ["data.batch_size=8", "trainer.max_steps=6"]
     job = _sh(
-        "sbatch", "--parsable", "--ntasks=2", "--cpus-per-task=1", f"--chdir={REPO}", f"--output={tmp_path}/job-%j.out",
-        "scripts/slurm/pretrain_srun.sbatch", *overrides, env=env,
+        "sbatch",
+        "--parsable",
+        "--ntasks=2",
+        "--cpus-per-task=1",
+        f"--chdir={REPO}",
+        f"--output={tmp_path}/job-%j.out",
+        "scripts/slurm/pretrain_srun.sbatch",
+        *overrides,
+        env=env,
     ).strip()
     _wait(lambda: _job_field(job, "JobState", env) in ("COMPLETED", "FAILED", "CANCELLED"), 240, "the job")
     out = (tmp_path / f"job-{job}.out").read_text()

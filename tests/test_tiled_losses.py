@@ -5,8 +5,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from solo.losses.check import TOLERANCE, run_check
 from solo.losses import LOSSES, clip_loss, nt_xent_loss, tiled
+from solo.losses.check import TOLERANCE, run_check
 from solo.losses.tiled import auto_tile, resolve_tile, tiled_logsumexp
 
 REL = 1e-10  # float64, relative to the largest value of the same kind, as the gradient checker measures
@@ -197,7 +197,10 @@ def test_inputs_are_checked_as_untiled(call, message):
 def test_tiled_computes_in_float32_under_bf16_autocast(loss):
     # Noisy pairs: a loss well above 0 even at logit scale 100, so that a relative comparison means something.
     z1, z2 = (F.normalize(v.float(), dim=1) for v in _pairs(n=16, d=32, noise=3.0))
-    fn = {"nt_xent": lambda a, b, t: nt_xent_loss(a, b, 0.1, tile=t), "clip": lambda a, b, t: clip_loss(a, b, 100.0, tile=t)}[loss]
+    fn = {
+        "nt_xent": lambda a, b, t: nt_xent_loss(a, b, 0.1, tile=t),
+        "clip": lambda a, b, t: clip_loss(a, b, 100.0, tile=t),
+    }[loss]
     exact = fn(z1, z2, None)
     assert float(exact) > 0.1
     a, b = (v.bfloat16().requires_grad_() for v in (z1, z2))
@@ -217,8 +220,10 @@ def test_float32_tiled_is_as_accurate_as_untiled(loss, noise):
     # lse - positive is a difference of two large numbers (|logits| up to 100 here): summed in float32, or
     # with lse rounded to float32, the loss came out ~1e-6 off, and slightly negative on saturated batches.
     z1, z2 = _pairs(2048, d=64, seed=5, noise=noise)
-    fn = {"nt_xent": lambda a, b, t: nt_xent_loss(a, b, 0.1, tile=t),
-          "clip": lambda a, b, t: clip_loss(F.normalize(a, dim=1), F.normalize(b, dim=1), 100.0, tile=t)}[loss]
+    fn = {
+        "nt_xent": lambda a, b, t: nt_xent_loss(a, b, 0.1, tile=t),
+        "clip": lambda a, b, t: clip_loss(F.normalize(a, dim=1), F.normalize(b, dim=1), 100.0, tile=t),
+    }[loss]
     exact = float(fn(z1, z2, None))
     for tile in [None, 300]:
         assert float(fn(z1.float(), z2.float(), tile)) == pytest.approx(exact, abs=2e-6, rel=1e-7), tile

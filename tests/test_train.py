@@ -47,7 +47,14 @@ def compose_cfg(overrides):
 def launch(overrides, run_dir, nproc=1, env=None, **popen):
     cmd = [sys.executable, "main_pretrain.py"]
     if nproc > 1:
-        cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", "--standalone", "main_pretrain.py"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            f"--nproc_per_node={nproc}",
+            "--standalone",
+            "main_pretrain.py",
+        ]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **(env or {})}
     return subprocess.Popen(cmd + overrides + [f"hydra.run.dir={run_dir}"], cwd=REPO, env=env, **popen)
 
@@ -81,8 +88,14 @@ def metrics(run_dir) -> list[dict]:
 
 
 @pytest.mark.parametrize("precision, tolerance", [("64", 1e-10), pytest.param("32", 1e-4, marks=pytest.mark.slow)])
-@pytest.mark.parametrize("method, augment_on", [("simclr", "cpu"), pytest.param("simclr", "device", marks=pytest.mark.slow),
-                                                pytest.param("barlow_twins", "cpu", marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+    "method, augment_on",
+    [
+        ("simclr", "cpu"),
+        pytest.param("simclr", "device", marks=pytest.mark.slow),
+        pytest.param("barlow_twins", "cpu", marks=pytest.mark.slow),
+    ],
+)
 def test_world_size_invariance(tmp_path, method, augment_on, precision, tolerance):
     """1 process with batch 16 and 2 processes with batch 8 end with the same weights (SyncBatchNorm on), with
     the views made in the DataLoader workers or on the training device (here the CPU: the same batched code).
@@ -91,7 +104,12 @@ def test_world_size_invariance(tmp_path, method, augment_on, precision, toleranc
     of one step is ~3e-6 of the largest gradient; after 3 LARS steps the weights differ by < 1e-4 of
     how far training moved them.
     """
-    common = TINY + [f"method={method}", "trainer.max_steps=3", f"trainer.precision={precision}", f"data.augment_on={augment_on}"]
+    common = TINY + [
+        f"method={method}",
+        "trainer.max_steps=3",
+        f"trainer.precision={precision}",
+        f"data.augment_on={augment_on}",
+    ]
     run(common + ["data.batch_size=16"], tmp_path / "w1")
     run(common + ["data.batch_size=8"], tmp_path / "w2", nproc=2)
     one, two = weights(tmp_path / "w1"), weights(tmp_path / "w2")
@@ -110,9 +128,16 @@ def test_views_made_on_the_device_train_as_those_made_in_the_workers(tmp_path):
     """data.augment_on=device makes each batch's views at once from the parameters the workers drew; the CPU path
     makes them sample by sample in the workers. Same views, so the same weights (float64, 1e-10 of their movement);
     every augmentation operation is on (tests/test_augment.py checks each against torchvision)."""
-    views = "augmentation.views=[{crop_scale:[0.3,1.0],hflip_prob:0.5,blur_prob:0.5,solarize_prob:0.3,grayscale_prob:0.3}]"
-    common = TINY + ["trainer.max_steps=3", "trainer.precision=64", "data.batch_size=16", "data.num_workers=1",
-                     views.replace("}]", "},{crop_scale:[0.3,1.0],hue:0.1,blur_prob:0.5}]")]
+    views = (
+        "augmentation.views=[{crop_scale:[0.3,1.0],hflip_prob:0.5,blur_prob:0.5,solarize_prob:0.3,grayscale_prob:0.3}]"
+    )
+    common = TINY + [
+        "trainer.max_steps=3",
+        "trainer.precision=64",
+        "data.batch_size=16",
+        "data.num_workers=1",
+        views.replace("}]", "},{crop_scale:[0.3,1.0],hue:0.1,blur_prob:0.5}]"),
+    ]
     run(common + ["data.augment_on=cpu"], tmp_path / "cpu")
     run(common + ["data.augment_on=device"], tmp_path / "device")
     cpu, device, start = weights(tmp_path / "cpu"), weights(tmp_path / "device"), weights_at_init(common)
@@ -133,8 +158,13 @@ def weights_at_init(overrides) -> dict:
 @pytest.mark.parametrize("augment_on", ["cpu", "device"])
 def test_resume_after_kill_is_bit_identical(tmp_path, augment_on):
     """Kill a 2-process run right after a mid-epoch checkpoint, restart it: same final weights as uninterrupted."""
-    common = TINY + ["data.num_samples=128", "data.batch_size=8", "trainer.max_steps=24", "trainer.checkpoint_every_steps=3",
-                     f"data.augment_on={augment_on}"]
+    common = TINY + [
+        "data.num_samples=128",
+        "data.batch_size=8",
+        "trainer.max_steps=24",
+        "trainer.checkpoint_every_steps=3",
+        f"data.augment_on={augment_on}",
+    ]
     run(common, tmp_path / "straight", nproc=2)
 
     killed = tmp_path / "killed"
@@ -146,7 +176,9 @@ def test_resume_after_kill_is_bit_identical(tmp_path, augment_on):
     kill_processes_mentioning(str(killed))  # torchrun and its workers, at once, as a node failure would
     proc.wait()
     state = torch.load(killed / "checkpoints" / "last.pt", weights_only=True)
-    assert 0 < state["step"] < 24 and state["data"]["batch_in_epoch"] != 0, "the kill must land mid-run, after a mid-epoch checkpoint"
+    assert 0 < state["step"] < 24 and state["data"]["batch_in_epoch"] != 0, (
+        "the kill must land mid-run, after a mid-epoch checkpoint"
+    )
 
     out = run(common, killed, nproc=2)
     assert f"resuming from {killed / 'checkpoints' / 'last.pt'} at step {state['step']}" in out
@@ -172,8 +204,14 @@ def test_default_run_learns(tmp_path):
 
 def test_nonfinite_loss_stops_and_keeps_last_good_checkpoint(tmp_path):
     # The lr warms up from 0 towards 1e30: the first steps are harmless, a later one diverges.
-    overrides = TINY + ["trainer.max_steps=8", "data.batch_size=16", "optim.lr=1e30", "optim.warmup_epochs=2",
-                        "trainer.checkpoint_every_steps=1", "trainer.keep_checkpoints=10"]
+    overrides = TINY + [
+        "trainer.max_steps=8",
+        "data.batch_size=16",
+        "optim.lr=1e30",
+        "optim.warmup_epochs=2",
+        "trainer.checkpoint_every_steps=1",
+        "trainer.keep_checkpoints=10",
+    ]
     with pytest.raises(TrainingDiverged, match="last good state"):
         pretrain(compose_cfg(overrides), tmp_path)
     state = torch.load(tmp_path / "checkpoints" / "last.pt", map_location="cpu", weights_only=True)
@@ -183,7 +221,9 @@ def test_nonfinite_loss_stops_and_keeps_last_good_checkpoint(tmp_path):
 
 
 def test_global_batch_larger_than_dataset(tmp_path):
-    with pytest.raises(ValueError, match=r"global batch \(128 per process x 1 processes = 128\) is larger than the dataset \(64"):
+    with pytest.raises(
+        ValueError, match=r"global batch \(128 per process x 1 processes = 128\) is larger than the dataset \(64"
+    ):
         pretrain(compose_cfg(TINY + ["data.batch_size=128"]), tmp_path)
 
 
@@ -205,7 +245,12 @@ def test_corrupt_image_is_named(tmp_path):
             Image.new("RGB", (20, 20), (i * 20, 0, 0)).save(tmp_path / "data" / "train" / cls / f"{i}.png")
     bad = tmp_path / "data" / "train" / "b" / "broken.png"
     bad.write_bytes(b"not a png at all")
-    overrides = TINY_FILES + ["data=imagefolder", f"data.root={tmp_path / 'data'}", "data.image_size=16", "data.batch_size=17"]
+    overrides = TINY_FILES + [
+        "data=imagefolder",
+        f"data.root={tmp_path / 'data'}",
+        "data.image_size=16",
+        "data.batch_size=17",
+    ]
     with pytest.raises(Exception, match="broken.png"):
         pretrain(compose_cfg(overrides + ["trainer.max_steps=1"]), tmp_path / "run")
 
@@ -242,15 +287,27 @@ def test_unlabeled_imagefolder_trains_without_probe(tmp_path):
     (tmp_path / "data" / "train").mkdir(parents=True)
     for i in range(16):
         Image.new("RGB", (20, 20), (i * 15, 255 - i * 15, 0)).save(tmp_path / "data" / "train" / f"{i}.png")
-    overrides = TINY_FILES + ["data=imagefolder", f"data.root={tmp_path / 'data'}", "data.image_size=16", "data.batch_size=8"]
+    overrides = TINY_FILES + [
+        "data=imagefolder",
+        f"data.root={tmp_path / 'data'}",
+        "data.image_size=16",
+        "data.batch_size=8",
+    ]
     final = pretrain(compose_cfg(overrides + ["trainer.max_steps=2"]), tmp_path / "run")
     rows = metrics(tmp_path / "run")
     assert "train/loss" in final and not any("val/acc1" in r or "train/probe_loss" in r for r in rows)
 
 
 def test_bf16_autocast_with_gradient_clipping_on_cpu(tmp_path):
-    final = pretrain(compose_cfg(TINY + ["trainer.precision=bf16", "optim.grad_clip=1.0", "trainer.max_steps=2", "data.batch_size=16"]), tmp_path)
-    assert torch.isfinite(torch.tensor(final["val/acc1"])) and all(torch.isfinite(v).all() for v in weights(tmp_path).values())
+    final = pretrain(
+        compose_cfg(
+            TINY + ["trainer.precision=bf16", "optim.grad_clip=1.0", "trainer.max_steps=2", "data.batch_size=16"]
+        ),
+        tmp_path,
+    )
+    assert torch.isfinite(torch.tensor(final["val/acc1"])) and all(
+        torch.isfinite(v).all() for v in weights(tmp_path).values()
+    )
 
 
 def test_steady_state_steps_read_nothing_on_the_host(tmp_path):
@@ -259,10 +316,22 @@ def test_steady_state_steps_read_nothing_on_the_host(tmp_path):
     batch sizes, once per shape), the loop's per-step work reads nothing, and the preemption flag is read only
     at the logging steps."""
     log = tmp_path / "reads"
-    overrides = TINY + ["data.num_samples=96", "data.batch_size=8", "trainer.max_steps=12", "trainer.log_every_steps=4",
-                        "imports=[tests.host_reads_probe]"]
-    proc = launch(overrides, tmp_path / "run", nproc=2, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                  env={"HOST_READS_LOG": str(log)})
+    overrides = TINY + [
+        "data.num_samples=96",
+        "data.batch_size=8",
+        "trainer.max_steps=12",
+        "trainer.log_every_steps=4",
+        "imports=[tests.host_reads_probe]",
+    ]
+    proc = launch(
+        overrides,
+        tmp_path / "run",
+        nproc=2,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={"HOST_READS_LOG": str(log)},
+    )
     out, _ = proc.communicate(timeout=300)
     assert proc.returncode == 0, out
     for rank in (0, 1):
@@ -287,17 +356,31 @@ def test_grad_clip_bounds_the_methods_gradient_and_leaves_the_probe_alone():
     out = reference(batch)
     (out["loss"] + out["probe_loss"]).backward()
     probe_grads = [p.grad.clone() for p in reference.probe.parameters()]
-    method_norm = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in reference.method.parameters() if p.grad is not None]))
+    method_norm = torch.linalg.vector_norm(
+        torch.stack([p.grad.norm() for p in reference.method.parameters() if p.grad is not None])
+    )
     clip = float(method_norm) / 10  # so that clipping scales the method's gradient by 1/10
 
     before = [p.detach().clone() for p in model.parameters()]
-    optimizer = torch.optim.SGD([{"params": list(model.method.parameters())}, {"params": list(model.probe.parameters())}], lr=1.0)
-    TrainStep(model, model, optimizer, precision="64", device=torch.device("cpu"), schedule=lambda i: 1.0, total_steps=1,
-              grad_clip=clip)(batch, 0)
+    optimizer = torch.optim.SGD(
+        [{"params": list(model.method.parameters())}, {"params": list(model.probe.parameters())}], lr=1.0
+    )
+    TrainStep(
+        model,
+        model,
+        optimizer,
+        precision="64",
+        device=torch.device("cpu"),
+        schedule=lambda i: 1.0,
+        total_steps=1,
+        grad_clip=clip,
+    )(batch, 0)
     deltas = {name: before[i] - p.detach() for i, (name, p) in enumerate(model.named_parameters())}
-    method_step = torch.linalg.vector_norm(torch.stack([d.norm() for n, d in deltas.items() if n.startswith("method.")]))
+    method_step = torch.linalg.vector_norm(
+        torch.stack([d.norm() for n, d in deltas.items() if n.startswith("method.")])
+    )
     assert method_step == pytest.approx(clip, rel=1e-6)  # torch divides by the norm + 1e-6
-    for (name, p), grad in zip(model.probe.named_parameters(), probe_grads):
+    for (name, _p), grad in zip(model.probe.named_parameters(), probe_grads):
         torch.testing.assert_close(deltas[f"probe.{name}"], grad, rtol=1e-12, atol=0)  # unclipped: not grad / 10
 
 
@@ -314,7 +397,9 @@ def test_signal_handlers_are_given_back_when_training_ends(tmp_path):
         pretrain(compose_cfg(TINY + ["trainer.max_steps=1", "trainer.plots=false"]), tmp_path / "ok")
         assert signal.getsignal(signal.SIGUSR1) is own and signal.getsignal(signal.SIGTERM) is own
         with pytest.raises(CheckpointError, match="trainer.resume=false"):
-            pretrain(compose_cfg(TINY + ["trainer.max_steps=1", "trainer.resume=false"]), tmp_path / "ok")  # last.pt exists
+            pretrain(
+                compose_cfg(TINY + ["trainer.max_steps=1", "trainer.resume=false"]), tmp_path / "ok"
+            )  # last.pt exists
         assert signal.getsignal(signal.SIGUSR1) is own and signal.getsignal(signal.SIGTERM) is own
         Preemption(["SIGUSR1"], torch.device("cpu"))
         assert signal.getsignal(signal.SIGUSR1) is not own

@@ -51,7 +51,8 @@ QUICK = ("simclr-digits-resnet18half", "clip-digits-resnet18half")
 
 
 @pytest.mark.parametrize(
-    "name", [e["name"] if e["name"] in QUICK else pytest.param(e["name"], marks=pytest.mark.slow) for e in read_manifest()]
+    "name",
+    [e["name"] if e["name"] in QUICK else pytest.param(e["name"], marks=pytest.mark.slow) for e in read_manifest()],
 )
 def test_main_linear_reproduces_the_manifest(name, tmp_path, monkeypatch):
     monkeypatch.setenv("SOLO_CACHE", str(tmp_path / "cache"))
@@ -59,9 +60,15 @@ def test_main_linear_reproduces_the_manifest(name, tmp_path, monkeypatch):
     summary = evaluate_pretrained(compose_linear([f"pretrained={name}", "plots=false"]), tmp_path / "eval")
     for kind, published in entry["results"].items():
         assert summary[kind]["protocol"] == published["protocol"]
-        assert abs(summary[kind]["acc1"] - published["acc1"]) <= TOLERANCE["reevaluate"], (kind, summary[kind], published)
+        assert abs(summary[kind]["acc1"] - published["acc1"]) <= TOLERANCE["reevaluate"], (
+            kind,
+            summary[kind],
+            published,
+        )
     if entry["method"] == "simclr":  # the random-init baseline is far lower (one architecture for all entries)
-        baseline = evaluate_pretrained(compose_linear([f"pretrained={name}", "random_init=true", "plots=false"]), tmp_path / "b")
+        baseline = evaluate_pretrained(
+            compose_linear([f"pretrained={name}", "random_init=true", "plots=false"]), tmp_path / "b"
+        )
         assert baseline["linear"]["acc1"] < entry["results"]["linear"]["acc1"] - 0.1
         assert baseline["knn"]["acc1"] < entry["results"]["knn"]["acc1"] - 0.2
 
@@ -161,8 +168,13 @@ def stock_checkpoints(tmp_path_factory):
     runs = {}
     for name in ("resnet18", "torchvision.resnet18"):
         run_dir = tmp_path_factory.mktemp(name.replace(".", "_"))
-        pretrain(compose_cfg(TINY + ["data.batch_size=8", "trainer.max_steps=2",
-                                     f"backbone.name={name}", "backbone.small_stem=false"]), run_dir)
+        pretrain(
+            compose_cfg(
+                TINY
+                + ["data.batch_size=8", "trainer.max_steps=2", f"backbone.name={name}", "backbone.small_stem=false"]
+            ),
+            run_dir,
+        )
         runs[name] = run_dir / "checkpoints" / "last.pt"
     return runs
 
@@ -178,7 +190,9 @@ def test_strict_loader_reads_the_backbone_by_explicit_keys(stock_checkpoints, tm
     state["model"].pop("method.backbone.layer1.0.conv1.weight")
     state["model"]["method.backbone.extra.weight"] = torch.zeros(1)
     torch.save(state, tmp_path / "broken.pt")
-    with pytest.raises(KeyError, match=r"1 missing key\(s\): layer1.0.conv1.weight; 1 unexpected key\(s\): extra.weight"):
+    with pytest.raises(
+        KeyError, match=r"1 missing key\(s\): layer1.0.conv1.weight; 1 unexpected key\(s\): extra.weight"
+    ):
         read_training_checkpoint(tmp_path / "broken.pt").build_backbone()
     with pytest.raises(KeyError, match=r"wrong shape.*conv1.weight: file \(64, 3, 7, 7\), model \(64, 3, 3, 3\)"):
         load_strict(create_backbone("resnet18", small_stem=True)[0], pretrained.backbone_state(), "test")
@@ -190,11 +204,26 @@ def test_strict_loader_reads_the_backbone_by_explicit_keys(stock_checkpoints, tm
 def test_export_loads_in_timm_and_torchvision_with_identical_outputs(stock_checkpoints, tmp_path):
     images = torch.randn(2, 3, 32, 32)
     ours = read_training_checkpoint(stock_checkpoints["resnet18"]).build_backbone().eval()
-    out = subprocess.run([sys.executable, "-m", "solo.zoo", "export", str(stock_checkpoints["resnet18"]),
-                          str(tmp_path / "timm.safetensors")], capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "solo.zoo",
+            "export",
+            str(stock_checkpoints["resnet18"]),
+            str(tmp_path / "timm.safetensors"),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     assert "timm.create_model('resnet18', pretrained=True, num_classes=0, pretrained_cfg_overlay" in out.stdout
-    model = timm.create_model("resnet18", pretrained=True, num_classes=0,
-                              pretrained_cfg_overlay=dict(file=str(tmp_path / "timm.safetensors"), num_classes=0)).eval()
+    model = timm.create_model(
+        "resnet18",
+        pretrained=True,
+        num_classes=0,
+        pretrained_cfg_overlay=dict(file=str(tmp_path / "timm.safetensors"), num_classes=0),
+    ).eval()
     with torch.no_grad():
         assert torch.equal(model(images), ours(images))
 

@@ -49,7 +49,11 @@ class ToyEMA(Method):
         return {"loss": loss, "features": features, "labels": batch["label"]}
 
     def after_optimizer_step(self, step: int, total_steps: int) -> None:
-        ema_update(self.teacher, nn.Sequential(self.backbone, self.head), teacher_momentum(self.base_momentum, step, total_steps))
+        ema_update(
+            self.teacher,
+            nn.Sequential(self.backbone, self.head),
+            teacher_momentum(self.base_momentum, step, total_steps),
+        )
 
     def metrics(self) -> dict[str, torch.Tensor]:
         # What the trainer did to the BatchNorms, for the test to read from metrics.jsonl.

@@ -245,12 +245,14 @@ def wmse_per_rank_whitening(z1, z2):
 
 def vibcreg_per_gpu_statistics(z1, z2):
     """VIbCReg with every statistic (mean, standard deviation, correlation) of this rank's batch."""
+
     def terms(z):
         centred = z - z.mean(dim=0)
         std = torch.sqrt(centred.pow(2).sum(dim=0) / (len(z) - 1) + 1e-4)
         unit = centred / centred.norm(dim=0).clamp_min(1e-12)
         correlation = unit.T @ unit
         return F.relu(1 - std).mean(), (correlation - torch.diag(torch.diagonal(correlation))).pow(2).mean()
+
     (std1, cov1), (std2, cov2) = terms(z1), terms(z2)
     return 25 * F.mse_loss(z1, z2) + 25 * (std1 + std2) / 2 + 200 * (cov1 + cov2)
 

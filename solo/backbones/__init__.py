@@ -25,7 +25,9 @@ BACKBONES = Registry("backbone", "backbone.name", group="backbone")
 class BackboneConfig:
     """What every backbone takes."""
 
-    name: str = "resnet18"  # a registered backbone, a timm model name, or torchvision.resnet18 / torchvision.resnet50 / ...
+    name: str = (
+        "resnet18"  # a registered backbone, a timm model name, or torchvision.resnet18 / torchvision.resnet50 / ...
+    )
     pretrained: bool = False  # the library's pretrained weights (timm's, torchvision's), where it has them
 
 
@@ -40,7 +42,9 @@ def feature_width(backbone: torch.nn.Module, image_size: int) -> int:
     """The width of `backbone`'s features, from one image of `image_size` (its mode and weights left as they were)."""
     was_training = backbone.training
     parameter = next(backbone.parameters())
-    width = backbone.eval()(torch.zeros(1, 3, image_size, image_size, device=parameter.device, dtype=parameter.dtype)).shape[1]
+    width = backbone.eval()(
+        torch.zeros(1, 3, image_size, image_size, device=parameter.device, dtype=parameter.dtype)
+    ).shape[1]
     backbone.train(was_training)
     return width
 
@@ -57,8 +61,13 @@ def build_backbone(cfg) -> tuple[torch.nn.Module, int]:
 
 @BACKBONES.register_fallback("any timm model, torchvision.<resnet>", schema=TimmBackboneConfig)
 def _timm_or_torchvision(cfg) -> tuple[torch.nn.Module, int]:
-    return create_backbone(cfg["name"], small_stem=cfg.get("small_stem", False), pretrained=cfg.get("pretrained", False),
-                           **cfg.get("kwargs", {}))
+    return create_backbone(
+        cfg["name"],
+        small_stem=cfg.get("small_stem", False),
+        pretrained=cfg.get("pretrained", False),
+        **cfg.get("kwargs", {}),
+    )
+
 
 TORCHVISION_PREFIX = "torchvision."
 # Only the ResNet family: they all expose `fc` as the head and `conv1`/`maxpool` as the stem.
@@ -84,13 +93,19 @@ def create_backbone(
                 + ", ".join(TORCHVISION_RESNETS)
             )
         weights = "DEFAULT" if pretrained else None
-        model = _with_weights(pretrained, name, lambda: torchvision.models.get_model(
-            name.removeprefix(TORCHVISION_PREFIX), weights=weights, **model_kwargs
-        ))
+        model = _with_weights(
+            pretrained,
+            name,
+            lambda: torchvision.models.get_model(
+                name.removeprefix(TORCHVISION_PREFIX), weights=weights, **model_kwargs
+            ),
+        )
         width = model.fc.in_features
         model.fc = nn.Identity()
     elif timm.is_model(name):
-        model = _with_weights(pretrained, name, lambda: timm.create_model(name, pretrained=pretrained, num_classes=0, **model_kwargs))
+        model = _with_weights(
+            pretrained, name, lambda: timm.create_model(name, pretrained=pretrained, num_classes=0, **model_kwargs)
+        )
         width = model.num_features
     else:
         matches = difflib.get_close_matches(name, timm.list_models() + list(TORCHVISION_RESNETS))

@@ -4,7 +4,14 @@ images). The names below are the public ones."""
 
 from solo.data.decode import ImageReadError
 from solo.data.sampling.seeding import sample_seed, seeded_rng
-from solo.data.sources.images import CIFAR10Dataset, CIFAR100Dataset, DigitsDataset, ImageFolderDataset, SyntheticDataset
+from solo.data.sources.huggingface import HuggingFaceImages, HuggingFacePairs
+from solo.data.sources.images import (
+    CIFAR10Dataset,
+    CIFAR100Dataset,
+    DigitsDataset,
+    ImageFolderDataset,
+    SyntheticDataset,
+)
 from solo.data.sources.pairs import DIGIT_TEMPLATES, CsvPairs, DigitsPairs, ImageTextPairs, digit_caption
 from solo.data.sources.registry import (
     DATASETS,
@@ -16,7 +23,6 @@ from solo.data.sources.registry import (
     dataset_stats,
     register_dataset,
 )
-from solo.data.sources.huggingface import HuggingFaceImages, HuggingFacePairs
 from solo.data.sources.shards import ShardDataset, ShardPairs, expand_shards
 from solo.data.views.image_text import ImageTextDataset, ZeroShotEvalDataset
 from solo.data.views.multiview import EvalDataset, MultiViewDataset

@@ -73,15 +73,19 @@ def write_shards(samples: list, classes: Optional[List[str]], out_dir: str, samp
     return os.path.join(out_dir, f"{{00000..{last:05d}}}.tar" if last > 0 else "00000.tar")
 
 
-def write_parquet(samples: list, classes: Optional[List[str]], out_dir: str, split: str, samples_per_file: int,
-                  seed: int) -> str:
+def write_parquet(
+    samples: list, classes: Optional[List[str]], out_dir: str, split: str, samples_per_file: int, seed: int
+) -> str:
     """Write `samples` in a seeded random order to out_dir/<split>-00000-of-0000N.parquet; returns data.path."""
     datasets = require("datasets", "writing Parquet (--format parquet)", "huggingface")
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     labelled = bool(samples) and all(label >= 0 for _, label, _ in samples)
-    columns = {"image": datasets.Image(), "label": datasets.ClassLabel(names=classes) if classes else datasets.Value("int64")}
+    columns = {
+        "image": datasets.Image(),
+        "label": datasets.ClassLabel(names=classes) if classes else datasets.Value("int64"),
+    }
     if any(caption is not None for _, _, caption in samples):
         columns["caption"] = datasets.Value("string")
     if not labelled:
@@ -95,18 +99,26 @@ def write_parquet(samples: list, classes: Optional[List[str]], out_dir: str, spl
             with open(path, "rb") as f:
                 row = {"image": {"bytes": f.read(), "path": os.path.basename(path)}, "label": label, "caption": caption}
             rows.append({name: row[name] for name in columns})
-        pq.write_table(pa.Table.from_pylist(rows, schema=schema), os.path.join(out_dir, f"{split}-{k:05d}-of-{files:05d}.parquet"))
+        pq.write_table(
+            pa.Table.from_pylist(rows, schema=schema), os.path.join(out_dir, f"{split}-{k:05d}-of-{files:05d}.parquet")
+        )
     return out_dir
 
 
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m solo.data.make_shards", description=__doc__.split("\n")[0])
     parser.add_argument("kind", choices=["imagefolder", "csv"], help="what SOURCE is")
-    parser.add_argument("source", help="an ImageFolder split (root/train, with class folders) or a .csv / .jsonl captions file")
+    parser.add_argument(
+        "source", help="an ImageFolder split (root/train, with class folders) or a .csv / .jsonl captions file"
+    )
     parser.add_argument("out_dir", help="where the shards go (00000.tar, 00001.tar, ...; or <split>-*.parquet)")
     parser.add_argument("--format", choices=["webdataset", "parquet"], default="webdataset")
-    parser.add_argument("--split", default=None, help="parquet: the split's name (default: the source folder's, else train)")
-    parser.add_argument("--root", default=None, help="csv: the folder image paths are relative to (default: the file's)")
+    parser.add_argument(
+        "--split", default=None, help="parquet: the split's name (default: the source folder's, else train)"
+    )
+    parser.add_argument(
+        "--root", default=None, help="csv: the folder image paths are relative to (default: the file's)"
+    )
     parser.add_argument("--samples-per-shard", type=int, default=1000)
     parser.add_argument("--seed", type=int, default=0, help="of the order the samples are written in")
     args = parser.parse_args(argv)
@@ -118,8 +130,12 @@ def main(argv: Optional[List[str]] = None) -> int:
         else:
             samples, classes = csv_samples(args.source, args.root)
         if args.format == "parquet":
-            split = args.split or (os.path.basename(os.path.normpath(args.source)) if args.kind == "imagefolder" else "train")
-            setting = f"data.path='{write_parquet(samples, classes, args.out_dir, split, args.samples_per_shard, args.seed)}'"
+            split = args.split or (
+                os.path.basename(os.path.normpath(args.source)) if args.kind == "imagefolder" else "train"
+            )
+            setting = (
+                f"data.path='{write_parquet(samples, classes, args.out_dir, split, args.samples_per_shard, args.seed)}'"
+            )
         else:
             setting = f"data.shards='{write_shards(samples, classes, args.out_dir, args.samples_per_shard, args.seed)}'"
     except SoloError as e:

@@ -74,11 +74,15 @@ def convert_sync_batchnorm(module: nn.Module, skip: tuple[nn.Module, ...] = ()) 
     statistics) are left as they are."""
     if any(module is s for s in skip):
         return module
-    if isinstance(module, nn.modules.batchnorm._BatchNorm) and not isinstance(module, (SyncBatchNorm, nn.SyncBatchNorm)):
+    if isinstance(module, nn.modules.batchnorm._BatchNorm) and not isinstance(
+        module, (SyncBatchNorm, nn.SyncBatchNorm)
+    ):
         like = next(module.parameters(), None) if module.affine else module.running_mean
         factory = {"device": like.device, "dtype": like.dtype} if like is not None else {}
         kind = nn.SyncBatchNorm if like is not None and like.device.type == "cuda" else SyncBatchNorm
-        sync = kind(module.num_features, module.eps, module.momentum, module.affine, module.track_running_stats, **factory)
+        sync = kind(
+            module.num_features, module.eps, module.momentum, module.affine, module.track_running_stats, **factory
+        )
         sync.load_state_dict(module.state_dict())
         sync.train(module.training)
         if module.affine:  # a teacher's stay untrained

@@ -61,8 +61,12 @@ def detect(env: Mapping[str, str] = os.environ) -> DistEnv:
     """Read the launcher's variables. torchrun's win over SLURM's (torchrun inside an srun step)."""
     if any(n in env for n in TORCHRUN_VARS):
         present = [n for n in TORCHRUN_VARS if n in env]
-        _require(env, TORCHRUN_VARS, f"torchrun environment: {', '.join(present)} set but",
-                 "Launch with torchrun, or unset these variables to run as one process.")
+        _require(
+            env,
+            TORCHRUN_VARS,
+            f"torchrun environment: {', '.join(present)} set but",
+            "Launch with torchrun, or unset these variables to run as one process.",
+        )
         return DistEnv(
             rank=int(env["RANK"]),
             local_rank=int(env["LOCAL_RANK"]),
@@ -106,7 +110,9 @@ def init_distributed(env: DistEnv | None = None, timeout_s: float = 1800.0) -> t
             attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
             store = dist.PrefixStore(f"solo/attempt{attempt}", store)
         else:
-            store, _, _ = next(dist.rendezvous(f"tcp://{env.master_addr}:{env.master_port}", env.rank, env.world_size, timeout=timeout))
+            store, _, _ = next(
+                dist.rendezvous(f"tcp://{env.master_addr}:{env.master_port}", env.rank, env.world_size, timeout=timeout)
+            )
         dist.init_process_group(
             backend="nccl" if device.type == "cuda" else "gloo",
             store=store,

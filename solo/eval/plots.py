@@ -1,6 +1,6 @@
 """Pictures of a run: training curves from metrics.jsonl, and a 2-D embedding of val features by class.
 
-    python -m solo.eval.plots <run dir>     # (re)draws <run dir>/curves.png at any time, also mid-run
+python -m solo.eval.plots <run dir>     # (re)draws <run dir>/curves.png at any time, also mid-run
 """
 
 from __future__ import annotations
@@ -108,7 +108,9 @@ def plot_embedding(
         ax.legend(fontsize=7, markerscale=1, loc="best", framealpha=0.6)
     ax.set_xticks([])
     ax.set_yticks([])
-    ax.set_title(f"{title} ({how} of {len(features)} val features)" if title else f"{how} of {len(features)} val features")
+    ax.set_title(
+        f"{title} ({how} of {len(features)} val features)" if title else f"{how} of {len(features)} val features"
+    )
     fig.tight_layout()
     out = Path(out)
     fig.savefig(out, dpi=110)

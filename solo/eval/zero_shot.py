@@ -91,7 +91,9 @@ def evaluate_image_text(method, probe, classifier, loader, device, autocast) -> 
                 logits = probe(features).float() if probe is not None else None
             labels = batch["label"]
             if classifier is not None:
-                counts[0:2] += torch.tensor(topk_correct((image.to(classifier.dtype) @ classifier.T).float().cpu(), labels))
+                counts[0:2] += torch.tensor(
+                    topk_correct((image.to(classifier.dtype) @ classifier.T).float().cpu(), labels)
+                )
             if logits is not None:
                 counts[2:4] += torch.tensor(topk_correct(logits.cpu(), labels))
             counts[4] += len(labels)
@@ -108,7 +110,12 @@ def evaluate_image_text(method, probe, classifier, loader, device, autocast) -> 
         dist.all_reduce(totals)
         totals = totals.cpu()
     zs1, zs5, p1, p5, n, i2t1, i2t5, t2i1, t2i5 = totals.tolist()
-    metrics = {"val/i2t_recall1": i2t1 / n, "val/i2t_recall5": i2t5 / n, "val/t2i_recall1": t2i1 / n, "val/t2i_recall5": t2i5 / n}
+    metrics = {
+        "val/i2t_recall1": i2t1 / n,
+        "val/i2t_recall5": i2t5 / n,
+        "val/t2i_recall1": t2i1 / n,
+        "val/t2i_recall5": t2i5 / n,
+    }
     if classifier is not None:
         metrics.update({"val/zeroshot_acc1": zs1 / n, "val/zeroshot_acc5": zs5 / n})
     if probe is not None:

@@ -22,17 +22,42 @@ def finetune_config(cfg: DictConfig, backbone_cfg: dict, num_classes: int) -> Di
     """The pretraining config of the fine-tuning run: main_linear's `finetune` keys on its data and logger."""
     f = cfg.finetune
     crops = {"crop_scale": list(f.crop_scale), "hflip_prob": f.hflip_prob, "jitter_prob": 0.0, "grayscale_prob": 0.0}
-    trainer = {"max_epochs": f.epochs, "precision": str(f.precision), "accumulate": f.accumulate, "seed": cfg.seed,
-               "probe": False, "plots": False, "progress_bar": False, "resume": f.resume,
-               "checkpoint_every_steps": f.checkpoint_every_steps, "log_every_steps": f.log_every_steps}
-    return validate_pretrain(OmegaConf.create({
-        "backbone": backbone_cfg, "method": {"name": "supervised", "num_classes": num_classes}, "data": plain(cfg.data),
-        "augmentation": {"views": [crops]}, "optim": plain(f.optim), "logger": plain(cfg.logger), "trainer": trainer,
-    }))
+    trainer = {
+        "max_epochs": f.epochs,
+        "precision": str(f.precision),
+        "accumulate": f.accumulate,
+        "seed": cfg.seed,
+        "probe": False,
+        "plots": False,
+        "progress_bar": False,
+        "resume": f.resume,
+        "checkpoint_every_steps": f.checkpoint_every_steps,
+        "log_every_steps": f.log_every_steps,
+    }
+    return validate_pretrain(
+        OmegaConf.create(
+            {
+                "backbone": backbone_cfg,
+                "method": {"name": "supervised", "num_classes": num_classes},
+                "data": plain(cfg.data),
+                "augmentation": {"views": [crops]},
+                "optim": plain(f.optim),
+                "logger": plain(cfg.logger),
+                "trainer": trainer,
+            }
+        )
+    )
 
 
-def finetune(cfg: DictConfig, backbone: torch.nn.Module, backbone_cfg: dict, num_classes: int, run_dir: Path,
-             env: DistEnv, device: torch.device) -> dict | None:
+def finetune(
+    cfg: DictConfig,
+    backbone: torch.nn.Module,
+    backbone_cfg: dict,
+    num_classes: int,
+    run_dir: Path,
+    env: DistEnv,
+    device: torch.device,
+) -> dict | None:
     """Fine-tune `backbone` (its weights the start) on cfg.data; {"acc1", "acc5", "protocol"} on the val split, or None when a
     preemption signal stopped it (a checkpoint is written: the same command resumes it)."""
     ft = finetune_config(cfg, backbone_cfg, num_classes)
@@ -42,7 +67,12 @@ def finetune(cfg: DictConfig, backbone: torch.nn.Module, backbone_cfg: dict, num
         log.info("fine-tuning stopped before its end: run the same command to resume it")
         return None
     o = ft.optim
-    return {"acc1": metrics["val/acc1"], "acc5": metrics["val/acc5"], "protocol": (
-        f"full fine-tuning, {ft.trainer.max_epochs} epochs, {o.name} lr {trainer.lr:.4g} (cosine) weight decay "
-        f"{o.weight_decay}, crops {list(cfg.finetune.crop_scale)} flip {cfg.finetune.hflip_prob}, global batch "
-        f"{trainer.source.global_batch}, precision {ft.trainer.precision}")}
+    return {
+        "acc1": metrics["val/acc1"],
+        "acc5": metrics["val/acc5"],
+        "protocol": (
+            f"full fine-tuning, {ft.trainer.max_epochs} epochs, {o.name} lr {trainer.lr:.4g} (cosine) weight decay "
+            f"{o.weight_decay}, crops {list(cfg.finetune.crop_scale)} flip {cfg.finetune.hflip_prob}, global batch "
+            f"{trainer.source.global_batch}, precision {ft.trainer.precision}"
+        ),
+    }

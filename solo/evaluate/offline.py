@@ -12,23 +12,22 @@ import torch.distributed as dist
 from omegaconf import DictConfig, OmegaConf
 from torch.utils.data import DataLoader
 
+from solo.config import check_required, plain, validate_linear
 from solo.data import DATASETS, EvalDataset, build_eval_transform, build_split
+from solo.data.sampling.source import loader_workers
 from solo.distributed import DistEnv
 from solo.distributed.env import process_group
 from solo.errors import ConfigError
-from solo.data.sampling.source import loader_workers
 from solo.eval.features import FeatureCache, extract_features, state_fingerprint
-from solo.evaluate.finetune import finetune
 from solo.eval.knn import knn_accuracy
 from solo.eval.linear import LinearProtocol, train_linear
 from solo.eval.plots import plot_curves, plot_embedding
 from solo.eval.probe import topk_correct
 from solo.eval.zero_shot import class_embeddings, class_prompts
-from solo.config import check_required, plain, validate_linear
+from solo.evaluate.finetune import finetune
 from solo.loggers import Loggers
 from solo.zoo.files import cache_dir
 from solo.zoo.pretrained import resolve
-
 
 log = logging.getLogger("solo")
 
@@ -47,23 +46,34 @@ def _evaluate(cfg: DictConfig, run_dir: Path, env: DistEnv, device: torch.device
     pretrained = resolve(cfg.pretrained)
     if pretrained.data["image_size"] != d.image_size:
         if pretrained.method.get("model"):  # open_clip's image towers take one size only
-            raise ConfigError(f"data.image_size={d.image_size}: {cfg.pretrained} has open_clip's image tower "
-                              f"({pretrained.method['model']}) for {pretrained.data['image_size']} px images; evaluate "
-                              f"with data.image_size={pretrained.data['image_size']}")
-        say(f"note: {cfg.pretrained} was pretrained at {pretrained.data['image_size']}px, evaluated at data.image_size={d.image_size}")
+            raise ConfigError(
+                f"data.image_size={d.image_size}: {cfg.pretrained} has open_clip's image tower "
+                f"({pretrained.method['model']}) for {pretrained.data['image_size']} px images; evaluate "
+                f"with data.image_size={pretrained.data['image_size']}"
+            )
+        say(
+            f"note: {cfg.pretrained} was pretrained at {pretrained.data['image_size']}px, evaluated at data.image_size={d.image_size}"
+        )
     torch.manual_seed(cfg.seed)  # random_init: the baseline's weights depend on the seed only
     backbone = pretrained.build_backbone(random_init=cfg.random_init).to(device)
     # Image data sets as images; csv (image-text) by its pairs, which index as (image, label) too.
     dataset = DATASETS[d.name]
     train_base, val_base = (build_split(d, split, cfg.seed, pairs=not dataset.images) for split in ("train", "val"))
     if train_base is None or val_base is None or not train_base.classes:
-        raise ConfigError(f"data={d.name}: linear evaluation needs labelled train and val splits, and this data has none")
+        raise ConfigError(
+            f"data={d.name}: linear evaluation needs labelled train and val splits, and this data has none"
+        )
     classes = list(train_base.classes)
     transform = build_eval_transform(d.image_size, *dataset.stats, resize=dataset.any_size)
 
     extractor = CachedFeatures(cfg, backbone, transform, env, device)
     train, val = extractor(train_base, "train"), extractor(val_base, "val")
-    summary = {"pretrained": cfg.pretrained, "random_init": cfg.random_init, "data": d.name, "num_classes": len(classes)}
+    summary = {
+        "pretrained": cfg.pretrained,
+        "random_init": cfg.random_init,
+        "data": d.name,
+        "num_classes": len(classes),
+    }
     logger = None
     if env.is_main:
         say(f"features: train {tuple(train[0].shape)}, val {tuple(val[0].shape)}")
@@ -82,8 +92,12 @@ def _evaluate(cfg: DictConfig, run_dir: Path, env: DistEnv, device: torch.device
             return summary
     if env.is_main:
         step = cfg.linear.epochs * -(-len(train[0]) // cfg.linear.batch_size)
-        final = {f"val/{k.replace('_', '')}_{m}": v[m] for k, v in summary.items() if k in ("knn", "zero_shot", "finetune")
-                 for m in ("acc1", "acc5")}
+        final = {
+            f"val/{k.replace('_', '')}_{m}": v[m]
+            for k, v in summary.items()
+            if k in ("knn", "zero_shot", "finetune")
+            for m in ("acc1", "acc5")
+        }
         logger.log({"step": step, **final})  # the linear results are already logged per epoch
         logger.close()
         (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
@@ -104,7 +118,8 @@ class CachedFeatures:
         # What decides the images: the dataset's keys, but for how they are read.
         read_only = ("batch_size", "num_workers", "on_bad_image", "check_images", "augment_on", "download")
         data_id = json.dumps(
-            {k: v for k, v in plain(d).items() if k not in read_only} | {"mean": mean, "std": std, "seed": cfg.seed}, sort_keys=True
+            {k: v for k, v in plain(d).items() if k not in read_only} | {"mean": mean, "std": std, "seed": cfg.seed},
+            sort_keys=True,
         )
         self.key_prefix = f"{state_fingerprint(backbone)}|{data_id}"
 
@@ -122,7 +137,12 @@ class CachedFeatures:
             return hit
         shard = list(range(env.rank, len(base), env.world_size))
         d = self.data
-        loader = DataLoader(EvalDataset(base, self.transform), batch_size=d.batch_size, sampler=shard, num_workers=loader_workers(d.num_workers))
+        loader = DataLoader(
+            EvalDataset(base, self.transform),
+            batch_size=d.batch_size,
+            sampler=shard,
+            num_workers=loader_workers(d.num_workers),
+        )
         x, y = extract_features(self.backbone, loader, self.device)
         if env.is_main:
             self.cache.put(key, x, y)
@@ -133,12 +153,17 @@ def _frozen_results(cfg: DictConfig, pretrained, train, val, classes, logger, de
     """Linear (logged per epoch), k-NN and, for image-text models, zero-shot results on frozen features."""
     protocol = LinearProtocol(**OmegaConf.to_container(cfg.linear, resolve=True))
     _, linear = train_linear(
-        (train[0].to(device), train[1].to(device)), (val[0].to(device), val[1].to(device)), len(classes),
-        protocol, log=lambda m: logger.log({k.replace("val/", "val/linear_"): v for k, v in m.items()}),
+        (train[0].to(device), train[1].to(device)),
+        (val[0].to(device), val[1].to(device)),
+        len(classes),
+        protocol,
+        log=lambda m: logger.log({k.replace("val/", "val/linear_"): v for k, v in m.items()}),
     )
     results = {"linear": {"acc1": linear["val/acc1"], "acc5": linear["val/acc5"], "protocol": protocol.describe()}}
     knn = knn_accuracy(*train, *val, len(classes), cfg.knn.k, cfg.knn.temperature)
-    results["knn"] = knn | {"protocol": f"weighted k-NN on cosine similarity, k={cfg.knn.k}, temperature {cfg.knn.temperature}"}
+    results["knn"] = knn | {
+        "protocol": f"weighted k-NN on cosine similarity, k={cfg.knn.k}, temperature {cfg.knn.temperature}"
+    }
     if pretrained.contents == "model" and not cfg.random_init:
         results["zero_shot"] = _zero_shot(pretrained, val, classes, cfg.data.name, device)
     return results
@@ -152,7 +177,11 @@ def _zero_shot(pretrained, val, classes, data_name: str, device) -> dict:
     image = model.embed_features(val[0].to(device))
     c1, c5 = topk_correct((image @ classifier.T).cpu(), val[1])
     n = len(val[1])
-    return {"acc1": c1 / n, "acc5": c5 / n, "protocol": f"zero-shot with {len(prompts[0])} prompt(s) per class, averaged"}
+    return {
+        "acc1": c1 / n,
+        "acc5": c5 / n,
+        "protocol": f"zero-shot with {len(prompts[0])} prompt(s) per class, averaged",
+    }
 
 
 def _format_summary(summary: dict, run_dir: Path) -> str:

@@ -9,7 +9,7 @@ from solo.losses.self_distillation import deepcluster_loss, dino_center, dino_lo
 from solo.losses.siglip import siglip_loss
 from solo.losses.supervised import supervised_loss
 from solo.losses.vicreg import vibcreg_loss, vicreg_loss
-from solo.losses.whitening import wmse_loss, whiten
+from solo.losses.whitening import whiten, wmse_loss
 
 __all__ = [
     "LOSSES",

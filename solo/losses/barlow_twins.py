@@ -5,9 +5,9 @@ from __future__ import annotations
 import torch
 
 from solo.distributed import all_reduce, batch_sizes
-from solo.losses.registry import LOSSES
-from solo.losses._checks import check_non_negative, check_pair
 from solo.dtypes import full_precision
+from solo.losses._checks import check_non_negative, check_pair
+from solo.losses.registry import LOSSES
 
 BN_EPS = 1e-5
 
@@ -49,6 +49,7 @@ def all4one_feature_loss(t1: torch.Tensor, t2: torch.Tensor, z1: torch.Tensor, z
     check_pair(t1, z2, "t1", "z2")
     check_pair(t2, z1, "t2", "z1")
     with torch.autocast(z1.device.type, enabled=False):
+
         def unit(x):
             x = full_precision(x)
             return x / all_reduce(x.pow(2).sum(dim=0)).sqrt().clamp_min(1e-12)

@@ -86,7 +86,9 @@ def _layouts(world: int, uneven: bool, empty_rank: bool = True) -> list[list[int
     even = [4] * world
     if world == 1 or not uneven:
         return [even]
-    return [even, [2 + (3 * r) % 5 for r in range(world)]] + [[5] * (world - 1) + [0]] * empty_rank  # [2, 5, 3, 6], [5, 5, 5, 0]
+    return [even, [2 + (3 * r) % 5 for r in range(world)]] + [
+        [5] * (world - 1) + [0]
+    ] * empty_rank  # [2, 5, 3, 6], [5, 5, 5, 0]
 
 
 def _reference(spec: str, layout: list[int], seed: int) -> tuple[float, dict]:
@@ -163,7 +165,9 @@ class Result:
     world_size: int
     layout: tuple[int, ...]
     loss_error: float  # |mean over ranks of the returned values - reference| / |reference|
-    param_errors: dict[str, float]  # per parameter, worst over ranks of max|g - g_ref|, over the model's largest |g_ref|
+    param_errors: dict[
+        str, float
+    ]  # per parameter, worst over ranks of max|g - g_ref|, over the model's largest |g_ref|
 
     @property
     def grad_error(self) -> float:
@@ -190,7 +194,9 @@ def _compare(spec: str, world: int, layout: list[int], reference: tuple[float, d
     return Result(spec, world, tuple(layout), loss_error, errors)
 
 
-def run_check(specs: list[str], world: int, seed: int = 0, uneven: bool = True, empty_rank: bool = True) -> list[Result]:
+def run_check(
+    specs: list[str], world: int, seed: int = 0, uneven: bool = True, empty_rank: bool = True
+) -> list[Result]:
     """Check every spec at one world size (one spawned process group for all of them).
 
     uneven=False skips the layouts with different per-rank batch sizes (one of them with an empty rank), for losses
@@ -218,7 +224,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("losses", nargs="*", help="extra losses to check: module:function, or a registered name")
     parser.add_argument("--world-sizes", type=int, nargs="+", default=[1, 2, 3, 4])
     parser.add_argument("--only", action="store_true", help="check only the losses named, not the registered ones")
-    parser.add_argument("--even-only", action="store_true", help="skip uneven per-rank batches (if your loss needs equal ones)")
+    parser.add_argument(
+        "--even-only", action="store_true", help="skip uneven per-rank batches (if your loss needs equal ones)"
+    )
     args = parser.parse_args(argv)
     specs = list(dict.fromkeys(args.losses if args.only else LOSSES.names() + args.losses))
     if not specs:
@@ -234,10 +242,14 @@ def main(argv: list[str] | None = None) -> int:
                 # On a mismatch, name the parameter furthest off: an encoder's, or a learnable scalar.
                 verdict = "ok" if r.ok else f"MISMATCH (worst: {r.worst})"
                 layout = ",".join(map(str, r.layout))
-                print(f"{r.spec:<{width}} {r.world_size:>2}  {layout:<16} {r.loss_error:>12.1e} {r.grad_error:>12.1e}  {verdict}")
+                print(
+                    f"{r.spec:<{width}} {r.world_size:>2}  {layout:<16} {r.loss_error:>12.1e} {r.grad_error:>12.1e}  {verdict}"
+                )
     except ConfigError as e:  # an unknown name, a scalar the loss ignores: the message says it all
         parser.error(str(e))
-    print(f"tolerance {TOLERANCE:.0e} (relative, float64): " + ("all exact" if not failures else f"{failures} mismatches"))
+    print(
+        f"tolerance {TOLERANCE:.0e} (relative, float64): " + ("all exact" if not failures else f"{failures} mismatches")
+    )
     return 1 if failures else 0
 
 

@@ -16,10 +16,10 @@ import torch
 import torch.nn.functional as F
 
 from solo.distributed import batch_sizes, gather, rank, world_size
-from solo.losses.registry import LOSSES
-from solo.losses._checks import check_pair, check_positive
-from solo.losses.tiled import resolve_tile, tiled_logsumexp
 from solo.dtypes import full_precision
+from solo.losses._checks import check_pair, check_positive
+from solo.losses.registry import LOSSES
+from solo.losses.tiled import resolve_tile, tiled_logsumexp
 
 
 def _global_rows(n_local: int, device: torch.device) -> tuple[list[int], torch.Tensor]:

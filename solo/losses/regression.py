@@ -12,10 +12,10 @@ import torch
 import torch.nn.functional as F
 
 from solo.distributed import batch_sizes, gather, world_size
+from solo.dtypes import full_precision
 from solo.losses._checks import check_pair, check_positive
 from solo.losses.contrastive import _global_rows
 from solo.losses.registry import LOSSES
-from solo.dtypes import full_precision
 
 
 def byol_loss(p: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
@@ -66,8 +66,9 @@ def mocov3_loss(q: torch.Tensor, k: torch.Tensor, temperature: float | torch.Ten
         return loss_sum * (world_size() / sum(sizes)) * (2 * t)
 
 
-def moco_queue_loss(q: torch.Tensor, k: torch.Tensor, queue: torch.Tensor, valid: torch.Tensor,
-                    temperature: float | torch.Tensor) -> torch.Tensor:
+def moco_queue_loss(
+    q: torch.Tensor, k: torch.Tensor, queue: torch.Tensor, valid: torch.Tensor, temperature: float | torch.Tensor
+) -> torch.Tensor:
     """MoCo v2 (Chen, Fan, Girshick and He, 2020): InfoNCE of each query against its own key (the positive) and the
     `valid` rows of `queue` (the negatives: earlier steps' keys, identical on every rank, see
     solo.methods.memory.GlobalQueue), averaged over the global batch. q and k are L2-normalised here, k detached;
@@ -82,8 +83,14 @@ def moco_queue_loss(q: torch.Tensor, k: torch.Tensor, queue: torch.Tensor, valid
         return loss_sum * (world_size() / sum(batch_sizes(q.shape[0], q.device)))
 
 
-def ressl_loss(q: torch.Tensor, k: torch.Tensor, queue: torch.Tensor, valid: torch.Tensor,
-               temperature_q: float, temperature_k: float) -> torch.Tensor:
+def ressl_loss(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    queue: torch.Tensor,
+    valid: torch.Tensor,
+    temperature_q: float,
+    temperature_k: float,
+) -> torch.Tensor:
     """ReSSL (Zheng et al., 2021): the cross-entropy from the teacher's relation to the queue (softmax of k's
     similarities to the `valid` rows of `queue` at `temperature_k`, a target) to the student's (q's at
     `temperature_q`), averaged over the global batch. q and k are L2-normalised here, k detached; the queue's rows

@@ -15,9 +15,9 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from solo.distributed import all_reduce, batch_sizes, world_size
+from solo.dtypes import full_precision
 from solo.losses._checks import check_pair, check_positive, checks_values
 from solo.losses.registry import LOSSES
-from solo.dtypes import full_precision
 
 
 def _check_views(views: list[torch.Tensor], name: str, at_least: int = 1) -> None:
@@ -66,7 +66,9 @@ def dino_loss(
     _check_views(teacher, "teacher")
     check_pair(student[0], teacher[0], "student[0]", "teacher[0]")
     if len(teacher) > len(student):
-        raise ValueError(f"teacher has {len(teacher)} views but student only {len(student)}: the teacher's are its first ones")
+        raise ValueError(
+            f"teacher has {len(teacher)} views but student only {len(student)}: the teacher's are its first ones"
+        )
     _check_center(center, student[0].shape[1])
     check_positive(student_temperature, "student_temperature")
     check_positive(teacher_temperature, "teacher_temperature")
@@ -184,8 +186,10 @@ def deepcluster_loss(scores: list[torch.Tensor], assignments: list[torch.Tensor]
     check_positive(temperature, "temperature")
     with torch.autocast(scores[0].device.type, enabled=False):
         total = sum(batch_sizes(scores[0].shape[0], scores[0].device))
-        loss_sum = sum(F.cross_entropy(full_precision(s) / temperature, a, ignore_index=-1, reduction="sum")
-                       for s, a in zip(scores, assignments))
+        loss_sum = sum(
+            F.cross_entropy(full_precision(s) / temperature, a, ignore_index=-1, reduction="sum")
+            for s, a in zip(scores, assignments)
+        )
         return loss_sum * (world_size() / (total * len(scores)))
 
 

@@ -8,10 +8,10 @@ import torch
 import torch.nn.functional as F
 
 from solo.distributed import gather, world_size
+from solo.dtypes import full_precision
 from solo.losses._checks import check_pair, check_positive, checks_values
 from solo.losses.contrastive import _global_rows
 from solo.losses.registry import LOSSES
-from solo.dtypes import full_precision
 
 
 def siglip_loss(

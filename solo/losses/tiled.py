@@ -175,9 +175,7 @@ class _TiledLogSumExp(torch.autograd.Function):
                 grad_c.mul_(scale)
             grad_s = None
             if need_s:
-                grad_s = sum(
-                    (a[i : i + _ROW_CHUNK] * g_acc[i : i + _ROW_CHUNK]).sum() for i in range(0, n, _ROW_CHUNK)
-                )
+                grad_s = sum((a[i : i + _ROW_CHUNK] * g_acc[i : i + _ROW_CHUNK]).sum() for i in range(0, n, _ROW_CHUNK))
                 grad_s = torch.as_tensor(grad_s / 2 if shared else grad_s, dtype=a.dtype, device=a.device)
                 grad_s = grad_s.reshape(scale.shape)
             grad_a = g_acc.mul_(scale) if (need_a or (shared and need_c)) else None
@@ -205,7 +203,9 @@ def tiled_logsumexp(
             f"anchors and candidates must be (n, D) and (N, D), got {tuple(anchors.shape)} and {tuple(candidates.shape)}"
         )
     if anchors.dtype != candidates.dtype or not anchors.is_floating_point():
-        raise TypeError(f"anchors and candidates must share a floating dtype, got {anchors.dtype} and {candidates.dtype}")
+        raise TypeError(
+            f"anchors and candidates must share a floating dtype, got {anchors.dtype} and {candidates.dtype}"
+        )
     if candidates.shape[0] == 0:
         raise ValueError("no candidates: the log-sum-exp of an empty set is -inf")
     tile = resolve_tile(tile, anchors.shape[0], candidates.shape[0], anchors.dtype)
@@ -218,5 +218,7 @@ def tiled_logsumexp(
     if exclude is not None:
         exclude = exclude.to(device=anchors.device, dtype=torch.long)
         if exclude.shape != (anchors.shape[0],):
-            raise ValueError(f"exclude must hold one column per anchor, shape ({anchors.shape[0]},), got {tuple(exclude.shape)}")
+            raise ValueError(
+                f"exclude must hold one column per anchor, shape ({anchors.shape[0]},), got {tuple(exclude.shape)}"
+            )
     return _TiledLogSumExp.apply(anchors, candidates, scale, tile, exclude)

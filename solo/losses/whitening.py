@@ -37,8 +37,10 @@ def wmse_loss(z1: torch.Tensor, z2: torch.Tensor, whitening_size: int | None = N
         total = sum(sizes)
         size = whitening_size or total
         if total % size or size <= z1.shape[1] * (eps == 0):
-            raise ValueError(f"wmse_loss whitens sub-batches of {size} samples: the global batch ({total}) must be a "
-                             f"multiple of it, and without eps it must exceed the embedding width ({z1.shape[1]})")
+            raise ValueError(
+                f"wmse_loss whitens sub-batches of {size} samples: the global batch ({total}) must be a "
+                f"multiple of it, and without eps it must exceed the embedding width ({z1.shape[1]})"
+            )
         views = [gather(full_precision(z), sizes) for z in (z1, z2)]
         w1, w2 = (torch.cat([whiten(chunk, eps) for chunk in v.split(size)]) for v in views)
         return (2 - 2 * F.cosine_similarity(w1, w2, dim=1)).mean()

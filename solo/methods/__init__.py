@@ -10,8 +10,27 @@ from omegaconf import OmegaConf
 
 from solo.backbones import build_backbone
 from solo.methods import (  # noqa: F401  (registers them)
-    all4one, barlow_twins, byol, clip, deepclusterv2, dino, mocov2plus, mocov3, nnbyol, nnclr, nnsiam, ressl, siglip, simclr, simsiam, supcon,
-    supervised, swav, vibcreg, vicreg, wmse,
+    all4one,
+    barlow_twins,
+    byol,
+    clip,
+    deepclusterv2,
+    dino,
+    mocov2plus,
+    mocov3,
+    nnbyol,
+    nnclr,
+    nnsiam,
+    ressl,
+    siglip,
+    simclr,
+    simsiam,
+    supcon,
+    supervised,
+    swav,
+    vibcreg,
+    vicreg,
+    wmse,
 )
 from solo.methods.base import METHODS, Method, register_method
 

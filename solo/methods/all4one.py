@@ -51,8 +51,9 @@ class All4One(MomentumTwoViewMethod):
     def __init__(self, backbone, feature_dim: int, cfg: All4OneConfig):
         h, d = cfg.proj_hidden_dim, cfg.proj_output_dim
         projector = mlp([feature_dim, h, h, d], last_bn=True)
-        super().__init__(backbone, feature_dim, projector, mlp([d, cfg.pred_hidden_dim, d]), cfg.base_momentum,
-                         cfg.final_momentum)
+        super().__init__(
+            backbone, feature_dim, projector, mlp([d, cfg.pred_hidden_dim, d]), cfg.base_momentum, cfg.final_momentum
+        )
         self.predictor2 = mlp([d, cfg.pred_hidden_dim, d])
         layer = nn.TransformerEncoderLayer(d, nhead=8, dim_feedforward=2 * d, dropout=0.0, batch_first=True)
         self.transformer = nn.TransformerEncoder(layer, num_layers=3, enable_nested_tensor=False)
@@ -64,8 +65,10 @@ class All4One(MomentumTwoViewMethod):
     def check_config(cls, cfg) -> None:
         check_queue_size(cfg)
         if cfg.method.proj_output_dim % 8:
-            raise ConfigError(f"method.proj_output_dim={cfg.method.proj_output_dim}: All4One's Transformer over it has 8 "
-                              "heads; use a multiple of 8")
+            raise ConfigError(
+                f"method.proj_output_dim={cfg.method.proj_output_dim}: All4One's Transformer over it has 8 "
+                "heads; use a multiple of 8"
+            )
 
     def attend(self, sequence: torch.Tensor) -> torch.Tensor:
         return self.transformer(sequence + self.positions.to(sequence.dtype))[:, 0]
@@ -78,11 +81,15 @@ class All4One(MomentumTwoViewMethod):
         nn1, nn2 = self.support.neighbours(t1, NEIGHBOURS), self.support.neighbours(t2, NEIGHBOURS)
         # Each view's own neighbourhood, and a query sequence: its second prediction followed by its 4 nearest.
         rich1, rich2 = self.attend(nn1), self.attend(nn2)
-        query1, query2 = (self.attend(torch.cat([self.predictor2(z)[:, None], nn[:, : NEIGHBOURS - 1]], dim=1))
-                          for z, nn in ((z1, nn1), (z2, nn2)))
+        query1, query2 = (
+            self.attend(torch.cat([self.predictor2(z)[:, None], nn[:, : NEIGHBOURS - 1]], dim=1))
+            for z, nn in ((z1, nn1), (z2, nn2))
+        )
         attended = (nnclr_loss(rich1, query2, 0.1) + nnclr_loss(rich2, query1, 0.1)) / 2  # at solo-learn's default 0.1
-        neighbour = (nnclr_loss(nn1[:, 0], self.predictor(z2), self.temperature)
-                     + nnclr_loss(nn2[:, 0], self.predictor(z1), self.temperature)) / 2
+        neighbour = (
+            nnclr_loss(nn1[:, 0], self.predictor(z2), self.temperature)
+            + nnclr_loss(nn2[:, 0], self.predictor(z1), self.temperature)
+        ) / 2
         loss = 0.5 * (attended + neighbour + all4one_feature_loss(t1, t2, z1, z2))
         self.support.push(t1)
         return {"loss": loss, "features": torch.cat([f1, f2]), "labels": batch["label"].repeat(2)}

@@ -72,7 +72,9 @@ class Method(nn.Module):
     def check_data(cls, view_sizes: list[int], dataset) -> None:
         """Raise ConfigError when the augmentation's views (their sizes) or the dataset cannot feed this method."""
         if cls.inputs == "image_text" and not dataset.pairs:
-            raise ConfigError(f"method={cls.name} trains on image-text pairs; data={dataset.name} has none (try data=digits or data=csv)")
+            raise ConfigError(
+                f"method={cls.name} trains on image-text pairs; data={dataset.name} has none (try data=digits or data=csv)"
+            )
         if cls.inputs == "views" and not dataset.images:
             raise ConfigError(f"method={cls.name} trains on images; data={dataset.name} holds image-text pairs only")
         global_sizes, local_sizes = view_sizes[: cls.num_views], view_sizes[cls.num_views :]
@@ -221,8 +223,15 @@ class MomentumTwoViewMethod(Method):
     teachers = ("teacher",)
     sync_teacher_batchnorm = True
 
-    def __init__(self, backbone, feature_dim: int, projector: nn.Module, predictor: nn.Module, base_momentum: float,
-                 final_momentum: float):
+    def __init__(
+        self,
+        backbone,
+        feature_dim: int,
+        projector: nn.Module,
+        predictor: nn.Module,
+        base_momentum: float,
+        final_momentum: float,
+    ):
         super().__init__(backbone, feature_dim)
         self.projector, self.predictor = projector, predictor
         self.teacher = make_teacher(nn.ModuleList([backbone, projector]))
@@ -242,7 +251,11 @@ class MomentumTwoViewMethod(Method):
         p1, p2 = self.predictor(self.projector(f1)), self.predictor(self.projector(f2))
         with torch.no_grad():
             t1, t2 = (self.teacher[1](t) for t in encoded["teacher"])
-        return {"loss": self.pair_loss(p1, p2, t1, t2), "features": torch.cat([f1, f2]), "labels": batch["label"].repeat(2)}
+        return {
+            "loss": self.pair_loss(p1, p2, t1, t2),
+            "features": torch.cat([f1, f2]),
+            "labels": batch["label"].repeat(2),
+        }
 
     def pair_loss(self, p1: torch.Tensor, p2: torch.Tensor, t1: torch.Tensor, t2: torch.Tensor) -> torch.Tensor:
         """The loss of the student's predictions `p1`, `p2` against the teacher's outputs `t1`, `t2` of the two views

@@ -16,9 +16,9 @@ from solo.errors import ConfigError
 from solo.eval.zero_shot import class_embeddings, evaluate_image_text
 from solo.losses import clip_loss
 from solo.losses.tiled import config_tile
-from solo.schema import AT_LEAST_ONE, POSITIVE, TILE, Rule, ruled
 from solo.methods.base import Method, register_method
 from solo.methods.towers import check_pretrained, open_clip_image_size, open_clip_towers, solo_towers
+from solo.schema import AT_LEAST_ONE, POSITIVE, TILE, Rule, ruled
 
 
 @dataclass
@@ -28,7 +28,9 @@ class TextConfig:
     width: int = ruled(512, AT_LEAST_ONE)
     depth: int = ruled(12, AT_LEAST_ONE)
     heads: int = ruled(8, AT_LEAST_ONE)
-    context_length: int = ruled(77, Rule("must be >= 3 (start, one byte, end)", lambda v: v >= 3))  # tokens, start and end included; longer captions are truncated (and counted)
+    context_length: int = ruled(
+        77, Rule("must be >= 3 (start, one byte, end)", lambda v: v >= 3)
+    )  # tokens, start and end included; longer captions are truncated (and counted)
     causal: bool = True
 
 
@@ -42,7 +44,9 @@ class TowersConfig:
     text: TextConfig = field(default_factory=TextConfig)
     model: Optional[str] = None  # an open_clip model name (open_clip.list_models()): its towers and tokenizer
     model_cfg: Dict[str, Any] = field(default_factory=dict)  # changes to its open_clip config, merged key by key
-    pretrained: Optional[str] = None  # open_clip weights for `model` (a state dict file or open_clip tag), loaded at start
+    pretrained: Optional[str] = (
+        None  # open_clip weights for `model` (a state dict file or open_clip tag), loaded at start
+    )
 
 
 @dataclass
@@ -61,7 +65,9 @@ class ImageTextMethod(Method):
     inputs = "image_text"
     num_views = 1  # one augmented image per pair
 
-    def __init__(self, backbone, feature_dim: int, cfg: TowersConfig, init_logit_scale: float, init_bias: float | None = None):
+    def __init__(
+        self, backbone, feature_dim: int, cfg: TowersConfig, init_logit_scale: float, init_bias: float | None = None
+    ):
         if cfg.model:
             towers = open_clip_towers(cfg.model, cfg.model_cfg, cfg.pretrained)
         else:

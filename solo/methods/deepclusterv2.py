@@ -36,7 +36,9 @@ class DeepClusterV2(Method):
     def __init__(self, backbone, feature_dim: int, cfg: DeepClusterV2Config):
         super().__init__(backbone, feature_dim)
         if not cfg.num_prototypes or min(cfg.num_prototypes) < 1:
-            raise ConfigError(f"method.num_prototypes={cfg.num_prototypes}: give one k >= 1 per clustering, e.g. [3000, 3000, 3000]")
+            raise ConfigError(
+                f"method.num_prototypes={cfg.num_prototypes}: give one k >= 1 per clustering, e.g. [3000, 3000, 3000]"
+            )
         self.projector = mlp([feature_dim, cfg.proj_hidden_dim, cfg.proj_output_dim])
         self.cfg = cfg
         for h, k in enumerate(cfg.num_prototypes):
@@ -45,10 +47,14 @@ class DeepClusterV2(Method):
     def set_data(self, num_samples: int) -> None:
         most = max(self.cfg.num_prototypes)
         if most > num_samples:
-            raise ConfigError(f"method.num_prototypes={self.cfg.num_prototypes}: k-means cannot make {most} clusters of the "
-                              f"{num_samples} samples in the memory bank (the train split); lower method.num_prototypes")
+            raise ConfigError(
+                f"method.num_prototypes={self.cfg.num_prototypes}: k-means cannot make {most} clusters of the "
+                f"{num_samples} samples in the memory bank (the train split); lower method.num_prototypes"
+            )
         self.bank = MemoryBank(num_samples, 2, self.cfg.proj_output_dim)
-        self.register_buffer("assignments", torch.full((len(self.cfg.num_prototypes), num_samples), -1, dtype=torch.long))
+        self.register_buffer(
+            "assignments", torch.full((len(self.cfg.num_prototypes), num_samples), -1, dtype=torch.long)
+        )
 
     def encode(self, batch: dict) -> dict:
         return {"features": [self.backbone(v) for v in batch["views"]]}
@@ -71,8 +77,12 @@ class DeepClusterV2(Method):
         filled = self.bank.filled.nonzero().squeeze(1)
         for h, k in enumerate(self.cfg.num_prototypes):
             if k > len(filled):
-                raise DataError(f"method.num_prototypes={self.cfg.num_prototypes}: an epoch filled {len(filled)} entries "
-                                f"of the memory bank, fewer than k={k}; lower method.num_prototypes")
-            centroids, assigned = kmeans(self.bank.rows[h % 2, filled], k, self.cfg.kmeans_iterations, seed=epoch * 1000 + h)
+                raise DataError(
+                    f"method.num_prototypes={self.cfg.num_prototypes}: an epoch filled {len(filled)} entries "
+                    f"of the memory bank, fewer than k={k}; lower method.num_prototypes"
+                )
+            centroids, assigned = kmeans(
+                self.bank.rows[h % 2, filled], k, self.cfg.kmeans_iterations, seed=epoch * 1000 + h
+            )
             getattr(self, f"centroids_{h}").copy_(centroids)
             self.assignments[h, filled] = assigned

@@ -10,8 +10,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from solo.losses import dino_center, dino_loss
-from solo.schema import AT_LEAST_ONE, MOMENTUM, NON_NEGATIVE, POSITIVE, PROBABILITY, ruled
 from solo.methods.base import Method, cosine_momentum, ema_update, make_teacher, register_method, with_frozen
+from solo.schema import AT_LEAST_ONE, MOMENTUM, NON_NEGATIVE, POSITIVE, PROBABILITY, ruled
 
 
 @dataclass
@@ -39,7 +39,12 @@ class DINOHead(nn.Module):
         super().__init__()
         norm = (lambda: nn.BatchNorm1d(hidden_dim)) if use_bn else nn.Identity
         self.mlp = nn.Sequential(
-            nn.Linear(in_dim, hidden_dim), norm(), nn.GELU(), nn.Linear(hidden_dim, hidden_dim), norm(), nn.GELU(),
+            nn.Linear(in_dim, hidden_dim),
+            norm(),
+            nn.GELU(),
+            nn.Linear(hidden_dim, hidden_dim),
+            norm(),
+            nn.GELU(),
             nn.Linear(hidden_dim, bottleneck_dim),
         )
         for layer in self.mlp:
@@ -61,7 +66,9 @@ class DINO(Method):
     def __init__(self, backbone, feature_dim: int, cfg: DINOConfig):
         super().__init__(backbone, feature_dim)
         self.cfg = cfg
-        self.head = DINOHead(feature_dim, cfg.proj_hidden_dim, cfg.bottleneck_dim, cfg.num_prototypes, cfg.use_bn_in_head)
+        self.head = DINOHead(
+            feature_dim, cfg.proj_hidden_dim, cfg.bottleneck_dim, cfg.num_prototypes, cfg.use_bn_in_head
+        )
         self.teacher = make_teacher(nn.ModuleList([backbone, self.head]))
         # Buffers: part of the checkpoint, so a resumed run goes on with the same centre and temperature.
         self.register_buffer("center", torch.zeros(cfg.num_prototypes))
@@ -103,4 +110,7 @@ class DINO(Method):
         self.teacher_temperature.fill_(self._teacher_temperature(step, self.steps_per_epoch))
 
     def metrics(self) -> dict[str, torch.Tensor]:
-        return {"train/teacher_momentum": torch.tensor(self.momentum), "train/teacher_temperature": self.teacher_temperature}
+        return {
+            "train/teacher_momentum": torch.tensor(self.momentum),
+            "train/teacher_temperature": self.teacher_temperature,
+        }

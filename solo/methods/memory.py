@@ -15,9 +15,11 @@ def check_queue_size(cfg) -> None:
     """A queue method's `method.queue_size` must hold a global batch: each step pushes all of its rows at once."""
     global_batch = cfg.data.batch_size * detect().world_size
     if cfg.method.queue_size < global_batch:
-        raise ConfigError(f"method.queue_size={cfg.method.queue_size} is smaller than the global batch ({global_batch}): "
-                          f"each step pushes the whole global batch's rows into method={cfg.method.name}'s queue; raise "
-                          "method.queue_size")
+        raise ConfigError(
+            f"method.queue_size={cfg.method.queue_size} is smaller than the global batch ({global_batch}): "
+            f"each step pushes the whole global batch's rows into method={cfg.method.name}'s queue; raise "
+            "method.queue_size"
+        )
 
 
 class GlobalQueue(nn.Module):
@@ -47,7 +49,9 @@ class GlobalQueue(nn.Module):
         """Append every rank's `rows` (in rank order), dropping the oldest; at most `size` rows per push."""
         rows = gather(rows.detach())
         if len(rows) > self.size:
-            raise ValueError(f"pushed {len(rows)} rows at once into a queue of {self.size}: the queue must hold a global batch")
+            raise ValueError(
+                f"pushed {len(rows)} rows at once into a queue of {self.size}: the queue must hold a global batch"
+            )
         index = (self.count + torch.arange(len(rows), device=rows.device)) % self.size
         self.rows.index_copy_(0, index, rows.to(self.rows.dtype))
         self.count += len(rows)

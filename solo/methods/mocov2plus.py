@@ -45,8 +45,10 @@ class MoCoV2Plus(MomentumTwoViewMethod):
         k1, k2 = F.normalize(t1, dim=1), F.normalize(t2, dim=1)
         # Copies: the loss's backward needs the rows as they were before this step's push.
         rows, valid = [q.rows.clone() for q in self.queues], [q.valid() for q in self.queues]
-        loss = (moco_queue_loss(p1, k2, rows[1], valid[1], self.temperature)
-                + moco_queue_loss(p2, k1, rows[0], valid[0], self.temperature)) / 2
+        loss = (
+            moco_queue_loss(p1, k2, rows[1], valid[1], self.temperature)
+            + moco_queue_loss(p2, k1, rows[0], valid[0], self.temperature)
+        ) / 2
         self.queues[0].push(k1)
         self.queues[1].push(k2)
         return loss

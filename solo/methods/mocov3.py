@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from solo.losses import mocov3_loss
-from solo.schema import AT_LEAST_ONE, POSITIVE, PROBABILITY, ruled
 from solo.methods.base import MomentumTwoViewMethod, mlp, register_method
+from solo.schema import AT_LEAST_ONE, POSITIVE, PROBABILITY, ruled
 
 
 @dataclass

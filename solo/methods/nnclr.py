@@ -27,7 +27,9 @@ class NNCLRConfig:
 class NNCLR(SiameseMethod):
     def __init__(self, backbone, feature_dim: int, cfg: NNCLRConfig):
         h, d = cfg.proj_hidden_dim, cfg.proj_output_dim
-        super().__init__(backbone, feature_dim, mlp([feature_dim, h, h, d], last_bn=True), mlp([d, cfg.pred_hidden_dim, d]))
+        super().__init__(
+            backbone, feature_dim, mlp([feature_dim, h, h, d], last_bn=True), mlp([d, cfg.pred_hidden_dim, d])
+        )
         self.support = GlobalQueue(cfg.queue_size, d)
         self.temperature = cfg.temperature
 

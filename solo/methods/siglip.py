@@ -7,9 +7,9 @@ from dataclasses import dataclass
 import torch
 
 from solo.losses import siglip_loss
-from solo.schema import POSITIVE, ruled
 from solo.methods.base import register_method
 from solo.methods.clip import ImageTextMethod, TowersConfig
+from solo.schema import POSITIVE, ruled
 
 
 @dataclass

@@ -6,8 +6,8 @@ from dataclasses import dataclass
 
 from solo.losses import nt_xent_loss
 from solo.losses.tiled import config_tile
-from solo.schema import AT_LEAST_ONE, POSITIVE, TILE, ruled
 from solo.methods.base import TwoViewMethod, mlp, register_method
+from solo.schema import AT_LEAST_ONE, POSITIVE, TILE, ruled
 
 
 @dataclass

@@ -27,7 +27,9 @@ class SupCon(TwoViewMethod):
     def __init__(self, backbone, feature_dim: int, cfg: SupConConfig):
         super().__init__(backbone, feature_dim)
         h = cfg.proj_hidden_dim
-        self.projector = nn.Sequential(nn.Linear(feature_dim, h), nn.ReLU(inplace=True), nn.Linear(h, cfg.proj_output_dim))
+        self.projector = nn.Sequential(
+            nn.Linear(feature_dim, h), nn.ReLU(inplace=True), nn.Linear(h, cfg.proj_output_dim)
+        )
         self.temperature = cfg.temperature
 
     def joint(self, encoded: dict, batch: dict) -> dict:

@@ -35,7 +35,9 @@ class Supervised(Method):
     @classmethod
     def check_data(cls, view_sizes: list[int], dataset) -> None:
         if not dataset.images:
-            raise ConfigError(f"method=supervised trains on labelled images; data={dataset.name} holds image-text pairs only")
+            raise ConfigError(
+                f"method=supervised trains on labelled images; data={dataset.name} holds image-text pairs only"
+            )
         super().check_data(view_sizes, dataset)
 
     def encode(self, batch: dict) -> dict:

@@ -43,10 +43,18 @@ class Towers:
 def solo_towers(backbone: nn.Module, feature_dim: int, embed_dim: int, text) -> Towers:
     """`backbone` + a projection, and solo's byte-level text Transformer (`text`: its TextConfig) + a projection."""
     image_projection = nn.Linear(feature_dim, embed_dim, bias=False)
-    text_tower = TextTransformer(vocab_size=VOCAB_SIZE, context_length=text.context_length, width=text.width,
-                                 depth=text.depth, heads=text.heads, causal=text.causal)
+    text_tower = TextTransformer(
+        vocab_size=VOCAB_SIZE,
+        context_length=text.context_length,
+        width=text.width,
+        depth=text.depth,
+        heads=text.heads,
+        causal=text.causal,
+    )
     text_projection = nn.Linear(text.width, embed_dim, bias=False)
-    return Towers(backbone, feature_dim, image_projection, text_tower, text_projection, ByteTokenizer(text.context_length))
+    return Towers(
+        backbone, feature_dim, image_projection, text_tower, text_projection, ByteTokenizer(text.context_length)
+    )
 
 
 class OpenCLIPText(nn.Module):
@@ -68,8 +76,10 @@ def open_clip_towers(name: str, overrides: dict, pretrained: str | None) -> Towe
 
     config, kwargs = open_clip_config(name, overrides), open_clip_kwargs(name, overrides)
     if "multimodal_cfg" in config:
-        raise ConfigError(f"method.model={name} is a CoCa model, whose caption decoder a contrastive method would not "
-                          "train; pick a CLIP or SigLIP model of open_clip.list_models()")
+        raise ConfigError(
+            f"method.model={name} is a CoCa model, whose caption decoder a contrastive method would not "
+            "train; pick a CLIP or SigLIP model of open_clip.list_models()"
+        )
     if pretrained is not None:
         check_pretrained(name, pretrained)
     try:
@@ -77,8 +87,10 @@ def open_clip_towers(name: str, overrides: dict, pretrained: str | None) -> Towe
             model = open_clip.create_model(name, pretrained=pretrained, **kwargs)
     except Exception as e:  # open_clip's errors (a config it cannot build, a state dict that does not fit) as they are
         if pretrained is not None:
-            raise ConfigError(f"method.pretrained={pretrained}: open_clip cannot load it into method.model={name}"
-                              f"{_with(overrides)}: {e}") from e
+            raise ConfigError(
+                f"method.pretrained={pretrained}: open_clip cannot load it into method.model={name}"
+                f"{_with(overrides)}: {e}"
+            ) from e
         raise ConfigError(f"method.model={name}: open_clip cannot build it{_with(overrides)}: {e}") from e
     visual, scale, bias = model.visual, model.logit_scale, model.logit_bias
     del model.visual, model.logit_scale, model.logit_bias  # the image tower becomes the backbone, the scalars solo's
@@ -86,8 +98,14 @@ def open_clip_towers(name: str, overrides: dict, pretrained: str | None) -> Towe
         tokenizer = OpenCLIPTokenizer(name, config["text_cfg"].get("context_length", 77))
     loaded = pretrained is not None
     return Towers(
-        visual, config["embed_dim"], nn.Identity(), OpenCLIPText(model), nn.Identity(), tokenizer,
-        log_logit_scale=scale.item() if loaded else None, logit_bias=bias.item() if loaded and bias is not None else None,
+        visual,
+        config["embed_dim"],
+        nn.Identity(),
+        OpenCLIPText(model),
+        nn.Identity(),
+        tokenizer,
+        log_logit_scale=scale.item() if loaded else None,
+        logit_bias=bias.item() if loaded and bias is not None else None,
     )
 
 
@@ -103,8 +121,10 @@ def open_clip_config(name: str, overrides: dict) -> dict:
     if config is None:
         matches = difflib.get_close_matches(name, open_clip.list_models(), n=5, cutoff=0.5)
         hint = f"; did you mean: {', '.join(matches)}?" if matches else ""
-        raise ConfigError(f"method.model={name} is not an open_clip model{hint} (open_clip.list_models() lists the "
-                          f"{len(open_clip.list_models())} it knows)")
+        raise ConfigError(
+            f"method.model={name} is not an open_clip model{hint} (open_clip.list_models() lists the "
+            f"{len(open_clip.list_models())} it knows)"
+        )
     return _merge(config, overrides)
 
 
@@ -129,8 +149,10 @@ def check_pretrained(name: str, pretrained: str) -> None:
         return
     shown = ", ".join(tags[:5]) + (f", ... ({len(tags) - 5} more)" if len(tags) > 5 else "")
     known = f", nor one of open_clip's tags for {name} ({shown})" if tags else ""
-    raise NotFound(f"method.pretrained={pretrained}: no such file{known}; give an open_clip state dict (.bin, .pt or "
-                   f".safetensors, as open_clip.create_model({name!r}, pretrained=file) loads it)")
+    raise NotFound(
+        f"method.pretrained={pretrained}: no such file{known}; give an open_clip state dict (.bin, .pt or "
+        f".safetensors, as open_clip.create_model({name!r}, pretrained=file) loads it)"
+    )
 
 
 @contextmanager

@@ -30,9 +30,14 @@ class VIbCReg(TwoViewMethod):
         super().__init__(backbone, feature_dim)
         h, d = cfg.proj_hidden_dim, cfg.proj_output_dim
         self.projector = nn.Sequential(
-            nn.Linear(feature_dim, h), nn.BatchNorm1d(h), nn.GELU(),
-            nn.Linear(h, h), nn.BatchNorm1d(h), nn.GELU(),
-            nn.Linear(h, d), IterNorm(d, num_groups=cfg.iternorm_groups),
+            nn.Linear(feature_dim, h),
+            nn.BatchNorm1d(h),
+            nn.GELU(),
+            nn.Linear(h, h),
+            nn.BatchNorm1d(h),
+            nn.GELU(),
+            nn.Linear(h, d),
+            IterNorm(d, num_groups=cfg.iternorm_groups),
         )
         self.coeffs = cfg.sim_coeff, cfg.std_coeff, cfg.cov_coeff
 
@@ -40,8 +45,10 @@ class VIbCReg(TwoViewMethod):
     def check_config(cls, cfg) -> None:
         m = cfg.method
         if m.proj_output_dim % m.iternorm_groups:
-            raise ConfigError(f"method.proj_output_dim={m.proj_output_dim} is not a multiple of method.iternorm_groups="
-                              f"{m.iternorm_groups}: IterNorm whitens the output in groups of equal width")
+            raise ConfigError(
+                f"method.proj_output_dim={m.proj_output_dim} is not a multiple of method.iternorm_groups="
+                f"{m.iternorm_groups}: IterNorm whitens the output in groups of equal width"
+            )
 
     def loss(self, z1, z2):
         return vibcreg_loss(z1, z2, *self.coeffs)

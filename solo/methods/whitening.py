@@ -17,10 +17,14 @@ class IterNorm(nn.Module):
     output and its gradient are those of one process on the whole batch; per-rank statistics would whiten another
     set of samples on every world size. Running estimates (momentum `momentum`) serve evaluation, as BatchNorm's."""
 
-    def __init__(self, num_features: int, num_groups: int = 64, iterations: int = 5, eps: float = 1e-5, momentum: float = 0.1):
+    def __init__(
+        self, num_features: int, num_groups: int = 64, iterations: int = 5, eps: float = 1e-5, momentum: float = 0.1
+    ):
         super().__init__()
         if num_features % num_groups:
-            raise ValueError(f"IterNorm whitens {num_features} features in {num_groups} groups: make the width a multiple of the groups")
+            raise ValueError(
+                f"IterNorm whitens {num_features} features in {num_groups} groups: make the width a multiple of the groups"
+            )
         self.groups, self.width = num_groups, num_features // num_groups
         self.iterations, self.eps, self.momentum = iterations, eps, momentum
         self.weight = nn.Parameter(torch.ones(num_features))

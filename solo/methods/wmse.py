@@ -28,17 +28,20 @@ class WMSE(TwoViewMethod):
     def __init__(self, backbone, feature_dim: int, cfg: WMSEConfig):
         super().__init__(backbone, feature_dim)
         h = cfg.proj_hidden_dim
-        self.projector = nn.Sequential(nn.Linear(feature_dim, h), nn.BatchNorm1d(h), nn.ReLU(inplace=True),
-                                       nn.Linear(h, cfg.proj_output_dim))
+        self.projector = nn.Sequential(
+            nn.Linear(feature_dim, h), nn.BatchNorm1d(h), nn.ReLU(inplace=True), nn.Linear(h, cfg.proj_output_dim)
+        )
         self.whitening_size, self.eps = cfg.whitening_size, cfg.whitening_eps
 
     @classmethod
     def check_config(cls, cfg) -> None:
         m, global_batch = cfg.method, cfg.data.batch_size * detect().world_size
         if global_batch % m.whitening_size or m.whitening_size <= m.proj_output_dim:
-            raise ConfigError(f"method.whitening_size={m.whitening_size}: W-MSE whitens sub-batches of that many samples of "
-                              f"the global batch ({global_batch}), so it must divide it, and must exceed "
-                              f"method.proj_output_dim={m.proj_output_dim} for the covariance to be invertible")
+            raise ConfigError(
+                f"method.whitening_size={m.whitening_size}: W-MSE whitens sub-batches of that many samples of "
+                f"the global batch ({global_batch}), so it must divide it, and must exceed "
+                f"method.proj_output_dim={m.proj_output_dim} for the covariance to be invertible"
+            )
 
     def loss(self, z1, z2):
         return wmse_loss(z1, z2, self.whitening_size, self.eps)

@@ -18,9 +18,17 @@ class TextTransformer(nn.Module):
     as keys. So the output does not depend on how much padding follows.
     """
 
-    def __init__(self, *, vocab_size: int, context_length: int, width: int, depth: int, heads: int, causal: bool = True):
+    def __init__(
+        self, *, vocab_size: int, context_length: int, width: int, depth: int, heads: int, causal: bool = True
+    ):
         super().__init__()
-        for name, value in (("vocab_size", vocab_size), ("context_length", context_length), ("width", width), ("depth", depth), ("heads", heads)):
+        for name, value in (
+            ("vocab_size", vocab_size),
+            ("context_length", context_length),
+            ("width", width),
+            ("depth", depth),
+            ("heads", heads),
+        ):
             if value < 1:
                 raise ValueError(f"{name} must be >= 1, got {value}")
         if width % heads:
@@ -62,7 +70,9 @@ class TextTransformer(nn.Module):
         if length > self.context_length:
             raise ValueError(f"sequence length {length} exceeds context_length {self.context_length}")
         if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= self.vocab_size):
-            raise ValueError(f"token ids must lie in [0, {self.vocab_size}), got range [{int(tokens.min())}, {int(tokens.max())}]")
+            raise ValueError(
+                f"token ids must lie in [0, {self.vocab_size}), got range [{int(tokens.min())}, {int(tokens.max())}]"
+            )
         eot = self._eot_index(tokens)
 
         x = self.token_embedding(tokens) + self.positional_embedding[:length]

@@ -52,7 +52,9 @@ class OpenCLIPTokenizer:
     `tokenizer(list of str) -> (n, context_length)` ids exactly as open_clip's."""
 
     def __init__(self, name: str, context_length: int):
-        open_clip = require("open_clip", "method.model (open_clip towers)", "open_clip")  # solo's own towers need none of it
+        open_clip = require(
+            "open_clip", "method.model (open_clip towers)", "open_clip"
+        )  # solo's own towers need none of it
 
         self.tokenizer = open_clip.get_tokenizer(name, context_length=context_length)
         self.context_length = context_length

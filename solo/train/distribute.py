@@ -13,7 +13,9 @@ from solo.distributed.batchnorm import convert_sync_batchnorm
 # Buffers need no sync in the forward: with SyncBatchNorm every rank computes the same running statistics.
 # torch >= 2.15 names this forward_sync_buffers (broadcast_buffers warns there); older versions the other.
 _DDP_ARGS = inspect.signature(nn.parallel.DistributedDataParallel).parameters
-NO_BUFFER_SYNC = {"forward_sync_buffers": False} if "forward_sync_buffers" in _DDP_ARGS else {"broadcast_buffers": False}
+NO_BUFFER_SYNC = (
+    {"forward_sync_buffers": False} if "forward_sync_buffers" in _DDP_ARGS else {"broadcast_buffers": False}
+)
 
 
 def distribute(model: nn.Module, device: torch.device, *, sync_batchnorm: bool, keep_local: tuple = ()) -> nn.Module:
@@ -23,4 +25,6 @@ def distribute(model: nn.Module, device: torch.device, *, sync_batchnorm: bool, 
         return model
     if sync_batchnorm:
         convert_sync_batchnorm(model, skip=keep_local)
-    return nn.parallel.DistributedDataParallel(model, device_ids=[device] if device.type == "cuda" else None, **NO_BUFFER_SYNC)
+    return nn.parallel.DistributedDataParallel(
+        model, device_ids=[device] if device.type == "cuda" else None, **NO_BUFFER_SYNC
+    )

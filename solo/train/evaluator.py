@@ -15,7 +15,9 @@ class Evaluator:
     retrieval for CLIP), a weighted k-NN on backbone features when `knn_k > 0` and the data has labels, and
     zero-shot accuracy on trainer.zero_shot_folder's images for image-text methods."""
 
-    def __init__(self, model, loaders, num_classes: int | None, *, knn_k: int, knn_temperature: float, device, autocast):
+    def __init__(
+        self, model, loaders, num_classes: int | None, *, knn_k: int, knn_temperature: float, device, autocast
+    ):
         self.model, self.loaders, self.num_classes = model, loaders, num_classes
         self.knn_k, self.knn_temperature = knn_k, knn_temperature
         self.device, self.autocast = device, autocast
@@ -23,7 +25,9 @@ class Evaluator:
     def __call__(self) -> dict:
         method, metrics = self.model.method, {}
         if self.loaders.zero_shot is not None:
-            folder = zero_shot_accuracy(method, self.loaders.zero_shot_prompts, self.loaders.zero_shot, self.device, self.autocast)
+            folder = zero_shot_accuracy(
+                method, self.loaders.zero_shot_prompts, self.loaders.zero_shot, self.device, self.autocast
+            )
             metrics |= {"val/folder_zeroshot_acc1": folder["acc1"], "val/folder_zeroshot_acc5": folder["acc5"]}
         if self.loaders.val is None:
             return metrics
@@ -39,8 +43,12 @@ class Evaluator:
         """curves.png from metrics.jsonl and, with labelled val data, embedding.png of the val features."""
         val = self.loaders.val
         if val is not None and self.num_classes:
-            features, labels = extract_features(self.model.method.backbone, val, self.device, self.autocast)  # all ranks
+            features, labels = extract_features(
+                self.model.method.backbone, val, self.device, self.autocast
+            )  # all ranks
             if is_main:
-                plot_embedding(features.numpy(), labels.numpy(), run_dir / "embedding.png", val.dataset.classes, title=run_dir.name)
+                plot_embedding(
+                    features.numpy(), labels.numpy(), run_dir / "embedding.png", val.dataset.classes, title=run_dir.name
+                )
         if is_main and (run_dir / "metrics.jsonl").exists():
             plot_curves(run_dir / "metrics.jsonl", run_dir / "curves.png")

@@ -20,10 +20,10 @@ from solo.data import (
     build_split,
     build_view_transforms,
 )
-from solo.data.views.augment import DeviceViews
 from solo.data.decode import check_images
-from solo.data.views.multiview import collate_raw
 from solo.data.sampling.source import DataSource, MapDataSource, loader_workers
+from solo.data.views.augment import DeviceViews
+from solo.data.views.multiview import collate_raw
 from solo.distributed import DistEnv
 from solo.errors import ConfigError
 from solo.eval.zero_shot import class_prompts
@@ -63,8 +63,18 @@ def build_splits(d, env: DistEnv, seed: int, pairs: bool) -> Splits:
     return Splits(train, val, pairs)
 
 
-def build_loaders(splits: Splits, d, views, env: DistEnv, *, seed: int, tokenizer, knn: bool, device: torch.device,
-                  zero_shot_folder: str | None = None) -> Loaders:
+def build_loaders(
+    splits: Splits,
+    d,
+    views,
+    env: DistEnv,
+    *,
+    seed: int,
+    tokenizer,
+    knn: bool,
+    device: torch.device,
+    zero_shot_folder: str | None = None,
+) -> Loaders:
     """`views`: the augmentation's view recipes; `tokenizer`: for image-text pairs; `knn`: build the train_eval loader;
     `device`: the training device (pinned memory on CUDA; data.augment_on=auto makes the views there on CUDA);
     `zero_shot_folder`: an ImageFolder split to classify zero-shot (image-text methods)."""
@@ -74,7 +84,9 @@ def build_loaders(splits: Splits, d, views, env: DistEnv, *, seed: int, tokenize
     eval_transform = build_eval_transform(d.image_size, mean, std, resize=entry.any_size)
     skip = d.on_bad_image == "skip"
     read = splits.train.image if splits.pairs else splits.train.__getitem__
-    unreadable = getattr(splits.train, "problems", []) + check_images(read, min(d.check_images, len(splits.train)), skip)
+    unreadable = getattr(splits.train, "problems", []) + check_images(
+        read, min(d.check_images, len(splits.train)), skip
+    )
     on_device = d.augment_on == "device" or (d.augment_on == "auto" and device.type == "cuda")
     if splits.pairs:
         train_set = ImageTextDataset(splits.train, transforms[0], tokenizer, seed=seed, skip_bad=skip, raw=on_device)
@@ -83,8 +95,16 @@ def build_loaders(splits: Splits, d, views, env: DistEnv, *, seed: int, tokenize
     workers = loader_workers(d.num_workers)
     loader_args = dict(num_workers=workers, pin_memory=device.type == "cuda", persistent_workers=workers > 0)
     order = getattr(splits.train, "epoch_order", None)  # the dataset's own order (shards: with locality), else random
-    source = MapDataSource(train_set, d.batch_size, env.rank, env.world_size, seed, order,
-                           **loader_args, **({"collate_fn": collate_raw} if on_device else {}))
+    source = MapDataSource(
+        train_set,
+        d.batch_size,
+        env.rank,
+        env.world_size,
+        seed,
+        order,
+        **loader_args,
+        **({"collate_fn": collate_raw} if on_device else {}),
+    )
 
     def sharded(dataset) -> DataLoader:
         shard = list(range(env.rank, len(dataset), env.world_size))
@@ -102,8 +122,10 @@ def build_loaders(splits: Splits, d, views, env: DistEnv, *, seed: int, tokenize
     loaders = Loaders(source, val, train_eval, unreadable, DeviceViews(transforms, splits.pairs) if on_device else None)
     if zero_shot_folder:
         if not splits.pairs:
-            raise ConfigError(f"trainer.zero_shot_folder={zero_shot_folder}: zero-shot classification needs an image-text "
-                              "method (clip, siglip); unset it")
+            raise ConfigError(
+                f"trainer.zero_shot_folder={zero_shot_folder}: zero-shot classification needs an image-text "
+                "method (clip, siglip); unset it"
+            )
         # Normalised as main_linear.py normalises data=imagefolder, so both report the same accuracy.
         root, split = os.path.split(os.path.normpath(zero_shot_folder))
         folder = ImageFolderDataset(root, split)

@@ -28,7 +28,9 @@ class Preemption:
         for name in signal_names:
             sig = getattr(signal, name, None)
             if not isinstance(sig, signal.Signals):
-                raise ConfigError(f"trainer.preempt_signals: unknown signal {name!r}; use names such as SIGUSR1, SIGTERM")
+                raise ConfigError(
+                    f"trainer.preempt_signals: unknown signal {name!r}; use names such as SIGUSR1, SIGTERM"
+                )
             self.previous[sig] = signal.signal(sig, self._record)
 
     def close(self) -> None:

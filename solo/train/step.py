@@ -35,7 +35,9 @@ from solo.losses._checks import host_reads_deferred
 def precision_context(precision: str, device: torch.device) -> tuple[Callable, torch.amp.GradScaler]:
     """(autocast context factory, gradient scaler) for trainer.precision; 64 means float64 weights, no autocast."""
     if precision == "bf16":
-        return partial(torch.autocast, device.type, dtype=torch.bfloat16), torch.amp.GradScaler(device.type, enabled=False)
+        return partial(torch.autocast, device.type, dtype=torch.bfloat16), torch.amp.GradScaler(
+            device.type, enabled=False
+        )
     if precision == "16":
         if device.type != "cuda":
             raise ConfigError("trainer.precision=16 needs a GPU; on the CPU use trainer.precision=bf16 or 32")
@@ -66,8 +68,19 @@ class TrainStep:
     `forward` is what to call (the DDP wrapper or the model), `model` the Trainable itself.
     """
 
-    def __init__(self, forward: nn.Module, model: Trainable, optimizer, *, precision: str, device: torch.device,
-                 schedule: Callable[[int], float], total_steps: int, grad_clip: float | None = None, accumulate: int = 1):
+    def __init__(
+        self,
+        forward: nn.Module,
+        model: Trainable,
+        optimizer,
+        *,
+        precision: str,
+        device: torch.device,
+        schedule: Callable[[int], float],
+        total_steps: int,
+        grad_clip: float | None = None,
+        accumulate: int = 1,
+    ):
         self.forward, self.model, self.optimizer = forward, model, optimizer
         self.autocast, self.scaler = precision_context(precision, device)
         self.schedule, self.total_steps, self.grad_clip = schedule, total_steps, grad_clip
@@ -152,6 +165,7 @@ class TrainStep:
 
 def split_batch(batch: dict, k: int) -> list[dict]:
     """k micro-batches of equal size: every tensor (and every tensor of a list, e.g. the views) split on dim 0."""
+
     def parts(x):
         return [list(p) for p in zip(*(parts(v) for v in x))] if isinstance(x, list) else x.chunk(k)
 
@@ -161,6 +175,7 @@ def split_batch(batch: dict, k: int) -> list[dict]:
 
 def merge_encoded(parts: list[dict]) -> dict:
     """The micro-batches' encode outputs as one: tensors (and lists of them) concatenated on dim 0."""
+
     def cat(values):
         return [cat(v) for v in zip(*values)] if isinstance(values[0], list) else torch.cat(values)
 
@@ -174,7 +189,9 @@ def flatten(encoded: dict) -> list[torch.Tensor]:
 def unflatten(encoded: dict, tensors: list[torch.Tensor]) -> dict:
     """`encoded`'s structure with `tensors` (in flatten's order) in place of its own."""
     it = iter(tensors)
-    return {key: [next(it) for _ in encoded[key]] if isinstance(encoded[key], list) else next(it) for key in sorted(encoded)}
+    return {
+        key: [next(it) for _ in encoded[key]] if isinstance(encoded[key], list) else next(it) for key in sorted(encoded)
+    }
 
 
 def rng_state() -> tuple:

@@ -16,12 +16,13 @@ import torch.nn.functional as F
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
+from solo.backbones import feature_width
 from solo.config import changed_keys, check_required, plain, validate_pretrain
 from solo.distributed import DistEnv
 from solo.distributed.env import process_group
+from solo.dtypes import full_precision
 from solo.errors import CheckpointError, ConfigError, DataError
 from solo.loggers import Loggers
-from solo.backbones import feature_width
 from solo.methods import METHODS, build_method, create_method
 from solo.optim import build_optimizer, scaled_lr, warmup_cosine
 from solo.train.checkpoint import Checkpointer, Checkpoints, RNGState
@@ -30,8 +31,6 @@ from solo.train.evaluator import Evaluator
 from solo.train.loaders import build_loaders, build_splits
 from solo.train.preemption import Preemption, requeue_slurm_job
 from solo.train.step import TrainStep, merge_encoded
-from solo.dtypes import full_precision
-
 
 log = logging.getLogger("solo")
 
@@ -85,8 +84,14 @@ def build_optimizer_for(model: PretrainModel, optim_cfg, lr: float):
     """The method's parameter groups, and the probe's with its own lr (no weight decay, no LARS adaptation)."""
     groups = model.method.param_groups(optim_cfg.weight_decay, optim_cfg.exclude_bias_and_norm)
     if model.probe is not None:
-        groups.append({"params": list(model.probe.parameters()), "weight_decay": 0.0, "lars_exclude": True,
-                       "lr_scale": optim_cfg.probe_lr / optim_cfg.lr})
+        groups.append(
+            {
+                "params": list(model.probe.parameters()),
+                "weight_decay": 0.0,
+                "lars_exclude": True,
+                "lr_scale": optim_cfg.probe_lr / optim_cfg.lr,
+            }
+        )
     return build_optimizer(optim_cfg, groups, lr)
 
 
@@ -102,7 +107,9 @@ class Trainer:
     """Builds the components of a run from its validated config, then `fit()` runs (or resumes) it; `backbone`, when
     given, is the image encoder to train instead of a new one of cfg.backbone (fine-tuning's pretrained weights)."""
 
-    def __init__(self, cfg: DictConfig, run_dir: Path, env: DistEnv, device: torch.device, backbone: nn.Module | None = None):
+    def __init__(
+        self, cfg: DictConfig, run_dir: Path, env: DistEnv, device: torch.device, backbone: nn.Module | None = None
+    ):
         t = self.t = cfg.trainer
         self.cfg, self.run_dir, self.env, self.device = cfg, run_dir, env, device
         self.say = log.info if env.is_main else (lambda *a, **k: None)
@@ -113,38 +120,81 @@ class Trainer:
         method = METHODS[cfg.method.name].target
         splits = build_splits(cfg.data, env, t.seed, pairs=method.inputs == "image_text")
         if method.needs_labels and not splits.num_classes:
-            raise ConfigError(f"method={method.name} learns from the labels, and data={cfg.data.name}'s train split has "
-                              "none: give it labelled data (class folders, a label column)")
+            raise ConfigError(
+                f"method={method.name} learns from the labels, and data={cfg.data.name}'s train split has "
+                "none: give it labelled data (class folders, a label column)"
+            )
         self.model = model = build_model(cfg, splits.num_classes if t.probe else None, backbone)
         model.method.set_data(len(splits.train))
         self.channels_last = t.channels_last and device.type == "cuda"
         self.dtype = torch.float64 if t.precision == "64" else torch.float32
-        model.to(device, dtype=self.dtype, memory_format=torch.channels_last if self.channels_last else torch.preserve_format)
+        model.to(
+            device, dtype=self.dtype, memory_format=torch.channels_last if self.channels_last else torch.preserve_format
+        )
         keep_local = () if model.method.sync_teacher_batchnorm else model.teachers()
         forward = distribute(model, device, sync_batchnorm=t.sync_batchnorm, keep_local=keep_local)
 
-        self.loaders = build_loaders(splits, cfg.data, cfg.augmentation.views, env, seed=t.seed, knn=t.knn_k > 0,
-                                     tokenizer=getattr(model.method, "tokenizer", None), device=device,
-                                     zero_shot_folder=t.zero_shot_folder)
+        self.loaders = build_loaders(
+            splits,
+            cfg.data,
+            cfg.augmentation.views,
+            env,
+            seed=t.seed,
+            knn=t.knn_k > 0,
+            tokenizer=getattr(model.method, "tokenizer", None),
+            device=device,
+            zero_shot_folder=t.zero_shot_folder,
+        )
         self.source = source = self.loaders.train
         if self.loaders.unreadable:
-            self.say(f"{len(self.loaders.unreadable)} of the first {cfg.data.check_images} train images cannot be read and "
-                     f"are skipped (data.on_bad_image=skip), e.g. {self.loaders.unreadable[0]}")
+            self.say(
+                f"{len(self.loaders.unreadable)} of the first {cfg.data.check_images} train images cannot be read and "
+                f"are skipped (data.on_bad_image=skip), e.g. {self.loaders.unreadable[0]}"
+            )
         self.lr = scaled_lr(cfg.optim, source.global_batch)
         self.total_steps = t.max_steps or t.max_epochs * source.steps_per_epoch
         model.method.set_schedule(source.steps_per_epoch, self.total_steps)
         optimizer = build_optimizer_for(model, cfg.optim, self.lr)
         warmup_steps = min(round(cfg.optim.warmup_epochs * source.steps_per_epoch), self.total_steps)
-        self.schedule = partial(warmup_cosine, total_steps=self.total_steps, warmup_steps=warmup_steps, base_lr=self.lr,
-                                warmup_start_lr=cfg.optim.warmup_start_lr, final_lr=cfg.optim.final_lr)
-        self.train_step = TrainStep(forward, model, optimizer, precision=str(t.precision), device=device,
-                                    schedule=self.schedule, total_steps=self.total_steps, grad_clip=cfg.optim.grad_clip,
-                                    accumulate=t.accumulate)
-        self.evaluator = Evaluator(model, self.loaders, splits.num_classes, knn_k=t.knn_k, knn_temperature=t.knn_temperature,
-                                   device=device, autocast=self.train_step.autocast)
-        components = {"model": model, "optimizer": optimizer, "scaler": self.train_step, "data": source, "rng": RNGState()}
+        self.schedule = partial(
+            warmup_cosine,
+            total_steps=self.total_steps,
+            warmup_steps=warmup_steps,
+            base_lr=self.lr,
+            warmup_start_lr=cfg.optim.warmup_start_lr,
+            final_lr=cfg.optim.final_lr,
+        )
+        self.train_step = TrainStep(
+            forward,
+            model,
+            optimizer,
+            precision=str(t.precision),
+            device=device,
+            schedule=self.schedule,
+            total_steps=self.total_steps,
+            grad_clip=cfg.optim.grad_clip,
+            accumulate=t.accumulate,
+        )
+        self.evaluator = Evaluator(
+            model,
+            self.loaders,
+            splits.num_classes,
+            knn_k=t.knn_k,
+            knn_temperature=t.knn_temperature,
+            device=device,
+            autocast=self.train_step.autocast,
+        )
+        components = {
+            "model": model,
+            "optimizer": optimizer,
+            "scaler": self.train_step,
+            "data": source,
+            "rng": RNGState(),
+        }
         info = {"global_batch": source.global_batch, "config": plain(cfg)}
-        self.checkpointer = Checkpointer(Checkpoints(run_dir / "checkpoints", t.keep_checkpoints), components, info, env.is_main)
+        self.checkpointer = Checkpointer(
+            Checkpoints(run_dir / "checkpoints", t.keep_checkpoints), components, info, env.is_main
+        )
         self.step, self.logger, self.last_metrics = 0, None, {}
 
     def _resume(self) -> bool:
@@ -162,7 +212,9 @@ class Trainer:
         check_resumable(state, self.cfg, self.source.global_batch, self.run_dir)
         self.step = self.checkpointer.restore(state)
         data = state["data"]
-        self.say(f"resuming from {checkpoints.last} at step {self.step} (epoch {data['epoch']}, batch {data['batch_in_epoch']})")
+        self.say(
+            f"resuming from {checkpoints.last} at step {self.step} (epoch {data['epoch']}, batch {data['batch_in_epoch']})"
+        )
         return True
 
     def _start(self) -> None:
@@ -170,11 +222,17 @@ class Trainer:
         if self.env.is_main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             OmegaConf.save(self.checkpointer.info["config"], self.run_dir / "config.yaml")
-            self.logger = Loggers(self.run_dir, self.cfg.logger, self.checkpointer.info["config"], self.step if resumed else None)
+            self.logger = Loggers(
+                self.run_dir, self.cfg.logger, self.checkpointer.info["config"], self.step if resumed else None
+            )
         o, d = self.cfg.optim, self.cfg.data
         self.say(
             f"world size {self.env.world_size}, global batch {self.source.global_batch} ({d.batch_size} per process"
-            + (f" in {self.t.accumulate} micro-batches of {d.batch_size // self.t.accumulate}" if self.t.accumulate > 1 else "")
+            + (
+                f" in {self.t.accumulate} micro-batches of {d.batch_size // self.t.accumulate}"
+                if self.t.accumulate > 1
+                else ""
+            )
             + "), "
             f"lr {o.lr} x {o.lr_scaling} scaling = {self.lr:.4g}, {self.source.steps_per_epoch} steps per epoch, "
             f"{self.total_steps} steps, run dir {self.run_dir}"
@@ -196,7 +254,12 @@ class Trainer:
     def _fit(self) -> dict:
         self._start()
         start_step, started = self.step, time.perf_counter()
-        bar = tqdm(total=self.total_steps, initial=self.step, disable=not (self.env.is_main and self.t.progress_bar), dynamic_ncols=True)
+        bar = tqdm(
+            total=self.total_steps,
+            initial=self.step,
+            disable=not (self.env.is_main and self.t.progress_bar),
+            dynamic_ncols=True,
+        )
         window = MetricsWindow(self.device)
         while self.step < self.total_steps:
             for batch in self.source:
@@ -221,7 +284,9 @@ class Trainer:
         if self.t.plots:
             self.evaluator.plot(self.run_dir, self.env.is_main)
         if start_step == self.total_steps:
-            self.say(f"nothing to do: {self.checkpointer.checkpoints.last} already holds the finished run ({self.total_steps} steps)")
+            self.say(
+                f"nothing to do: {self.checkpointer.checkpoints.last} already holds the finished run ({self.total_steps} steps)"
+            )
         else:
             self._summary(self.step - start_step, time.perf_counter() - started)
         self._close()
@@ -245,8 +310,13 @@ class Trainer:
     def _log(self, window: dict, bar) -> None:
         self.train_step.check_finite()
         losses, steps, elapsed = window["losses"], window["steps"], window["seconds"]
-        metrics = {"step": self.step, "epoch": self.source.epoch, "train/loss": losses[0], "lr": self.schedule(self.step - 1),
-                   "train/img_per_s": self.source.global_batch * steps / elapsed}
+        metrics = {
+            "step": self.step,
+            "epoch": self.source.epoch,
+            "train/loss": losses[0],
+            "lr": self.schedule(self.step - 1),
+            "train/img_per_s": self.source.global_batch * steps / elapsed,
+        }
         if self.model.probe is not None:
             metrics["train/probe_loss"] = losses[1]
         if self.cfg.data.on_bad_image == "skip":
@@ -294,7 +364,12 @@ class Trainer:
             if isinstance(x, list):
                 return [move(v) for v in x]
             if x.is_floating_point():
-                return x.to(self.device, self.dtype, non_blocking=True, memory_format=fmt if x.dim() == 4 else torch.preserve_format)
+                return x.to(
+                    self.device,
+                    self.dtype,
+                    non_blocking=True,
+                    memory_format=fmt if x.dim() == 4 else torch.preserve_format,
+                )
             return x.to(self.device, non_blocking=True)
 
         return {k: move(v) for k, v in batch.items()}
@@ -319,7 +394,12 @@ class MetricsWindow:
         if dist.is_initialized():
             dist.all_reduce(sums)
         losses = (sums[:2] / (self.steps * (dist.get_world_size() if dist.is_initialized() else 1))).tolist()
-        window = {"losses": losses, "skipped": int(sums[2]), "steps": self.steps, "seconds": time.perf_counter() - self.start}
+        window = {
+            "losses": losses,
+            "skipped": int(sums[2]),
+            "steps": self.steps,
+            "seconds": time.perf_counter() - self.start,
+        }
         self.sums.zero_()
         self.steps, self.start = 0, time.perf_counter()
         return window
@@ -332,8 +412,10 @@ MAX_SKIPPED_SHARE = 0.5
 
 def check_skipped(skipped: int, images: int, dataset: str) -> None:
     if skipped > MAX_SKIPPED_SHARE * images:
-        raise DataError(f"data={dataset}: {skipped} of the last {images} images read could not be read and were skipped "
-                        "(data.on_bad_image=skip); check the data's paths (data.root, data.path) and files")
+        raise DataError(
+            f"data={dataset}: {skipped} of the last {images} images read could not be read and were skipped "
+            "(data.on_bad_image=skip); check the data's paths (data.root, data.path) and files"
+        )
 
 
 def check_resumable(state: dict, cfg: DictConfig, global_batch: int, run_dir: Path) -> None:

@@ -10,8 +10,10 @@ def main() -> None:
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser("list", help="the zoo's checkpoints and their results")
     export = commands.add_parser(
-        "export", help="a backbone as a plain timm (.safetensors) or torchvision (.pth) state dict; a CLIP or SigLIP "
-        "with open_clip towers (method.model) as an open_clip state dict (.bin, .pt or .safetensors)")
+        "export",
+        help="a backbone as a plain timm (.safetensors) or torchvision (.pth) state dict; a CLIP or SigLIP "
+        "with open_clip towers (method.model) as an open_clip state dict (.bin, .pt or .safetensors)",
+    )
     export.add_argument("pretrained", help="zoo name, solo .safetensors file, training checkpoint .pt or run directory")
     export.add_argument("out")
     args = parser.parse_args()

@@ -69,7 +69,9 @@ def validate_entry(entry: dict, where: str | Path = "manifest") -> None:
     check(ENTRY_FIELDS, entry, "")
     check(FILE_FIELDS, entry["file"], "file.")
     if entry["contents"] not in ("backbone", "model"):
-        raise ManifestError(f"{where}: entry {name!r} contents must be 'backbone' or 'model', got {entry['contents']!r}")
+        raise ManifestError(
+            f"{where}: entry {name!r} contents must be 'backbone' or 'model', got {entry['contents']!r}"
+        )
     wanted = ["linear", "knn"] + (["zero_shot"] if entry["contents"] == "model" else [])
     for kind in wanted:
         if kind not in entry["results"]:

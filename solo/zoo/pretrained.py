@@ -58,7 +58,9 @@ def export_open_clip(source: str | Path, out: str | Path) -> str:
     state = {k: v.contiguous() for k, v in to_open_clip(pretrained.state, m.get("max_logit_scale")).items()}
     kwargs = open_clip_kwargs(name, overrides)
     if "logit_bias" in state and "init_logit_bias" not in open_clip_config(name, overrides):
-        kwargs["init_logit_bias"] = float(state["logit_bias"])  # SigLIP on a CLIP config: open_clip must make room for it
+        kwargs["init_logit_bias"] = float(
+            state["logit_bias"]
+        )  # SigLIP on a CLIP config: open_clip must make room for it
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     if out.suffix == ".safetensors":
@@ -72,12 +74,16 @@ def export_open_clip(source: str | Path, out: str | Path) -> str:
             open_clip.create_model(name, pretrained=str(out), **kwargs)
     except Exception as e:
         out.unlink()
-        raise ValueError(f"{source}: open_clip cannot load the exported weights into {name} (nothing written): {e}") from e
+        raise ValueError(
+            f"{source}: open_clip cannot load the exported weights into {name} (nothing written): {e}"
+        ) from e
     args = "".join(f", {k}={v!r}" for k, v in kwargs.items())
     context_length = open_clip_config(name, overrides)["text_cfg"].get("context_length", 77)
-    return (f"model, _, preprocess = open_clip.create_model_and_transforms({name!r}, pretrained={str(out)!r}{args}, "
-            f"image_mean={tuple(pretrained.data['mean'])}, image_std={tuple(pretrained.data['std'])})\n"
-            f"tokenizer = open_clip.get_tokenizer({name!r}, context_length={context_length})")
+    return (
+        f"model, _, preprocess = open_clip.create_model_and_transforms({name!r}, pretrained={str(out)!r}{args}, "
+        f"image_mean={tuple(pretrained.data['mean'])}, image_std={tuple(pretrained.data['std'])})\n"
+        f"tokenizer = open_clip.get_tokenizer({name!r}, context_length={context_length})"
+    )
 
 
 def export_backbone(source: str | Path, out: str | Path) -> str:
@@ -89,8 +95,10 @@ def export_backbone(source: str | Path, out: str | Path) -> str:
     pretrained = resolve(source)
     b = pretrained.backbone
     if pretrained.method.get("model"):
-        raise ValueError(f"{source}: its image tower is open_clip's {pretrained.method['model']}, not a timm or "
-                         "torchvision backbone; export_open_clip writes the whole model for open_clip")
+        raise ValueError(
+            f"{source}: its image tower is open_clip's {pretrained.method['model']}, not a timm or "
+            "torchvision backbone; export_open_clip writes the whole model for open_clip"
+        )
     if b["small_stem"]:
         raise ValueError(
             f"{source}: backbone {b['name']} was trained with small_stem=true (3x3 stride-1 conv1, no max-pool), "

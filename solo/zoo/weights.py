@@ -70,7 +70,9 @@ class Pretrained:
 
     def _new_model(self) -> nn.Module:
         # The weights come from this file: initial weights the method was trained from (method.pretrained) are not read.
-        return create_method({**self.method, "pretrained": None} if "pretrained" in self.method else self.method, self.backbone)
+        return create_method(
+            {**self.method, "pretrained": None} if "pretrained" in self.method else self.method, self.backbone
+        )
 
 
 def load_strict(module: nn.Module, state: dict[str, torch.Tensor], what: str) -> None:
@@ -90,7 +92,8 @@ def load_strict(module: nn.Module, state: dict[str, torch.Tensor], what: str) ->
                 shown = ", ".join(keys[:12]) + (f", ... ({len(keys) - 12} more)" if len(keys) > 12 else "")
                 problems.append(f"{len(keys)} {title} key(s): {shown}")
         raise KeyError(
-            f"cannot load {what} into {type(module).__name__}: " + "; ".join(problems)
+            f"cannot load {what} into {type(module).__name__}: "
+            + "; ".join(problems)
             + ". The weights were saved for another architecture or config (backbone name, small_stem, kwargs)"
         )
     module.load_state_dict(state, strict=True)

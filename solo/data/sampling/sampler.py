@@ -19,8 +19,15 @@ class GlobalBatchSampler:
     has the same size.
     """
 
-    def __init__(self, num_samples: int, batch_size: int, rank: int, world_size: int, seed: int,
-                 order: Callable[[int, int], List[int]] | None = None):
+    def __init__(
+        self,
+        num_samples: int,
+        batch_size: int,
+        rank: int,
+        world_size: int,
+        seed: int,
+        order: Callable[[int, int], List[int]] | None = None,
+    ):
         self.global_batch = batch_size * world_size
         if self.global_batch > num_samples:
             raise ConfigError(

@@ -47,15 +47,19 @@ def load_splits(path: str):
     datasets = require("datasets", "data=huggingface", "huggingface")
     datasets.disable_progress_bars()
     try:
-        if os.path.isdir(path) and any(os.path.isfile(os.path.join(path, f)) for f in ("dataset_dict.json", "state.json")):
+        if os.path.isdir(path) and any(
+            os.path.isfile(os.path.join(path, f)) for f in ("dataset_dict.json", "state.json")
+        ):
             loaded = datasets.load_from_disk(path)
         elif os.path.splitext(path)[1] in FILE_BUILDERS and glob.glob(path):
             loaded = datasets.load_dataset(FILE_BUILDERS[os.path.splitext(path)[1]], data_files={"train": path})
         else:
             loaded = datasets.load_dataset(path)
     except (FileNotFoundError, ConnectionError, datasets.exceptions.DatasetNotFoundError) as e:
-        raise NotFound(f"data.path={path!r}: no dataset there ({type(e).__name__}: {e}); give a save_to_disk folder, "
-                       "Parquet/Arrow files or a hub name") from None
+        raise NotFound(
+            f"data.path={path!r}: no dataset there ({type(e).__name__}: {e}); give a save_to_disk folder, "
+            "Parquet/Arrow files or a hub name"
+        ) from None
     return loaded if isinstance(loaded, datasets.DatasetDict) else {"train": loaded}
 
 
@@ -70,8 +74,10 @@ class HuggingFaceImages:
         if isinstance(table.features[image_column], datasets.Image):
             table = table.cast_column(image_column, datasets.Image(decode=False))
         elif getattr(table.features[image_column], "dtype", None) != "string":
-            raise DataError(f"{where}: data.image_column={image_column!r} holds {table.features[image_column]}; "
-                            "expected images (datasets.Image) or image paths (strings)")
+            raise DataError(
+                f"{where}: data.image_column={image_column!r} holds {table.features[image_column]}; "
+                "expected images (datasets.Image) or image paths (strings)"
+            )
         self.image_column, self.images = image_column, table.select_columns([image_column])
         self.labels, self.classes = _labels(table, label_column, where)
 
@@ -108,10 +114,14 @@ class HuggingFaceImages:
 class HuggingFacePairs(HuggingFaceImages, ImageTextPairs):
     """Image-caption pairs of one split: the caption column holds a string, or a list of strings per row."""
 
-    def __init__(self, table, image_column: str, label_column: Optional[str], caption_column: Optional[str], where: str):
+    def __init__(
+        self, table, image_column: str, label_column: Optional[str], caption_column: Optional[str], where: str
+    ):
         if caption_column is None:
-            raise ConfigError(f"data.caption_column is not set: image-text methods read the captions of {where} "
-                              f"from it; its columns: {table.column_names}")
+            raise ConfigError(
+                f"data.caption_column is not set: image-text methods read the captions of {where} "
+                f"from it; its columns: {table.column_names}"
+            )
         _check_column(table, caption_column, "data.caption_column", where)
         super().__init__(table, image_column, label_column, where)
         self.caption_column, self.captions = caption_column, table.select_columns([caption_column])
@@ -123,7 +133,6 @@ class HuggingFacePairs(HuggingFaceImages, ImageTextPairs):
         if not options:
             raise DataError(f"{self.where}, row {index}: no caption in data.caption_column={self.caption_column!r}")
         return options
-
 
 
 def _check_column(table, column: str, key: str, where: str) -> None:
@@ -139,9 +148,13 @@ def _labels(table, label_column: Optional[str], where: str) -> tuple[np.ndarray 
         return None, None
     _check_column(table, label_column, "data.label_column", where)
     feature = table.features[label_column]
-    if not isinstance(feature, datasets.ClassLabel) and not str(getattr(feature, "dtype", "")).startswith(("int", "uint")):
-        raise DataError(f"{where}: data.label_column={label_column!r} holds {feature}; expected class ids "
-                        "(a ClassLabel or integer column), or set data.label_column=null")
+    if not isinstance(feature, datasets.ClassLabel) and not str(getattr(feature, "dtype", "")).startswith(
+        ("int", "uint")
+    ):
+        raise DataError(
+            f"{where}: data.label_column={label_column!r} holds {feature}; expected class ids "
+            "(a ClassLabel or integer column), or set data.label_column=null"
+        )
     labels = table.with_format("arrow")[label_column].to_numpy().astype(np.int64)  # not row by row: ~0.1 s per 10^6
     if isinstance(feature, datasets.ClassLabel):
         return labels, list(feature.names)
@@ -157,8 +170,10 @@ def _huggingface(d, split: str, seed: int, pairs: bool) -> Optional[HuggingFaceI
     splits = load_splits(d.path)
     if name not in splits:
         key = "data.train_split" if split == "train" else "data.val_split"
-        raise ConfigError(f"{key}={name!r}: {d.path} has no such split; its splits: {sorted(splits)}"
-                          + ("; or data.val_split=null for no validation" if split == "val" else ""))
+        raise ConfigError(
+            f"{key}={name!r}: {d.path} has no such split; its splits: {sorted(splits)}"
+            + ("; or data.val_split=null for no validation" if split == "val" else "")
+        )
     where = f"split {name!r} of {d.path}"
     if pairs:
         return HuggingFacePairs(splits[name], d.image_column, d.label_column, d.caption_column, where)

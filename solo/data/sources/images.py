@@ -50,9 +50,7 @@ class DigitsDataset:
         check_split(split, "digits")
         digits = load_digits()
         all_idx = np.arange(len(digits.target))
-        train_idx, val_idx = train_test_split(
-            all_idx, test_size=0.2, stratify=digits.target, random_state=0
-        )
+        train_idx, val_idx = train_test_split(all_idx, test_size=0.2, stratify=digits.target, random_state=0)
         idx = np.sort(train_idx if split == "train" else val_idx)
         # Values are 0..16; scale to the full uint8 range.
         pixels = np.round(digits.images[idx] * (255.0 / 16.0)).astype(np.uint8)
@@ -279,9 +277,7 @@ class ImageFolderDataset:
             self.classes = None
             self.samples = [(os.path.join(self.split_dir, f), -1) for f in loose]
         if not self.samples:
-            raise NotFound(
-                f"imagefolder: no images ({', '.join(IMG_EXTENSIONS)}) found under {self.split_dir}"
-            )
+            raise NotFound(f"imagefolder: no images ({', '.join(IMG_EXTENSIONS)}) found under {self.split_dir}")
 
     def __len__(self) -> int:
         return len(self.samples)

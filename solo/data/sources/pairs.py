@@ -26,8 +26,8 @@ from typing import List, Optional, Sequence, Tuple
 from omegaconf import MISSING
 from PIL import Image
 
-from solo.data.sources.images import DIGITS_STATS, DigitsDataset
 from solo.data.decode import ImageReadError, read_file
+from solo.data.sources.images import DIGITS_STATS, DigitsDataset
 from solo.data.sources.registry import DataConfig, register_dataset
 from solo.errors import DataError, NotFound
 
@@ -202,9 +202,7 @@ class CsvPairs(ImageTextPairs):
                 problems.append(f"unknown {unknown}")
             if duplicated:
                 problems.append(f"duplicated {duplicated}")
-            raise DataError(
-                f"{where}: wrong columns ({'; '.join(problems)}): expected {expected}, found {list(found)}"
-            )
+            raise DataError(f"{where}: wrong columns ({'; '.join(problems)}): expected {expected}, found {list(found)}")
 
     def _read_csv(self):
         rows = []

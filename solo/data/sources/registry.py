@@ -37,7 +37,9 @@ class DataConfig:
     """The keys every dataset takes; a dataset with keys of its own registers a subclass."""
 
     name: str = "digits"  # a registered dataset: see solo.data.DATASETS
-    image_size: int = ruled(16, AT_LEAST_ONE)  # the size of every view that sets no size of its own, and of evaluation images
+    image_size: int = ruled(
+        16, AT_LEAST_ONE
+    )  # the size of every view that sets no size of its own, and of evaluation images
     batch_size: int = ruled(128, AT_LEAST_ONE)  # per process; the global batch is batch_size x world size
     num_workers: Optional[int] = ruled(None, NON_NEGATIVE)  # DataLoader workers per process; None: what the machine has
     on_bad_image: OnBadImage = OnBadImage("error")
@@ -57,10 +59,19 @@ class DownloadConfig(FolderConfig):
     download: bool = False  # fetch it into root when missing (needs the network)
 
 
-def register_dataset(name: str, *, schema: type = DataConfig, stats=IMAGENET_STATS, any_size: bool = False,
-                     images: bool = True, pairs: bool = False, writes_cache: bool = False):
-    return DATASETS.register(name, schema=schema, stats=stats, any_size=any_size, images=images, pairs=pairs,
-                             writes_cache=writes_cache)
+def register_dataset(
+    name: str,
+    *,
+    schema: type = DataConfig,
+    stats=IMAGENET_STATS,
+    any_size: bool = False,
+    images: bool = True,
+    pairs: bool = False,
+    writes_cache: bool = False,
+):
+    return DATASETS.register(
+        name, schema=schema, stats=stats, any_size=any_size, images=images, pairs=pairs, writes_cache=writes_cache
+    )
 
 
 def dataset_stats(name: str):

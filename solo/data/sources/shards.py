@@ -29,10 +29,10 @@ import torch
 from omegaconf import MISSING
 from PIL import Image
 
-from solo.data.sources.images import IMG_EXTENSIONS
 from solo.data.decode import ImageReadError
-from solo.data.sources.registry import DataConfig, register_dataset
+from solo.data.sources.images import IMG_EXTENSIONS
 from solo.data.sources.pairs import ImageTextPairs
+from solo.data.sources.registry import DataConfig, register_dataset
 from solo.errors import ConfigError, DataError, NotFound, require
 from solo.schema import AT_LEAST_ONE, ruled
 
@@ -62,7 +62,7 @@ def _is_local(shard: str) -> bool:
 def _local_path(shard: str, cache_dir: str) -> str:
     """The shard on this machine: its own path, or its copy in the cache (fetched once with webdataset.gopen)."""
     if _is_local(shard):
-        path = shard[len("file://"):] if shard.startswith("file://") else shard
+        path = shard[len("file://") :] if shard.startswith("file://") else shard
         if not os.path.isfile(path):
             raise NotFound(f"shard {path} does not exist; check data.shards")
         return path
@@ -231,8 +231,11 @@ class ShardDataset:
         shard_order = torch.randperm(len(self.shards), generator=g).tolist()
         order: List[int] = []
         for w in range(0, len(shard_order), self.shuffle_window):
-            window = [i for s in shard_order[w:w + self.shuffle_window]
-                      for i in range(self.shard_starts[s], self.shard_starts[s + 1])]
+            window = [
+                i
+                for s in shard_order[w : w + self.shuffle_window]
+                for i in range(self.shard_starts[s], self.shard_starts[s + 1])
+            ]
             order += [window[j] for j in torch.randperm(len(window), generator=g).tolist()]
         return order
 
@@ -260,7 +263,9 @@ class ShardPairs(ShardDataset, ImageTextPairs):
 
 @dataclass
 class ShardsConfig(DataConfig):
-    shards: str = MISSING  # required: the train shards, a brace pattern ('/data/{00000..00331}.tar'); several joined by '::'
+    shards: str = (
+        MISSING  # required: the train shards, a brace pattern ('/data/{00000..00331}.tar'); several joined by '::'
+    )
     val_shards: Optional[str] = None  # the val shards; None: no validation
     shuffle_window: int = ruled(4, AT_LEAST_ONE)  # shards whose samples are shuffled together
     cache_dir: Optional[str] = None  # shard indexes and fetched shards; None: ~/.cache/solo/shards

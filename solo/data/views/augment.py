@@ -29,8 +29,26 @@ from solo.data.decode import as_uint8_tensor
 from solo.errors import DataError
 
 # One view's parameters, as a float64 vector (integers are exact): what the DataLoader collates per view.
-FIELDS = ("top", "left", "height", "width", "flip", "jitter", "brightness", "contrast", "saturation", "hue",
-          "order0", "order1", "order2", "order3", "grayscale", "blur", "sigma", "solarize")
+FIELDS = (
+    "top",
+    "left",
+    "height",
+    "width",
+    "flip",
+    "jitter",
+    "brightness",
+    "contrast",
+    "saturation",
+    "hue",
+    "order0",
+    "order1",
+    "order2",
+    "order3",
+    "grayscale",
+    "blur",
+    "sigma",
+    "solarize",
+)
 AT = {name: i for i, name in enumerate(FIELDS)}
 JITTER = ("brightness", "contrast", "saturation", "hue")  # ColorJitter's operations, numbered as in "order*"
 SOLARIZE_THRESHOLD = 128 / 255  # RandomSolarize(threshold=128) on uint8 images, in [0, 1] units
@@ -134,7 +152,7 @@ class ViewRecipe:
             for op in self.jitter_ops:
                 rows = [i for i in jittered if orders[i][k] == op]
                 factor = p[rows, AT[JITTER[op]]].to(x.device, torch.float32, non_blocking=True).view(-1, 1, 1, 1)
-                x = on_rows(x, rows, lambda x, _: adjust[op](x, factor))
+                x = on_rows(x, rows, lambda x, _: adjust[op](x, factor))  # noqa: B023 (called at once, in this iteration)
         return x
 
 
@@ -205,7 +223,7 @@ def gaussian_blur(x: torch.Tensor, sigma: torch.Tensor, kernel: int) -> torch.Te
     reach = (kernel - 1) / (2 * math.sqrt(2))
     t = torch.linspace(-reach, reach, kernel, device=x.device, dtype=x.dtype)
     sigma = sigma.to(x.device, x.dtype, non_blocking=True).view(-1, 1)
-    weights = torch.softmax(-(t / sigma) ** 2, dim=1).repeat_interleave(c, dim=0)  # (B*C, k)
+    weights = torch.softmax(-((t / sigma) ** 2), dim=1).repeat_interleave(c, dim=0)  # (B*C, k)
     pad = kernel // 2
     flat = F.pad(x.reshape(1, b * c, h, w), (pad, pad, pad, pad), mode="reflect")
     flat = F.conv2d(flat, weights.view(b * c, 1, 1, kernel), groups=b * c)

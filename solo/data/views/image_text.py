@@ -20,6 +20,7 @@ from solo.data.sources.pairs import ImageTextPairs
 from solo.data.views.multiview import epoch_and_index
 from solo.errors import DataError
 
+
 class ImageTextDataset:
     """Training samples ``{"image", "text", "label", "index"}`` keyed by ``(epoch, index)``.
 
@@ -33,8 +34,15 @@ class ImageTextDataset:
     at start from their lengths alone, and a single UserWarning reports it.
     """
 
-    def __init__(self, pairs: ImageTextPairs, transform: Callable, tokenizer, seed: int, skip_bad: bool = False,
-                 raw: bool = False):
+    def __init__(
+        self,
+        pairs: ImageTextPairs,
+        transform: Callable,
+        tokenizer,
+        seed: int,
+        skip_bad: bool = False,
+        raw: bool = False,
+    ):
         if len(pairs) == 0:
             raise DataError(f"{type(pairs).__name__} is empty: no image-text pairs")
         self.pairs = pairs
@@ -67,7 +75,9 @@ class ImageTextDataset:
 
     def __getitem__(self, key: Tuple[int, int]) -> Dict:
         epoch, key_index = epoch_and_index(key, len(self), type(self).__name__)
-        image, index = read_or_skip(self._read_raw if self.raw else self.pairs.image, key_index, len(self), self.skip_bad)
+        image, index = read_or_skip(
+            self._read_raw if self.raw else self.pairs.image, key_index, len(self), self.skip_bad
+        )
         with seeded_rng(sample_seed(self.seed, epoch, key_index, 0)):
             if self.raw:
                 image, height, width = image
@@ -82,7 +92,6 @@ class ImageTextDataset:
         text, _ = self.tokenizer.encode(options[choice])
         label = int(self.pairs.label(index))
         return {**sample, "text": text, "label": label, "index": key_index, "skipped": int(index != key_index)}
-
 
     def _read_raw(self, index: int) -> tuple:
         if hasattr(self.pairs, "image_bytes"):
@@ -99,7 +108,9 @@ class ZeroShotEvalDataset:
     zero-shot classifier (None: no zero-shot classification).
     """
 
-    def __init__(self, pairs: ImageTextPairs, transform: Callable, tokenizer, prompts: Optional[List[List[str]]] = None):
+    def __init__(
+        self, pairs: ImageTextPairs, transform: Callable, tokenizer, prompts: Optional[List[List[str]]] = None
+    ):
         self.pairs = pairs
         self.transform = transform
         self.tokenizer = tokenizer

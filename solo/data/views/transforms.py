@@ -85,7 +85,9 @@ def build_view_transforms(views: Sequence[AugmentationLike], image_size: int, me
     return [build_view_transform(aug, size, mean, std) for aug, size in expand_views(views, image_size)]
 
 
-def build_view_transform(aug: AugmentationLike, image_size: int, mean: Sequence[float], std: Sequence[float]) -> ViewRecipe:
+def build_view_transform(
+    aug: AugmentationLike, image_size: int, mean: Sequence[float], std: Sequence[float]
+) -> ViewRecipe:
     """PIL RGB image (or uint8 (3, H, W) tensor) -> normalised float32 tensor (3, image_size, image_size), randomly
     augmented; its parameters can also be drawn and applied to a whole batch on a device (solo.data.augment)."""
     return ViewRecipe(as_view_augmentation(aug), image_size, mean, std)
