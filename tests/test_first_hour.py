@@ -8,10 +8,14 @@ import time
 
 import pytest
 import torch
+from omegaconf import OmegaConf
 from PIL import Image
 
 import solo.zoo
+from solo.data.sources.huggingface import load_splits
 from solo.errors import CheckpointError, ConfigError
+from solo.loggers import WandbLogger
+from solo.methods.towers import open_clip_config
 from solo.train.trainer import pretrain
 from tests.test_train import REPO, TINY, TINY_FILES, compose_cfg, launch, metrics, weights
 
@@ -172,3 +176,18 @@ def test_zoo_load_takes_a_run_directory_and_resizes_any_image(tmp_path):
         embedding, text = clip.encode_image(image), clip.encode_text(tokens)
         assert embedding.shape == text.shape == (1, clip.image_projection.out_features)
         assert clip.image_features(image).shape == (1, clip.feature_dim)
+
+
+@pytest.mark.parametrize(
+    "module, build",
+    [
+        ("wandb", lambda tmp: WandbLogger(tmp, OmegaConf.create({"mode": "offline"}), {})),
+        ("open_clip", lambda tmp: open_clip_config("ViT-B-32", {})),
+        ("datasets", lambda tmp: load_splits(str(tmp))),
+    ],
+)
+def test_an_integration_not_installed_names_its_extra(module, build, tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, module, None)  # what `import module` meets when the package is absent
+    extra = {"wandb": "wandb", "open_clip": "open_clip", "datasets": "huggingface"}[module]
+    with pytest.raises(ConfigError, match=rf"needs the {module} package: pip install 'solo\[{extra}\]'"):
+        build(tmp_path)
