@@ -28,6 +28,7 @@ sys.path.insert(0, str(REPO))
 from solo.zoo.manifest import MANIFEST, markdown_table, read_manifest, validate_entry  # noqa: E402
 from solo.zoo.weights import read_training_checkpoint, save_weights, sha256_file  # noqa: E402
 
+NEW_METHODS = "mocov2plus ressl nnclr nnbyol nnsiam simsiam all4one supcon wmse vibcreg deepclusterv2"
 RECIPES = {
     "simclr-digits-resnet18half": "method=simclr backbone=resnet18_half",
     "barlow_twins-digits-resnet18half": "method=barlow_twins backbone=resnet18_half",
@@ -41,6 +42,8 @@ RECIPES = {
     # DINO learns more slowly: 0.92 online after 20 epochs, 0.96 after 30.
     "dino-digits-resnet18half": "method=dino backbone=resnet18_half trainer.max_epochs=30",
     "siglip-digits-resnet18half": "method=siglip backbone=resnet18_half",
+    # The methods added since: each method's own digits defaults (backbone and length in its config).
+    **{f"{m}-digits-resnet18half": f"method={m}" for m in NEW_METHODS.split()},
 }
 NPROC = 2
 # |manifest - result|: re-evaluating the published file (same weights; float rounding and library versions
