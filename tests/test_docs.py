@@ -1,0 +1,114 @@
+"""The README's and the documentation's command blocks, run as a reader would: each page's ```bash and ```python
+blocks in order, in a fresh directory, with the training commands shortened (SHORT below). A block that cannot run
+on a CPU machine without downloads says why on the line before its fence (NOT_RUN); a file the reader is told to
+write (`<!-- file: path -->` before its block) is written. `pip install` lines are CI's own install step."""
+
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.test_train import REPO
+
+PAGES = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
+NOT_RUN = ("needs a GPU", "needs external data", "needs several nodes")
+MARK = re.compile(r"<!-- (not run|file): (.+?) -->")
+# What each kind of command gets appended, key by key (a key the command already sets keeps its value).
+SHORT = {
+    "main_pretrain.py": [
+        "trainer.max_steps=2",
+        "trainer.plots=false",
+        "trainer.progress_bar=false",
+        "backbone=resnet18_half",
+    ],
+    "main_linear.py": ["linear.epochs=2", "feature_cache=false", "plots=false"],
+}
+SCRIPTS = {"solo-pretrain": "main_pretrain.py", "solo-linear": "main_linear.py"}
+
+
+def blocks(page: Path) -> list[tuple[str, str, str | None, str | None]]:
+    """(language, body, not-run reason, file path) of each fenced block of `page`, in order."""
+    text, found, start = page.read_text(), [], 0
+    for match in re.finditer(r"^```([\w-]*)\n(.*?)^```$", text, re.M | re.S):
+        before = text[start : match.start()].rstrip("\n").rsplit("\n", 1)[-1]
+        start = match.end()
+        mark = MARK.fullmatch(before.strip())
+        reason = mark.group(2) if mark and mark.group(1) == "not run" else None
+        path = mark.group(2) if mark and mark.group(1) == "file" else None
+        found.append((match.group(1), match.group(2), reason, path))
+    return found
+
+
+def commands(body: str) -> list[list[str]]:
+    """The commands of a bash block as argument lists: continuation lines joined, comments dropped."""
+    joined = re.sub(r"\\\n\s*", " ", body)
+    return [words for line in joined.splitlines() if (words := shlex.split(line, comments=True))]
+
+
+def shortened(words: list[str]) -> list[str] | None:
+    """The command to run for `words` (None: CI's install runs it): scripts resolved in the repository, training
+    shortened, measurements (bench/, scripts/) asked for --help only, the checker at W = 2."""
+    if words[:2] == ["pip", "install"]:
+        return None
+    if words[0] in SCRIPTS:
+        words = ["python", SCRIPTS[words[0]], *words[1:]]
+    if words[0] == "solo-check":
+        words = ["python", "-m", "solo.losses.check", *words[1:]]
+    if words[0] == "torchrun":
+        options = [w for w in words[1:] if w.startswith("--")]
+        words = [sys.executable, "-m", "torch.distributed.run", *options, "--standalone", *words[1 + len(options) :]]
+    elif words[0] == "python":
+        words = [sys.executable, *words[1:]]
+    script = next((i for i, w in enumerate(words) if w.endswith(".py")), None)
+    if script is not None:
+        name = words[script]
+        words[script] = str(REPO / name)
+        if name.startswith(("bench/", "scripts/")):
+            return words[: script + 1] + ["--help"]
+        keys = {w.split("=", 1)[0] for w in words[script + 1 :]}
+        words += [o for o in SHORT.get(name, []) if o.split("=", 1)[0] not in keys]
+    if words[1:3] == ["-m", "solo.losses.check"] and "--world-sizes" not in words:
+        words += ["--world-sizes", "2"]
+    return words
+
+
+def test_every_block_runs_or_says_why_not():
+    """Parsing only (fast): each runnable block is bash or python, and each mark is one this test knows."""
+    for page in PAGES:
+        for lang, body, reason, path in blocks(page):
+            where = f"{page.relative_to(REPO)}: ```{lang} {body.splitlines()[0] if body else ''}"
+            assert reason is None or reason in NOT_RUN, f"{where}: unknown reason {reason!r}; one of {NOT_RUN}"
+            if lang in ("bash", "python") and reason is None and path is None:
+                assert commands(body) if lang == "bash" else body.strip(), f"{where}: an empty block"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(REPO)))
+def test_page_commands_run(page, tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "WANDB_MODE": "offline"}
+    ran = 0
+    for lang, body, reason, path in blocks(page):
+        if reason is not None:
+            continue
+        if path is not None:
+            (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+            (tmp_path / path).write_text(body + "\n")
+            continue
+        if lang == "python":
+            runs = [[sys.executable, "-c", body]]
+        elif lang == "bash":
+            runs = [w for w in map(shortened, commands(body)) if w is not None]
+        else:
+            continue
+        for words in runs:
+            result = subprocess.run(words, cwd=tmp_path, capture_output=True, text=True, timeout=600, env=env)
+            assert result.returncode == 0, (
+                f"{page.name}: {shlex.join(words)}\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+            )
+            ran += 1
+    if ran == 0:
+        pytest.skip(f"{page.name} has no command to run")
