@@ -13,6 +13,8 @@ Param-group keys understood here (besides torch's own ``params``/``lr``/``weight
 * ``frozen_steps`` (int, default 0): the training step drops the group's gradients for its first
   ``frozen_steps`` steps, so the optimizer leaves it (and its state) untouched: DINO's last layer, SwAV's
   prototypes in the first epoch.
+* ``static_lr`` (bool, default False): the training loop leaves the group's learning rate at the optimizer's
+  (the scaled ``optim.lr``), with no warm-up, decay or ``lr_scale``: SimSiam's predictor.
 """
 
 import math

@@ -288,3 +288,31 @@ def test_more_prototypes_than_samples_are_refused(tmp_path):
 def test_settings_a_method_cannot_use_are_refused(override, message):
     with pytest.raises(ConfigError, match=message):
         compose_cfg(BASE + HEADS + ["data.batch_size=16"] + override.split())
+
+
+@pytest.mark.parametrize("name", ["simsiam", "nnsiam"])
+def test_simsiam_predictor_learning_rate_is_not_scheduled(name):
+    """SimSiam's predictor keeps the base learning rate through warm-up and decay; the rest follows the schedule."""
+    from solo.backbones import create_backbone
+    from solo.methods import build_method
+    from solo.train.step import TrainStep
+
+    torch.manual_seed(0)
+    backbone, width = create_backbone("test_resnet", small_stem=True, pretrained=False)
+    method = build_method(compose_cfg(BASE + [f"method={name}", *METHOD[name]]).method, backbone, width).double()
+    method.set_schedule(steps_per_epoch=4, total_steps=4)
+    optimizer = torch.optim.SGD(method.param_groups(weight_decay=0.0, exclude_bias_and_norm=True), lr=1.0)
+    step = TrainStep(
+        method,
+        method,
+        optimizer,
+        precision="64",
+        device=torch.device("cpu"),
+        schedule=lambda i: 0.25 * i,
+        total_steps=4,
+    )
+    views = [torch.randn(6, 3, 16, 16, dtype=torch.float64) for _ in range(2)]
+    step({"views": views, "label": torch.zeros(6, dtype=torch.long)}, 2)
+    predictor = {id(p) for p in method.predictor.parameters()}
+    lrs = {("predictor" if id(g["params"][0]) in predictor else "rest", g["lr"]) for g in optimizer.param_groups}
+    assert lrs == {("predictor", 1.0), ("rest", 0.5)}

@@ -293,14 +293,14 @@ class SiameseMethod(Method):
         return {"loss": loss, "features": torch.cat([f1, f2]), "labels": batch["label"].repeat(2)}
 
 
-def with_frozen(groups: list[dict], params, frozen_steps: int) -> list[dict]:
-    """`groups` with `params` moved to groups of their own that the optimizer leaves untouched for the first
-    `frozen_steps` steps (see solo.optim), keeping their group's other settings."""
-    frozen_ids = {id(p) for p in params}
+def with_group_settings(groups: list[dict], params, **settings) -> list[dict]:
+    """`groups` with `params` moved to groups of their own that carry `settings` (solo.optim's group keys:
+    `frozen_steps`, `static_lr`) besides their group's other settings."""
+    moved = {id(p) for p in params}
     out = []
     for group in groups:
-        kept = [p for p in group["params"] if id(p) not in frozen_ids]
-        frozen = [p for p in group["params"] if id(p) in frozen_ids]
+        kept = [p for p in group["params"] if id(p) not in moved]
+        chosen = [p for p in group["params"] if id(p) in moved]
         out += [{**group, "params": kept}] if kept else []
-        out += [{**group, "params": frozen, "frozen_steps": frozen_steps}] if frozen else []
+        out += [{**group, "params": chosen, **settings}] if chosen else []
     return out

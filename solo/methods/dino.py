@@ -10,7 +10,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from solo.losses import dino_center, dino_loss
-from solo.methods.base import Method, cosine_momentum, ema_update, make_teacher, register_method, with_frozen
+from solo.methods.base import Method, cosine_momentum, ema_update, make_teacher, register_method, with_group_settings
 from solo.schema import AT_LEAST_ONE, MOMENTUM, NON_NEGATIVE, POSITIVE, PROBABILITY, ruled
 
 
@@ -86,7 +86,7 @@ class DINO(Method):
     def param_groups(self, weight_decay: float, exclude_bias_and_norm: bool) -> list[dict]:
         frozen_steps = round(self.cfg.freeze_last_layer_epochs * self.steps_per_epoch)
         groups = super().param_groups(weight_decay, exclude_bias_and_norm)
-        return with_frozen(groups, self.head.last_layer.parameters(), frozen_steps)
+        return with_group_settings(groups, self.head.last_layer.parameters(), frozen_steps=frozen_steps)
 
     def encode(self, batch: dict) -> dict:
         views = batch["views"]

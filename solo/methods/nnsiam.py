@@ -8,9 +8,9 @@ from dataclasses import dataclass
 import torch.nn.functional as F
 
 from solo.losses import simsiam_loss
-from solo.methods.base import SiameseMethod, register_method
+from solo.methods.base import register_method
 from solo.methods.memory import GlobalQueue, check_queue_size
-from solo.methods.simsiam import simsiam_heads
+from solo.methods.simsiam import SimSiam
 from solo.schema import AT_LEAST_ONE, ruled
 
 
@@ -24,9 +24,9 @@ class NNSiamConfig:
 
 
 @register_method("nnsiam", schema=NNSiamConfig)
-class NNSiam(SiameseMethod):
+class NNSiam(SimSiam):  # SimSiam's heads and static predictor learning rate
     def __init__(self, backbone, feature_dim: int, cfg: NNSiamConfig):
-        super().__init__(backbone, feature_dim, *simsiam_heads(feature_dim, cfg))
+        super().__init__(backbone, feature_dim, cfg)
         self.support = GlobalQueue(cfg.queue_size, cfg.proj_output_dim)
 
     @classmethod

@@ -9,7 +9,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from solo.losses import swav_loss
-from solo.methods.base import Method, mlp, register_method, with_frozen
+from solo.methods.base import Method, mlp, register_method, with_group_settings
 from solo.schema import AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, ruled
 
 
@@ -43,9 +43,8 @@ class SwAV(Method):
 
     def param_groups(self, weight_decay: float, exclude_bias_and_norm: bool) -> list[dict]:
         frozen_steps = round(self.cfg.freeze_prototypes_epochs * self.steps_per_epoch)
-        return with_frozen(
-            super().param_groups(weight_decay, exclude_bias_and_norm), self.prototypes.parameters(), frozen_steps
-        )
+        groups = super().param_groups(weight_decay, exclude_bias_and_norm)
+        return with_group_settings(groups, self.prototypes.parameters(), frozen_steps=frozen_steps)
 
     def encode(self, batch: dict) -> dict:
         return {"features": [self.backbone(v) for v in batch["views"]]}

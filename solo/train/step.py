@@ -1,6 +1,7 @@
 """The training step: forward under autocast, backward, clipping, optimizer and scaler, then the method's
-post-step hook (EMA teachers). The learning rate of every group follows the schedule, times its `lr_scale`; a
-group with `frozen_steps` is left untouched (its gradients dropped after clipping) for its first steps.
+post-step hook (EMA teachers). The learning rate of every group follows the schedule, times its `lr_scale` (a
+`static_lr` group keeps the optimizer's); a group with `frozen_steps` is left untouched (its gradients dropped
+after clipping) for its first steps.
 
 With `accumulate=k` the batch is split into k micro-batches and the step's gradient is still that of the
 whole batch (GradCache, Gao et al. 2021): the method's per-sample `encode` runs micro-batch by micro-batch
@@ -90,7 +91,8 @@ class TrainStep:
 
     def __call__(self, batch: dict, index: int) -> dict:
         for group in self.optimizer.param_groups:
-            group["lr"] = self.schedule(index) * group.get("lr_scale", 1.0)
+            if not group.get("static_lr", False):
+                group["lr"] = self.schedule(index) * group.get("lr_scale", 1.0)
         with host_reads_deferred(), batch_sizes_remembered(self.batch_sizes):
             out = self._forward_backward(batch) if self.accumulate == 1 else self._accumulated(batch)
         bad = ~torch.isfinite(out["total"].detach()) & (self.first_bad_step < 0)
