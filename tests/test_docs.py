@@ -25,7 +25,7 @@ SHORT = {
         "trainer.progress_bar=false",
         "backbone=resnet18_half",
     ],
-    "main_linear.py": ["linear.epochs=2", "feature_cache=false", "plots=false"],
+    "main_linear.py": ["linear.epochs=2", "finetune.epochs=1", "feature_cache=false", "plots=false"],
 }
 SCRIPTS = {"solo-pretrain": "main_pretrain.py", "solo-linear": "main_linear.py"}
 
@@ -89,7 +89,8 @@ def test_every_block_runs_or_says_why_not():
 @pytest.mark.slow
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(REPO)))
 def test_page_commands_run(page, tmp_path):
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "WANDB_MODE": "offline"}
+    # The reader's own modules (imports=[...]) are found from where they work, as with `export PYTHONPATH=$PWD`.
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path}:{REPO}", "OMP_NUM_THREADS": "1", "WANDB_MODE": "offline"}
     ran = 0
     for lang, body, reason, path in blocks(page):
         if reason is not None:
@@ -99,16 +100,14 @@ def test_page_commands_run(page, tmp_path):
             (tmp_path / path).write_text(body + "\n")
             continue
         if lang == "python":
-            runs = [[sys.executable, "-c", body]]
-        elif lang == "bash":
-            runs = [w for w in map(shortened, commands(body)) if w is not None]
+            run = [sys.executable, "-c", body]
+        elif lang == "bash":  # one shell per block, so that `export` and `cd` hold for the block's later lines
+            script = "\n".join(shlex.join(w) for w in map(shortened, commands(body)) if w is not None)
+            run = ["bash", "-euo", "pipefail", "-c", script]
         else:
             continue
-        for words in runs:
-            result = subprocess.run(words, cwd=tmp_path, capture_output=True, text=True, timeout=600, env=env)
-            assert result.returncode == 0, (
-                f"{page.name}: {shlex.join(words)}\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
-            )
-            ran += 1
+        result = subprocess.run(run, cwd=tmp_path, capture_output=True, text=True, timeout=900, env=env)
+        assert result.returncode == 0, f"{page.name}: {run[-1]}\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+        ran += 1
     if ran == 0:
         pytest.skip(f"{page.name} has no command to run")
