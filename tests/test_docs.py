@@ -1,7 +1,7 @@
 """The README's and the documentation's command blocks, run as a reader would: each page's ```bash and ```python
 blocks in order, in a fresh directory, with the training commands shortened (SHORT below). A block that cannot run
 on a CPU machine without downloads says why on the line before its fence (NOT_RUN); a file the reader is told to
-write (`<!-- file: path -->` before its block) is written. `pip install` lines are CI's own install step."""
+write (`<!-- file: path -->` before its block) is written. `pip install` and `pytest` lines are CI's own steps."""
 
 import os
 import re
@@ -50,9 +50,9 @@ def commands(body: str) -> list[list[str]]:
 
 
 def shortened(words: list[str]) -> list[str] | None:
-    """The command to run for `words` (None: CI's install runs it): scripts resolved in the repository, training
+    """The command to run for `words` (None: CI runs it itself): scripts resolved in the repository, training
     shortened, measurements (bench/, scripts/) asked for --help only, the checker at W = 2."""
-    if words[:2] == ["pip", "install"]:
+    if words[:2] == ["pip", "install"] or words[0] == "pytest":  # CI's own install and test steps
         return None
     if words[0] in SCRIPTS:
         words = ["python", SCRIPTS[words[0]], *words[1:]]
