@@ -1,5 +1,5 @@
 """The package's shape: layers that only point down (.importlinter, run by CI as `lint-imports`), no import cycle
-anywhere in solo/ (imports inside functions included), and no function longer than 50 lines."""
+anywhere in solo/ (imports inside functions included), and no function of more than 50 statements."""
 
 import ast
 import subprocess
