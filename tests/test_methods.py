@@ -80,11 +80,16 @@ def overrides(method: str, batch: int) -> list[str]:
     ]
 
 
+# The methods whose state across steps is their own (teachers, queues, support sets, banks, centres), and VICReg for
+# the rest, whose state (weights, BatchNorm buffers, optimizer, data position, random state) is the trainer's alike.
+RESUMED = set("vicreg byol nnbyol mocov2plus mocov3 ressl all4one dino nnclr nnsiam deepclusterv2".split())
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("method", sorted(METHOD))
 def test_step_is_world_size_invariant_and_resumes_exactly(tmp_path, method):
-    """W=1 x 16 == W=2 x 8 to 1e-10 of the weight movement after 6 steps (float64); then a 2-process run killed
-    after its 3rd step and restarted ends bit-identical to the uninterrupted one."""
+    """W=1 x 16 == W=2 x 8 to 1e-10 of the weight movement after 6 steps (float64); then (RESUMED) a 2-process run
+    killed after its 3rd step and restarted ends bit-identical to the uninterrupted one."""
     run(overrides(method, 16), tmp_path / "w1")
     run(overrides(method, 8), tmp_path / "w2", nproc=2)
     one, two, start = weights(tmp_path / "w1"), weights(tmp_path / "w2"), weights_at_init(overrides(method, 16))
@@ -93,6 +98,8 @@ def test_step_is_world_size_invariant_and_resumes_exactly(tmp_path, method):
     assert all(moved[k] > 0 for k in teacher), "the teacher moves"
     worst, name = max((float((one[k] - two[k]).abs().max()), k) for k in one)
     assert worst <= 1e-10 * max(moved.values()), f"{method}: {name} differs by {worst} between W=1 and W=2"
+    if method not in RESUMED:
+        return
 
     killed = tmp_path / "killed"
     proc = launch(overrides(method, 8), killed, nproc=2, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
