@@ -33,6 +33,8 @@ from solo.schema import AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, PROBABILITY, check
 
 # 16: CUDA only, with a gradient scaler; 64: for exactness checks, not for speed.
 Precision = choices("Precision", "32", "bf16", "16", "64")
+# ddp: every process holds the whole model; fsdp: parameters, gradients and optimizer state sharded (FSDP2).
+Strategy = choices("Strategy", "ddp", "fsdp")
 
 
 def registered_groups() -> dict[str, Registry]:
@@ -56,6 +58,9 @@ class TrainerConfig:
     precision: Precision = Precision("32")
     sync_batchnorm: bool = True  # global-batch BatchNorm statistics when W > 1
     channels_last: bool = True  # CUDA only
+    strategy: Strategy = Strategy("ddp")  # how W > 1 processes hold the model; the step is the same either way
+    # fsdp: free each block's gathered parameters after its forward (less memory, one more all-gather in backward)
+    reshard_after_forward: bool = True
     resume: bool = True  # continue from <run dir>/checkpoints/last.pt when it exists
     checkpoint_every_steps: int = ruled(0, NON_NEGATIVE)  # 0: only at epoch ends
     # Finish the step, checkpoint, (under SLURM) requeue, exit; a second SIGINT (Ctrl-C) exits at once.
@@ -180,6 +185,8 @@ SAFE_TO_CHANGE = (
     "trainer.progress_bar",
     "trainer.channels_last",
     "trainer.accumulate",
+    "trainer.strategy",
+    "trainer.reshard_after_forward",
     "data.batch_size",
     "data.augment_on",
     "data.num_workers",

@@ -23,6 +23,7 @@ from typing import List, Optional
 
 import torch
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 from solo.registry import Registry
 from solo.schema import MOMENTUM, NON_NEGATIVE, POSITIVE, choices, ruled
@@ -85,6 +86,22 @@ def param_groups(model: nn.Module, weight_decay: float, *, exclude_bias_and_norm
         {"params": no_decay, "weight_decay": 0.0, "lars_exclude": True},
     ]
     return [g for g in groups if g["params"]]
+
+
+@torch.no_grad()
+def clip_grad_norm(params, max_norm: float) -> torch.Tensor:
+    """Scale the gradients of `params` so their global norm is at most `max_norm`; returns the norm before.
+    Parameters may be FSDP shards (DTensors: their norms are the whole tensors') and whole tensors together,
+    which torch's clip_grad_norm_ cannot mix."""
+    grads = [p.grad for p in params if p.grad is not None]
+    if not grads:
+        return torch.zeros(())
+    norms = [torch.linalg.vector_norm(g) for g in grads]
+    total = torch.linalg.vector_norm(torch.stack([n.full_tensor() if isinstance(n, DTensor) else n for n in norms]))
+    scale = torch.clamp(max_norm / (total + 1e-6), max=1.0)  # torch's rule, on the device: no host read
+    for g in grads:
+        (g.to_local() if isinstance(g, DTensor) else g).mul_(scale)
+    return total
 
 
 class LARS(torch.optim.Optimizer):

@@ -10,6 +10,14 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+import torch.nn as nn
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
 
 from solo.errors import CheckpointError
 
@@ -60,6 +68,45 @@ class Checkpoints:
             old.unlink()
 
 
+# Whole tensors on the CPU, as one process would hold them: the same file from DDP or FSDP at any world size.
+WHOLE = StateDictOptions(full_state_dict=True, cpu_offload=True)
+
+
+class ModelState:
+    """A model's weights and buffers as a checkpoint component, whole (FSDP's shards gathered on save, and cut
+    from the whole tensors on load), so a run saved with one strategy and world size resumes with another."""
+
+    def __init__(self, model: nn.Module):
+        self.model = model
+
+    def state_dict(self) -> dict:
+        return get_model_state_dict(self.model, options=WHOLE)
+
+    def load_state_dict(self, state: dict) -> None:
+        set_model_state_dict(self.model, state, options=StateDictOptions(full_state_dict=True))
+
+
+class OptimizerState:
+    """The optimizer's state keyed by parameter name (not by position), whole, as ModelState's weights."""
+
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer):
+        self.model, self.optimizer = model, optimizer
+
+    def state_dict(self) -> dict:
+        return get_optimizer_state_dict(self.model, self.optimizer, options=WHOLE)
+
+    def load_state_dict(self, state: dict) -> None:
+        if all(isinstance(k, int) for k in state["state"]):  # a checkpoint of solo 0.2 or before: keyed by position
+            self.optimizer.load_state_dict(state)
+            return
+        set_optimizer_state_dict(self.model, self.optimizer, state, options=StateDictOptions(full_state_dict=True))
+        # Loading starts the state of every parameter with a step at lr 0; a parameter that had none in the
+        # checkpoint (a group still frozen, e.g. DINO's last layer) must have none now either (AdamW counts steps).
+        for name, p in self.model.named_parameters():
+            if name not in state["state"]:
+                self.optimizer.state.pop(p, None)
+
+
 class RNGState:
     """The process's global random generators (torch CPU and CUDA, Python's), as a checkpoint component."""
 
@@ -76,14 +123,15 @@ class RNGState:
 
 class Checkpointer:
     """Saves and restores `components` (name -> object with state_dict/load_state_dict) with the step and
-    `info` (e.g. the config) alongside. Rank 0 writes; every rank waits until the file is complete."""
+    `info` (e.g. the config) alongside. Every rank collects the state (a collective under FSDP), rank 0 writes; every
+    rank waits until the file is complete."""
 
     def __init__(self, checkpoints: Checkpoints, components: dict, info: dict, is_main: bool):
         self.checkpoints, self.components, self.info, self.is_main = checkpoints, components, info, is_main
 
     def save(self, step: int) -> None:
+        state = {name: c.state_dict() for name, c in self.components.items()}  # every rank: FSDP gathers shards
         if self.is_main:
-            state = {name: c.state_dict() for name, c in self.components.items()}
             self.checkpoints.save(state | self.info | {"step": step}, step)
         if dist.is_initialized():
             dist.barrier()  # nobody runs ahead (or exits) while the checkpoint is still being written

@@ -1,14 +1,29 @@
-"""One way to wrap a model for data-parallel training: global BatchNorm statistics, then DDP."""
+"""How W > 1 processes hold the model (`trainer.strategy`): global BatchNorm statistics first, then
+
+* ddp: a whole copy on every process, gradients averaged by DDP;
+* fsdp: FSDP2 (`torch.distributed.fsdp.fully_shard`): every block of every tower (ViT blocks, ResNet stages,
+  Transformer layers), then every tower and head, then the rest are sharded units: each holds 1/W of its
+  parameters, gradients and optimizer state, gathered for its forward and backward, the gradients
+  reduce-scattered with the same average as DDP's. Parameters become DTensors, so the optimizer, gradient
+  clipping and EMA updates compute on shards what they computed on whole tensors (norms are global).
+
+Either way the step's arithmetic is unchanged: the losses return W times their share of the global loss and
+both strategies average the gradients over W (solo.distributed.collectives).
+"""
 
 from __future__ import annotations
 
 import inspect
+from collections.abc import Iterator
 
 import torch
+import torch.distributed as dist
 import torch.nn as nn
+from torch.distributed.fsdp import fully_shard, register_fsdp_forward_method
 
 from solo.distributed import world_size
 from solo.distributed.batchnorm import convert_sync_batchnorm
+from solo.errors import ConfigError
 
 # Buffers need no sync in the forward: with SyncBatchNorm every rank computes the same running statistics.
 # torch >= 2.15 names this forward_sync_buffers (broadcast_buffers warns there); older versions the other.
@@ -17,14 +32,82 @@ NO_BUFFER_SYNC = (
     {"forward_sync_buffers": False} if "forward_sync_buffers" in _DDP_ARGS else {"broadcast_buffers": False}
 )
 
+# Where backbones keep their blocks: timm ViTs, EfficientNets and ConvNeXts, Swin, nn.TransformerEncoder, open_clip.
+BLOCK_LISTS = ("blocks", "stages", "layers", "resblocks")
+# ResNets (torchvision's and timm's) keep their stages as layer1 ... layer4.
+RESNET_STAGES = ("layer1", "layer2", "layer3", "layer4")
 
-def distribute(model: nn.Module, device: torch.device, *, sync_batchnorm: bool, keep_local: tuple = ()) -> nn.Module:
+
+def distribute(
+    model: nn.Module,
+    device: torch.device,
+    *,
+    strategy: str = "ddp",
+    sync_batchnorm: bool,
+    keep_local: tuple = (),
+    reshard_after_forward: bool = True,
+) -> nn.Module:
     """Convert `model`'s BatchNorms to SyncBatchNorm in place (W > 1 and `sync_batchnorm`, except inside the
-    `keep_local` submodules) and wrap it in DDP; returns what to call (`model` itself on one process)."""
+    `keep_local` submodules), then wrap it in DDP or shard it with FSDP2 in place; returns what to call (`model`
+    itself on one process and under FSDP). The model must offer `towers()`: its modules run on their own
+    (backbones, heads, teachers, the probe), each sharded as one unit (see `fsdp_units`)."""
     if world_size() == 1:
         return model
     if sync_batchnorm:
         convert_sync_batchnorm(model, skip=keep_local)
+    if strategy == "fsdp":
+        # FSDP2 cannot shard 0-dim parameters (CLIP's logit scale): they stay whole on every rank, their gradients
+        # averaged over ranks as soon as they are accumulated.
+        scalars = {p for p in model.parameters() if p.dim() == 0}
+        for p in scalars:
+            if p.requires_grad:
+                p.register_post_accumulate_grad_hook(_average_over_ranks)
+        for unit in [*fsdp_units(model), model]:
+            fully_shard(unit, reshard_after_forward=reshard_after_forward, ignored_params=scalars)
+        # GradCache's passes call encode, not forward: it must gather the root's parameters too.
+        register_fsdp_forward_method(model, "encode")
+        return model
     return nn.parallel.DistributedDataParallel(
         model, device_ids=[device] if device.type == "cuda" else None, **NO_BUFFER_SYNC
     )
+
+
+def _average_over_ranks(p: torch.Tensor) -> None:
+    # Linear, so exact when GradCache's backward passes accumulate into the gradient one after another.
+    dist.all_reduce(p.grad)
+    p.grad.div_(world_size())
+
+
+def fsdp_units(model: nn.Module) -> list[nn.Module]:
+    """The modules to shard, inner ones first: each block of each tower, then each tower (anything that is called
+    on its own, such as the backbone by the evaluator or a teacher by the method, must be a unit: a call that
+    bypasses its unit finds its parameters still sharded). Raises ConfigError for a backbone with no blocks."""
+    towers = [t for t in model.towers() if any(True for _ in t.parameters())]
+    units = []
+    for tower in towers:
+        units += [b for b in _blocks(tower) if b not in units]
+    for backbone in model.backbones():
+        if not any(b in units for b in backbone.modules()):
+            raise ConfigError(
+                f"trainer.strategy=fsdp shards a backbone block by block, and {type(backbone).__name__} has no "
+                f"blocks where solo looks for them (a list named {', '.join(BLOCK_LISTS)}, or ResNet stages "
+                f"{', '.join(RESNET_STAGES)}): use trainer.strategy=ddp, or a backbone that keeps its blocks there"
+            )
+    return units + [t for t in towers if t not in units]
+
+
+def _blocks(module: nn.Module) -> Iterator[nn.Module]:
+    for name, child in module.named_children():
+        if name in BLOCK_LISTS and isinstance(child, (nn.ModuleList, nn.Sequential)):
+            yield from (b for b in child if any(True for _ in b.parameters()))
+        elif name in RESNET_STAGES and isinstance(child, nn.Sequential):
+            yield child
+        else:
+            yield from _blocks(child)
+
+
+def gradient_sync(forward: nn.Module, enabled: bool) -> None:
+    """Whether the next backward averages the gradients over ranks: GradCache turns it off for all micro-batches
+    but the last (FSDP keeps their unsharded gradients until then; the DDP wrapper is not called by them)."""
+    if hasattr(forward, "set_requires_gradient_sync"):
+        forward.set_requires_gradient_sync(enabled)

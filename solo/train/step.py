@@ -9,7 +9,7 @@ without a graph; its `joint` part (projector, loss: what couples samples) runs o
 gradient of the loss with respect to every micro-batch's encoding; each micro-batch is then encoded again,
 with its graph and the random state of its first pass, and back-propagates that cached gradient. The last
 micro-batch runs `joint` again with its own graph, so one backward reaches every parameter and DDP
-all-reduces once (`no_sync` before). Only BatchNorm inside `encode` (the backbone's) sees micro-batch
+all-reduces once (FSDP: reduce-scatters once, `gradient_sync` off before). Only BatchNorm inside `encode` (the backbone's) sees micro-batch
 statistics; the projector's and the loss's statistics stay those of the global batch.
 
 The step never reads a tensor on the host (on a GPU, each read would stall the queue of kernels): the
@@ -31,6 +31,8 @@ from solo.distributed import batch_sizes_remembered
 from solo.errors import ConfigError, TrainingDiverged
 from solo.losses import NonFiniteError
 from solo.losses._checks import host_reads_deferred
+from solo.optim import clip_grad_norm
+from solo.train.distribute import gradient_sync
 
 
 def precision_context(precision: str, device: torch.device) -> tuple[Callable, torch.amp.GradScaler]:
@@ -99,7 +101,7 @@ class TrainStep:
         self.first_bad_step = torch.where(bad, index + 1, self.first_bad_step)
         if self.grad_clip:
             self.scaler.unscale_(self.optimizer)
-            nn.utils.clip_grad_norm_(list(self.model.clipped_parameters()), self.grad_clip)
+            clip_grad_norm(list(self.model.clipped_parameters()), self.grad_clip)
         for group in self.optimizer.param_groups:
             if index < group.get("frozen_steps", 0):  # e.g. DINO's last layer: no update at all, state included
                 for p in group["params"]:
@@ -137,6 +139,7 @@ class TrainStep:
             out = self._loss(self.model, batch, encoded=unflatten(merge_encoded(encoded), leaves))
             grads = torch.autograd.grad(self.scaler.scale(out["total"]), leaves, allow_unused=True)
         sizes = [len(flatten(e)[0]) for e in encoded]
+        gradient_sync(self.forward, False)
         for i, part in enumerate(micro[:-1]):
             # Called past the DDP wrapper: its gradient hooks stay idle until the last, synced backward.
             set_rng_state(states[i])
@@ -145,6 +148,7 @@ class TrainStep:
             cached = [None if g is None else g.split(sizes)[i] for g in grads]
             sum((t * g).sum() for t, g in zip(live, cached) if g is not None).backward()
         set_rng_state(states[-1])
+        gradient_sync(self.forward, True)
         out = self._forward_backward(batch, partial(self.forward, encoded=merge_encoded(encoded[:-1]), last=micro[-1]))
         set_rng_state(after)
         return out

@@ -18,14 +18,14 @@ from tqdm import tqdm
 
 from solo.backbones import feature_width
 from solo.config import changed_keys, check_required, plain, validate_pretrain
-from solo.distributed import DistEnv
+from solo.distributed import DistEnv, batch_sizes, world_size
 from solo.distributed.env import process_group
 from solo.dtypes import full_precision
 from solo.errors import CheckpointError, ConfigError, DataError
 from solo.loggers import Loggers
 from solo.methods import METHODS, build_method, create_method
 from solo.optim import build_optimizer, scaled_lr, warmup_cosine
-from solo.train.checkpoint import Checkpointer, Checkpoints, RNGState
+from solo.train.checkpoint import Checkpointer, Checkpoints, ModelState, OptimizerState, RNGState
 from solo.train.distribute import distribute
 from solo.train.evaluator import Evaluator
 from solo.train.loaders import build_loaders, build_splits
@@ -57,7 +57,12 @@ class PretrainModel(nn.Module):
         out = self.method(batch) if encoded is None else self.method.joint(encoded, batch)
         if self.probe is not None:
             logits = self.probe(out["features"].detach())  # the probe must not shape the representation
-            out["probe_loss"] = F.cross_entropy(full_precision(logits), out["labels"])
+            # The mean over the global batch (W times this rank's share, as the losses): exact for uneven ranks.
+            labels = out["labels"]
+            total = sum(batch_sizes(len(labels), labels.device))
+            out["probe_loss"] = F.cross_entropy(full_precision(logits), labels, reduction="sum") * (
+                world_size() / total
+            )
         return out
 
     def encode(self, batch: dict) -> dict:
@@ -71,6 +76,20 @@ class PretrainModel(nn.Module):
 
     def teachers(self) -> tuple[nn.Module, ...]:
         return tuple(getattr(self.method, name) for name in self.method.teachers)
+
+    def towers(self) -> list[nn.Module]:
+        """The modules called on their own (backbones, heads, teachers' parts, the probe): FSDP's units."""
+        parts = []
+        for child in [*self.method.children(), self.probe]:
+            parts += (
+                list(child.values() if isinstance(child, nn.ModuleDict) else child)
+                if isinstance(child, (nn.ModuleList, nn.ModuleDict))
+                else [child]
+            )
+        return [p for p in parts if p is not None]
+
+    def backbones(self) -> list[nn.Module]:
+        return [self.method.backbone]
 
 
 def build_model(cfg: DictConfig, num_classes: int | None, backbone: nn.Module | None = None) -> PretrainModel:
@@ -132,7 +151,14 @@ class Trainer:
             device, dtype=self.dtype, memory_format=torch.channels_last if self.channels_last else torch.preserve_format
         )
         keep_local = () if model.method.sync_teacher_batchnorm else model.teachers()
-        forward = distribute(model, device, sync_batchnorm=t.sync_batchnorm, keep_local=keep_local)
+        forward = distribute(
+            model,
+            device,
+            strategy=str(t.strategy),
+            sync_batchnorm=t.sync_batchnorm,
+            keep_local=keep_local,
+            reshard_after_forward=t.reshard_after_forward,
+        )
 
         self.loaders = build_loaders(
             splits,
@@ -185,8 +211,8 @@ class Trainer:
             autocast=self.train_step.autocast,
         )
         components = {
-            "model": model,
-            "optimizer": optimizer,
+            "model": ModelState(model),
+            "optimizer": OptimizerState(model, optimizer),
             "scaler": self.train_step,
             "data": source,
             "rng": RNGState(),
