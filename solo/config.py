@@ -61,6 +61,8 @@ class TrainerConfig:
     strategy: Strategy = Strategy("ddp")  # how W > 1 processes hold the model; the step is the same either way
     # fsdp: free each block's gathered parameters after its forward (less memory, one more all-gather in backward)
     reshard_after_forward: bool = True
+    activation_checkpointing: bool = False  # per block: each block's activations recomputed in the backward
+    compile: bool = False  # torch.compile per block (a warning, and eager, where compilation does not work)
     resume: bool = True  # continue from <run dir>/checkpoints/last.pt when it exists
     checkpoint_every_steps: int = ruled(0, NON_NEGATIVE)  # 0: only at epoch ends
     # Finish the step, checkpoint, (under SLURM) requeue, exit; a second SIGINT (Ctrl-C) exits at once.
@@ -187,6 +189,8 @@ SAFE_TO_CHANGE = (
     "trainer.accumulate",
     "trainer.strategy",
     "trainer.reshard_after_forward",
+    "trainer.activation_checkpointing",
+    "trainer.compile",
     "data.batch_size",
     "data.augment_on",
     "data.num_workers",

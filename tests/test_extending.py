@@ -10,6 +10,7 @@ import torch
 from hydra import compose, initialize_config_dir
 
 from solo.config import import_modules, validate_pretrain
+from solo.errors import ConfigError
 from solo.train.trainer import pretrain
 from tests.test_train import REPO
 
@@ -143,6 +144,15 @@ def test_a_users_method_dataset_and_backbone_train_together(user_package, tmp_pa
     assert metrics["step"] == 2 and 0.0 <= metrics["val/acc1"] <= 1.0
     state = torch.load(tmp_path / "checkpoints" / "last.pt", weights_only=True)["model"]
     assert state["method.backbone.0.weight"].shape == (6, 3, 3, 3)  # the user's backbone, at the YAML's width
+
+
+def test_fsdp_refuses_a_backbone_it_cannot_shard_block_by_block(user_package, tmp_path):
+    """user_convnet is one nn.Sequential with no blocks: the error names it and the fix, on one process already."""
+    overrides = _overrides(user_package) + ["trainer.strategy=fsdp", "trainer.max_steps=1"]
+    with initialize_config_dir(config_dir=str(REPO / "solo" / "configs"), version_base="1.3"):
+        cfg = validate_pretrain(compose("pretrain", overrides=overrides))
+    with pytest.raises(ConfigError, match="trainer.strategy=fsdp shards a backbone block by block, and Sequential"):
+        pretrain(cfg, tmp_path)
 
 
 def test_help_lists_what_a_users_package_registers(user_package):

@@ -1,15 +1,22 @@
 """trainer.strategy: FSDP2 gives the step of one process on the whole batch, as DDP does, with ranks holding
 uneven numbers of rows or none (tests/step_layouts.py); a LARS that takes its norms on the shards does not."""
 
+import copy
+import shutil
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
+from torch.distributed._composable import checkpoint
 
+from solo.train.distribute import blocks, checkpoint_blocks
+from solo.train.trainer import build_model
+from tests.test_accumulate import VIT
 from tests.test_clip import TINY_CLIP
 from tests.test_methods import BASE, METHOD
-from tests.test_train import REPO, TINY, weights_at_init
+from tests.test_train import REPO, TINY, compose_cfg, kill_processes_mentioning, launch, run, weights, weights_at_init
 
 STEPS = 3
 SIMCLR = TINY + ["method=simclr", "trainer.precision=64"]  # LARS, BatchNorm in the backbone and the projector
@@ -22,6 +29,7 @@ CASES = {"simclr": SIMCLR, "dino": DINO, "clip": CLIP}
 def step_layout(tmp_path, overrides: list[str], layout: list[int]) -> dict:
     """The whole weights after STEPS steps with the global batch split over len(layout) processes as `layout`."""
     out = tmp_path / f"{'-'.join(map(str, layout))}.pt"
+    out.parent.mkdir(parents=True, exist_ok=True)
     script = [str(REPO / "tests" / "step_layouts.py"), str(out), ",".join(map(str, layout)), str(STEPS), *overrides]
     launcher = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={len(layout)}", "--standalone"]
     env = {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO), "PATH": ""}
@@ -38,16 +46,37 @@ def worst_difference(a: dict, b: dict) -> tuple[float, str]:
 @pytest.mark.slow
 @pytest.mark.parametrize("method", sorted(CASES))
 def test_fsdp_step_equals_one_process_with_uneven_and_empty_ranks(tmp_path, method):
-    """3 float64 steps on 12 rows: FSDP at W = 2 ([9, 3]) and W = 3 ([8, 0, 4]) == 1 process, to 1e-10 of how far
-    the weights moved."""
+    """3 float64 steps on 12 rows: FSDP at W = 2 ([9, 3]) and W = 3 ([8, 0, 4], with activation checkpointing) == 1
+    process, to 1e-10 of how far the weights moved."""
     overrides = CASES[method]
     one = step_layout(tmp_path, overrides, [12])
     start = weights_at_init(overrides + ["data.batch_size=12"])
     moved = max(float((one[k] - start[k]).abs().max()) for k in start)
-    for layout in ([9, 3], [8, 0, 4]):
-        sharded = step_layout(tmp_path, overrides + ["trainer.strategy=fsdp"], layout)
+    for layout, more in (([9, 3], []), ([8, 0, 4], ["trainer.activation_checkpointing=true"])):
+        sharded = step_layout(tmp_path, overrides + ["trainer.strategy=fsdp", *more], layout)
         worst, name = worst_difference(one, sharded)
         assert worst <= 1e-10 * moved, f"{method}, FSDP {layout}: {name} differs by {worst} (moved {moved})"
+
+
+@pytest.mark.slow
+def test_fsdp_accumulation_and_bf16_on_a_vit(tmp_path):
+    """A ViT (its blocks the units, LayerNorm): FSDP at W = 2 with trainer.accumulate=2 equals one process (float64,
+    1e-10); FSDP in bf16 (the blocks gathered and computed in bf16, float32 weights) stays near the float32 step."""
+    overrides = [o for o in TINY if not o.startswith("backbone")] + VIT + ["method=simclr"]
+    exact = overrides + ["trainer.precision=64"]
+    one = step_layout(tmp_path, exact, [12])
+    start = weights_at_init(exact + ["data.batch_size=12"])
+    moved = max(float((one[k] - start[k]).abs().max()) for k in start)
+    worst, name = worst_difference(
+        one, step_layout(tmp_path, exact + ["trainer.strategy=fsdp", "trainer.accumulate=2"], [6, 6])
+    )
+    assert worst <= 1e-10 * moved, f"FSDP with accumulation: {name} differs by {worst} (moved {moved})"
+
+    fp32 = step_layout(tmp_path / "fp32", overrides, [12])
+    bf16 = step_layout(tmp_path / "bf16", overrides + ["trainer.strategy=fsdp", "trainer.precision=bf16"], [6, 6])
+    assert all(v.dtype == torch.float32 for v in bf16.values())
+    worst, name = worst_difference(fp32, bf16)
+    assert 0 < worst <= 0.05 * moved, f"bf16: {name} differs by {worst} (moved {moved})"
 
 
 @pytest.mark.slow
@@ -57,3 +86,92 @@ def test_lars_on_shard_norms_is_not_the_one_process_step(tmp_path):
     wrong = ["imports=[tests.shard_norm_lars]", "optim.name=lars_shard_norms", "trainer.strategy=fsdp"]
     worst, name = worst_difference(one, step_layout(tmp_path, SIMCLR + wrong, [9, 3]))
     assert worst > 1e-6, f"shard norms gave the whole-tensor step ({name}: {worst})"
+
+
+def killed_after(overrides: list[str], run_dir, step: int, nproc: int) -> None:
+    """Launch a run and kill all its processes once its checkpoint of `step` is written."""
+    proc = launch(overrides, run_dir, nproc=nproc, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 300
+    while not (run_dir / "checkpoints" / f"step-{step:09d}.pt").exists() and time.time() < deadline:
+        assert proc.poll() is None, "the run ended before the kill"
+        time.sleep(0.05)
+    kill_processes_mentioning(str(run_dir))
+    proc.wait()
+
+
+@pytest.mark.slow
+def test_killed_under_fsdp_at_w2_resumes_under_ddp_at_w3_as_if_never_stopped(tmp_path):
+    """DINO (teacher, centre, multi-crop), float64, global batch 12: FSDP at W = 2 killed after step 3 and resumed by
+    DDP at W = 3 ends with the weights of one uninterrupted process (1e-10); resumed by FSDP at W = 2, bit-identical to
+    the uninterrupted FSDP W = 2 run."""
+    common = DINO + ["trainer.max_steps=6", "trainer.checkpoint_every_steps=1", "trainer.keep_checkpoints=10"]
+    fsdp = common + ["trainer.strategy=fsdp", "data.batch_size=6"]
+    run(common + ["data.batch_size=12"], tmp_path / "one")
+    run(fsdp, tmp_path / "fsdp", nproc=2)
+    killed_after(fsdp, tmp_path / "killed", 3, nproc=2)
+    shutil.copytree(tmp_path / "killed", tmp_path / "killed_again")
+    checkpoint = torch.load(tmp_path / "killed" / "checkpoints" / "last.pt", weights_only=True)
+    assert 3 <= checkpoint["step"] < 6, "the kill lands mid-run"
+
+    assert "resuming from" in run(common + ["trainer.strategy=ddp", "data.batch_size=4"], tmp_path / "killed", nproc=3)
+    one, start = weights(tmp_path / "one"), weights_at_init(common + ["data.batch_size=12"])
+    moved = max(float((one[k] - start[k]).abs().max()) for k in start)
+    worst, name = worst_difference(one, weights(tmp_path / "killed"))
+    assert worst <= 1e-10 * moved, f"{name} differs by {worst} (moved {moved})"
+
+    assert "resuming from" in run(fsdp, tmp_path / "killed_again", nproc=2)
+    uninterrupted, resumed = weights(tmp_path / "fsdp"), weights(tmp_path / "killed_again")
+    assert all(torch.equal(uninterrupted[k], resumed[k]) for k in uninterrupted)
+
+
+def _one_step(model, batch: dict) -> tuple[dict, dict]:
+    out = model(batch)
+    (out["loss"] + out["probe_loss"]).backward()
+    return {n: p.grad for n, p in model.named_parameters() if p.grad is not None}, dict(model.named_buffers())
+
+
+def test_activation_checkpointing_gives_the_same_step_and_leaves_batchnorm_as_one_forward():
+    """float64: per-block checkpointing gives the gradients and BatchNorm statistics of the plain model exactly;
+    torch's checkpoint alone (the known-wrong variant) runs each block's BatchNorms twice, updating their statistics
+    twice."""
+    cfg = compose_cfg(SIMCLR + ["data.batch_size=8"])
+    torch.manual_seed(0)
+    plain = build_model(cfg, 10).double()
+    ours, naive = copy.deepcopy(plain), copy.deepcopy(plain)
+    checkpoint_blocks(ours)
+    for block in blocks(naive):
+        checkpoint(block)
+    assert len(blocks(plain)) == 4  # the ResNet's stages
+    g = torch.Generator().manual_seed(1)
+    batch = {"views": [torch.randn(8, 3, 16, 16, generator=g, dtype=torch.float64) for _ in range(2)]}
+    batch["label"] = torch.randint(0, 10, (8,), generator=g)
+    want_grads, want_buffers = _one_step(plain, batch)
+    grads, buffers = _one_step(ours, batch)
+    assert grads.keys() == want_grads.keys() and buffers.keys() == want_buffers.keys()
+    assert all(torch.equal(grads[k], want_grads[k]) for k in grads)
+    assert all(torch.equal(buffers[k], want_buffers[k]) for k in buffers)
+    _, naive_buffers = _one_step(naive, batch)
+    stats = [k for k in buffers if k.endswith("running_mean") and ".layer" in k]
+    assert stats and not all(torch.equal(naive_buffers[k], want_buffers[k]) for k in stats)
+
+
+def test_compile_falls_back_to_eager_with_one_warning_where_it_cannot_compile(tmp_path):
+    """No C++ compiler for inductor (CXX names none, an empty cache): the run trains uncompiled and says why, once."""
+    env = {"CXX": str(tmp_path / "no-such-g++"), "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "cache")}
+    overrides = SIMCLR + ["trainer.max_steps=1", "data.batch_size=8", "trainer.compile=true"]
+    proc = launch(overrides, tmp_path / "run", env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0, out
+    assert out.count("trainer.compile=true: torch.compile does not work here (") == 1, out
+    assert "No working C++ compiler" in out and "training runs uncompiled" in out
+
+
+@pytest.mark.slow  # compiling the ResNet's stages takes about a minute on a CPU
+def test_compiled_blocks_give_the_eager_step_within_float32_rounding(tmp_path):
+    common = SIMCLR[:-1] + ["trainer.max_steps=3", "data.batch_size=16"]  # float32: what compile is for
+    run(common, tmp_path / "eager")
+    run(common + ["trainer.compile=true"], tmp_path / "compiled")
+    eager, compiled, start = weights(tmp_path / "eager"), weights(tmp_path / "compiled"), weights_at_init(common)
+    moved = max(float((eager[k] - start[k]).abs().max()) for k in start)
+    worst, name = worst_difference(eager, compiled)
+    assert worst <= 1e-3 * moved, f"{name} differs by {worst} (moved {moved})"

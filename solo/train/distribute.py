@@ -1,4 +1,6 @@
-"""How W > 1 processes hold the model (`trainer.strategy`): global BatchNorm statistics first, then
+"""How the model is prepared for training, torchtitan's order: activation checkpointing and compilation per block
+(`trainer.activation_checkpointing`, `trainer.compile`), then how W > 1 processes hold it (`trainer.strategy`):
+global BatchNorm statistics first, then
 
 * ddp: a whole copy on every process, gradients averaged by DDP;
 * fsdp: FSDP2 (`torch.distributed.fsdp.fully_shard`): every block of every tower (ViT blocks, ResNet stages,
@@ -14,12 +16,15 @@ both strategies average the gradients over W (solo.distributed.collectives).
 from __future__ import annotations
 
 import inspect
+import warnings
 from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
-from torch.distributed.fsdp import fully_shard, register_fsdp_forward_method
+from torch.distributed._composable import checkpoint
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
 
 from solo.distributed import world_size
 from solo.distributed.batchnorm import convert_sync_batchnorm
@@ -46,11 +51,14 @@ def distribute(
     sync_batchnorm: bool,
     keep_local: tuple = (),
     reshard_after_forward: bool = True,
+    precision: str = "32",
 ) -> nn.Module:
     """Convert `model`'s BatchNorms to SyncBatchNorm in place (W > 1 and `sync_batchnorm`, except inside the
     `keep_local` submodules), then wrap it in DDP or shard it with FSDP2 in place; returns what to call (`model`
     itself on one process and under FSDP). The model must offer `towers()`: its modules run on their own
     (backbones, heads, teachers, the probe), each sharded as one unit (see `fsdp_units`)."""
+    # Checked on one process too, so a backbone FSDP cannot shard fails on a laptop as it would on the cluster.
+    units = fsdp_units(model) if strategy == "fsdp" else []
     if world_size() == 1:
         return model
     if sync_batchnorm:
@@ -62,14 +70,72 @@ def distribute(
         for p in scalars:
             if p.requires_grad:
                 p.register_post_accumulate_grad_hook(_average_over_ranks)
-        for unit in [*fsdp_units(model), model]:
-            fully_shard(unit, reshard_after_forward=reshard_after_forward, ignored_params=scalars)
+        for unit in [*units, model]:
+            fully_shard(
+                unit,
+                reshard_after_forward=reshard_after_forward,
+                ignored_params=scalars,
+                mp_policy=mixed_precision(unit, precision),
+            )
         # GradCache's passes call encode, not forward: it must gather the root's parameters too.
         register_fsdp_forward_method(model, "encode")
         return model
     return nn.parallel.DistributedDataParallel(
         model, device_ids=[device] if device.type == "cuda" else None, **NO_BUFFER_SYNC
     )
+
+
+def blocks(model: nn.Module) -> list[nn.Module]:
+    """Every block of every tower of `model` (a model with `towers()`, as PretrainModel), each once."""
+    found = []
+    for tower in model.towers():
+        found += [b for b in _blocks(tower) if b not in found]
+    return found
+
+
+def checkpoint_blocks(model: nn.Module) -> None:
+    """Activation checkpointing per block: each block keeps only its input and runs its forward again in the
+    backward (the same random state, so dropout and drop-path draw the same). The second forward must leave no
+    trace: BatchNorm's running statistics would otherwise be updated twice."""
+    for block in blocks(model):
+        checkpoint(block, context_fn=lambda block=block: (nullcontext(), kept_buffers(block)))
+
+
+@contextmanager
+def kept_buffers(module: nn.Module):
+    """Buffers (BatchNorm running statistics, counters) restored on exit: passes that must leave no trace."""
+    saved = [b.clone() for b in module.buffers()]
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for b, s in zip(module.buffers(), saved):
+                b.copy_(s)
+
+
+def compile_blocks(model: nn.Module) -> bool:
+    """torch.compile each block in place (names and state dicts unchanged); False, with one warning that says why,
+    where compilation does not work (no C++ compiler for the CPU, an unsupported platform): the model runs eager."""
+    try:
+        torch.compile(lambda x: x * 2 + 1)(torch.ones(2))  # compiling anything needs the whole toolchain
+    except Exception as e:  # dynamo and inductor raise many kinds: a missing compiler, an unsupported Python
+        reason = f"{type(e).__name__}: {str(e).strip().splitlines()[0][:300]}" if str(e).strip() else type(e).__name__
+        warnings.warn(
+            f"trainer.compile=true: torch.compile does not work here ({reason}); training runs uncompiled", stacklevel=2
+        )
+        return False
+    for block in blocks(model):
+        block.compile(dynamic=False)  # batch shapes repeat; dynamic shapes fail to compile some backwards on the CPU
+    return True
+
+
+def mixed_precision(unit: nn.Module, precision: str) -> MixedPrecisionPolicy:
+    """bf16: the unit's parameters gathered and used in bf16, gradients reduced and weights kept in float32. A unit
+    with BatchNorm gathers float32 and computes under autocast, as DDP does: BatchNorm's float32 statistics cannot
+    meet bf16 weights."""
+    if precision != "bf16" or any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in unit.modules()):
+        return MixedPrecisionPolicy()
+    return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
 
 
 def _average_over_ranks(p: torch.Tensor) -> None:
@@ -83,9 +149,7 @@ def fsdp_units(model: nn.Module) -> list[nn.Module]:
     on its own, such as the backbone by the evaluator or a teacher by the method, must be a unit: a call that
     bypasses its unit finds its parameters still sharded). Raises ConfigError for a backbone with no blocks."""
     towers = [t for t in model.towers() if any(True for _ in t.parameters())]
-    units = []
-    for tower in towers:
-        units += [b for b in _blocks(tower) if b not in units]
+    units = blocks(model)
     for backbone in model.backbones():
         if not any(b in units for b in backbone.modules()):
             raise ConfigError(

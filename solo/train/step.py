@@ -19,7 +19,7 @@ shape (solo.distributed.batch_sizes_remembered), and a non-finite loss is record
 
 from __future__ import annotations
 
-from contextlib import contextmanager, nullcontext
+from contextlib import nullcontext
 from functools import partial
 from typing import Callable, Iterable, Protocol
 
@@ -32,7 +32,7 @@ from solo.errors import ConfigError, TrainingDiverged
 from solo.losses import NonFiniteError
 from solo.losses._checks import host_reads_deferred
 from solo.optim import clip_grad_norm
-from solo.train.distribute import gradient_sync
+from solo.train.distribute import gradient_sync, kept_buffers
 
 
 def precision_context(precision: str, device: torch.device) -> tuple[Callable, torch.amp.GradScaler]:
@@ -208,18 +208,6 @@ def set_rng_state(state: tuple) -> None:
     torch.set_rng_state(state[0])
     if state[1]:
         torch.cuda.set_rng_state_all(state[1])
-
-
-@contextmanager
-def kept_buffers(model: nn.Module):
-    """Buffers (BatchNorm running statistics, counters) restored on exit: passes that must leave no trace."""
-    saved = [b.clone() for b in model.buffers()]
-    try:
-        yield
-    finally:
-        with torch.no_grad():
-            for b, s in zip(model.buffers(), saved):
-                b.copy_(s)
 
 
 def diverged_message(what: str) -> str:

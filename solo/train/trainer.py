@@ -26,7 +26,7 @@ from solo.loggers import Loggers
 from solo.methods import METHODS, build_method, create_method
 from solo.optim import build_optimizer, scaled_lr, warmup_cosine
 from solo.train.checkpoint import Checkpointer, Checkpoints, ModelState, OptimizerState, RNGState
-from solo.train.distribute import distribute
+from solo.train.distribute import checkpoint_blocks, compile_blocks, distribute
 from solo.train.evaluator import Evaluator
 from solo.train.loaders import build_loaders, build_splits
 from solo.train.preemption import Preemption, requeue_slurm_job
@@ -150,6 +150,10 @@ class Trainer:
         model.to(
             device, dtype=self.dtype, memory_format=torch.channels_last if self.channels_last else torch.preserve_format
         )
+        if t.activation_checkpointing:
+            checkpoint_blocks(model)
+        if t.compile:
+            compile_blocks(model)
         keep_local = () if model.method.sync_teacher_batchnorm else model.teachers()
         forward = distribute(
             model,
@@ -158,6 +162,7 @@ class Trainer:
             sync_batchnorm=t.sync_batchnorm,
             keep_local=keep_local,
             reshard_after_forward=t.reshard_after_forward,
+            precision=str(t.precision),
         )
 
         self.loaders = build_loaders(
