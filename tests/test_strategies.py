@@ -11,7 +11,9 @@ import pytest
 import torch
 from torch.distributed._composable import checkpoint
 
+from solo.errors import ConfigError
 from solo.train.distribute import blocks, checkpoint_blocks
+from solo.train.step import precision_context
 from solo.train.trainer import build_model
 from tests.test_accumulate import VIT
 from tests.test_clip import TINY_CLIP
@@ -46,16 +48,21 @@ def worst_difference(a: dict, b: dict) -> tuple[float, str]:
 @pytest.mark.slow
 @pytest.mark.parametrize("method", sorted(CASES))
 def test_fsdp_step_equals_one_process_with_uneven_and_empty_ranks(tmp_path, method):
-    """3 float64 steps on 12 rows: FSDP at W = 2 ([9, 3]) and W = 3 ([8, 0, 4], with activation checkpointing) == 1
-    process, to 1e-10 of how far the weights moved."""
+    """3 float64 steps on 12 rows: FSDP at W = 3 ([8, 0, 4], with activation checkpointing), and for SimCLR also at
+    W = 2 ([9, 3]) == 1 process, to 1e-10 of how far the weights moved; a LARS on shard norms is not."""
     overrides = CASES[method]
     one = step_layout(tmp_path, overrides, [12])
     start = weights_at_init(overrides + ["data.batch_size=12"])
     moved = max(float((one[k] - start[k]).abs().max()) for k in start)
-    for layout, more in (([9, 3], []), ([8, 0, 4], ["trainer.activation_checkpointing=true"])):
+    layouts = [([8, 0, 4], ["trainer.activation_checkpointing=true"])] + ([([9, 3], [])] if method == "simclr" else [])
+    for layout, more in layouts:
         sharded = step_layout(tmp_path, overrides + ["trainer.strategy=fsdp", *more], layout)
         worst, name = worst_difference(one, sharded)
         assert worst <= 1e-10 * moved, f"{method}, FSDP {layout}: {name} differs by {worst} (moved {moved})"
+    if method == "simclr":  # the pitfall: LARS's trust ratio from each rank's shard (tests/shard_norm_lars.py)
+        wrong = ["imports=[tests.shard_norm_lars]", "optim.name=lars_shard_norms", "trainer.strategy=fsdp"]
+        worst, name = worst_difference(one, step_layout(tmp_path / "wrong", SIMCLR + wrong, [9, 3]))
+        assert worst > 1e-6 * moved, f"LARS on shard norms gave the whole-tensor step ({name}: {worst})"
 
 
 @pytest.mark.slow
@@ -77,15 +84,6 @@ def test_fsdp_accumulation_and_bf16_on_a_vit(tmp_path):
     assert all(v.dtype == torch.float32 for v in bf16.values())
     worst, name = worst_difference(fp32, bf16)
     assert 0 < worst <= 0.05 * moved, f"bf16: {name} differs by {worst} (moved {moved})"
-
-
-@pytest.mark.slow
-def test_lars_on_shard_norms_is_not_the_one_process_step(tmp_path):
-    """The pitfall: LARS's trust ratio from each rank's shard of a weight (tests/shard_norm_lars.py), not the whole."""
-    one = step_layout(tmp_path, SIMCLR, [12])
-    wrong = ["imports=[tests.shard_norm_lars]", "optim.name=lars_shard_norms", "trainer.strategy=fsdp"]
-    worst, name = worst_difference(one, step_layout(tmp_path, SIMCLR + wrong, [9, 3]))
-    assert worst > 1e-6, f"shard norms gave the whole-tensor step ({name}: {worst})"
 
 
 def killed_after(overrides: list[str], run_dir, step: int, nproc: int) -> None:
@@ -175,3 +173,15 @@ def test_compiled_blocks_give_the_eager_step_within_float32_rounding(tmp_path):
     moved = max(float((eager[k] - start[k]).abs().max()) for k in start)
     worst, name = worst_difference(eager, compiled)
     assert worst <= 1e-3 * moved, f"{name} differs by {worst} (moved {moved})"
+
+
+def test_float16_on_the_cpu_is_refused_with_what_to_use():
+    with pytest.raises(ConfigError, match="trainer.precision=16 needs a GPU; on the CPU use trainer.precision=bf16"):
+        precision_context("16", torch.device("cpu"))
+
+
+def test_gpu_script_says_it_needs_a_gpu_where_there_is_none():
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present: bench/gpu.sh runs for real")
+    proc = subprocess.run(["bash", str(REPO / "bench" / "gpu.sh")], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1 and "bench/gpu.sh needs a GPU: torch sees none" in proc.stderr
