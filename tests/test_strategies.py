@@ -12,6 +12,7 @@ import torch
 from torch.distributed._composable import checkpoint
 
 from solo.errors import ConfigError
+from solo.train.checkpoint import OptimizerState
 from solo.train.distribute import blocks, checkpoint_blocks
 from solo.train.step import precision_context
 from solo.train.trainer import build_model
@@ -185,3 +186,32 @@ def test_gpu_script_says_it_needs_a_gpu_where_there_is_none():
         pytest.skip("a GPU is present: bench/gpu.sh runs for real")
     proc = subprocess.run(["bash", str(REPO / "bench" / "gpu.sh")], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 1 and "bench/gpu.sh needs a GPU: torch sees none" in proc.stderr
+
+
+def _stepped(optimizer_cls, frozen: str | None = None):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 2))
+    optimizer = optimizer_cls(model.parameters(), lr=0.1)
+    model(torch.randn(5, 4)).sum().backward()
+    if frozen:  # a parameter the step leaves alone, as a group in its frozen_steps
+        model.get_parameter(frozen).grad = None
+    optimizer.step()
+    return model, optimizer
+
+
+def test_optimizer_state_is_saved_by_name_and_loads_old_position_keyed_checkpoints():
+    """A checkpoint's optimizer state is keyed by parameter name (what lets it load under another strategy), a state
+    of solo 0.2 (keyed by position) still loads, and a parameter with no state saved has none after loading (torch's
+    loader would leave AdamW a step count from its initialising step)."""
+    model, optimizer = _stepped(torch.optim.AdamW, frozen="1.bias")
+    saved = OptimizerState(model, optimizer).state_dict()
+    assert set(saved["state"]) == {"0.weight", "0.bias", "1.weight"}
+    for state in (saved, optimizer.state_dict()):  # by name, and as solo 0.2 wrote it
+        fresh_model, fresh = _stepped(torch.optim.AdamW)
+        fresh.state.clear()  # a model and optimizer as the trainer builds them: no state, no gradients
+        fresh.zero_grad(set_to_none=True)
+        fresh_model.load_state_dict(model.state_dict())
+        OptimizerState(fresh_model, fresh).load_state_dict(copy.deepcopy(state))
+        for (name, p), q in zip(model.named_parameters(), fresh_model.parameters()):
+            assert optimizer.state[p].keys() == fresh.state[q].keys(), name
+            assert all(torch.equal(optimizer.state[p][k], fresh.state[q][k]) for k in optimizer.state[p]), name

@@ -99,7 +99,9 @@ class OptimizerState:
         if all(isinstance(k, int) for k in state["state"]):  # a checkpoint of solo 0.2 or before: keyed by position
             self.optimizer.load_state_dict(state)
             return
-        set_optimizer_state_dict(self.model, self.optimizer, state, options=StateDictOptions(full_state_dict=True))
+        # Not strict: a parameter with no state yet (its group still frozen) has none in the checkpoint.
+        options = StateDictOptions(full_state_dict=True, strict=False)
+        set_optimizer_state_dict(self.model, self.optimizer, state, options=options)
         # Loading starts the state of every parameter with a step at lr 0; a parameter that had none in the
         # checkpoint (a group still frozen, e.g. DINO's last layer) must have none now either (AdamW counts steps).
         for name, p in self.model.named_parameters():
