@@ -113,9 +113,9 @@ def kept_buffers(module: nn.Module):
                 b.copy_(s)
 
 
-def compile_blocks(model: nn.Module) -> bool:
-    """torch.compile each block in place (names and state dicts unchanged); False, with one warning that says why,
-    where compilation does not work (no C++ compiler for the CPU, an unsupported platform): the model runs eager."""
+def compile_blocks(model: nn.Module) -> None:
+    """torch.compile each block in place (names and state dicts unchanged); where compilation does not work (no C++
+    compiler for the CPU, an unsupported platform), one warning that says why, and the model runs eager."""
     try:
         torch.compile(lambda x: x * 2 + 1)(torch.ones(2))  # compiling anything needs the whole toolchain
     except Exception as e:  # dynamo and inductor raise many kinds: a missing compiler, an unsupported Python
@@ -123,10 +123,9 @@ def compile_blocks(model: nn.Module) -> bool:
         warnings.warn(
             f"trainer.compile=true: torch.compile does not work here ({reason}); training runs uncompiled", stacklevel=2
         )
-        return False
+        return
     for block in blocks(model):
         block.compile(dynamic=False)  # batch shapes repeat; dynamic shapes fail to compile some backwards on the CPU
-    return True
 
 
 def mixed_precision(unit: nn.Module, precision: str) -> MixedPrecisionPolicy:
@@ -148,7 +147,7 @@ def fsdp_units(model: nn.Module) -> list[nn.Module]:
     """The modules to shard, inner ones first: each block of each tower, then each tower (anything that is called
     on its own, such as the backbone by the evaluator or a teacher by the method, must be a unit: a call that
     bypasses its unit finds its parameters still sharded). Raises ConfigError for a backbone with no blocks."""
-    towers = [t for t in model.towers() if any(True for _ in t.parameters())]
+    towers = [t for t in model.towers() if _has_parameters(t)]
     units = blocks(model)
     for backbone in model.backbones():
         if not any(b in units for b in backbone.modules()):
@@ -163,11 +162,15 @@ def fsdp_units(model: nn.Module) -> list[nn.Module]:
 def _blocks(module: nn.Module) -> Iterator[nn.Module]:
     for name, child in module.named_children():
         if name in BLOCK_LISTS and isinstance(child, (nn.ModuleList, nn.Sequential)):
-            yield from (b for b in child if any(True for _ in b.parameters()))
+            yield from (b for b in child if _has_parameters(b))
         elif name in RESNET_STAGES and isinstance(child, nn.Sequential):
             yield child
         else:
             yield from _blocks(child)
+
+
+def _has_parameters(module: nn.Module) -> bool:
+    return next(module.parameters(), None) is not None
 
 
 def gradient_sync(forward: nn.Module, enabled: bool) -> None:

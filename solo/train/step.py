@@ -9,8 +9,8 @@ without a graph; its `joint` part (projector, loss: what couples samples) runs o
 gradient of the loss with respect to every micro-batch's encoding; each micro-batch is then encoded again,
 with its graph and the random state of its first pass, and back-propagates that cached gradient. The last
 micro-batch runs `joint` again with its own graph, so one backward reaches every parameter and DDP
-all-reduces once (FSDP: reduce-scatters once, `gradient_sync` off before). Only BatchNorm inside `encode` (the backbone's) sees micro-batch
-statistics; the projector's and the loss's statistics stay those of the global batch.
+all-reduces once (FSDP reduce-scatters once: `gradient_sync` is off before). Only BatchNorm inside `encode` (the
+backbone's) sees micro-batch statistics; the projector's and the loss's statistics stay those of the global batch.
 
 The step never reads a tensor on the host (on a GPU, each read would stall the queue of kernels): the
 losses' value checks are deferred (solo.losses._checks), every rank's batch size is exchanged once per
@@ -141,7 +141,7 @@ class TrainStep:
         sizes = [len(flatten(e)[0]) for e in encoded]
         gradient_sync(self.forward, False)
         for i, part in enumerate(micro[:-1]):
-            # Called past the DDP wrapper: its gradient hooks stay idle until the last, synced backward.
+            # Past the DDP wrapper (its hooks stay idle) and with FSDP's sync off: one reduction, after the last.
             set_rng_state(states[i])
             with self.autocast():
                 live = flatten(self.model.encode(part))
