@@ -8,11 +8,13 @@
 # 2. bf16 against float32, solo against the bare model, for ResNet-50 at 224 px and ViT-B/16 (bench/throughput.py);
 # 3. the augmentation on the device (bench/data.py);
 # 4. FSDP's memory per rank against DDP's (bench/strategies.py).
+#
+# Each step stops after STEP_TIMEOUT seconds (default 600) and the report says so (exit status 124).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 report=${1:-outputs/gpu-report.md}
-gpus=$(python -c "import torch; print(torch.cuda.device_count())")
-if [ "$gpus" -lt 1 ]; then
+gpus=$(timeout 120 python -c "import torch; print(torch.cuda.device_count())")
+if ! [ "$gpus" -ge 1 ] 2>/dev/null; then
   echo "bench/gpu.sh needs a GPU: torch sees none (torch.cuda.device_count() = 0)" >&2
   exit 1
 fi
@@ -27,7 +29,7 @@ work=$(mktemp -d)
 step() {  # step TITLE COMMAND...: the command's output in the report, in a block under its title
   echo "== $1" >&2
   { echo; echo "## $1"; echo; echo '```'; echo "\$ ${*:2}"; } >> "$report"
-  "${@:2}" 2>>"$report.log" | tee -a "$report.log" >> "$report"
+  timeout "${STEP_TIMEOUT:-600}" "${@:2}" 2>>"$report.log" | tee -a "$report.log" >> "$report"
   echo "exit status ${PIPESTATUS[0]}" >> "$report"
   echo '```' >> "$report"
 }
@@ -50,7 +52,8 @@ nccl_exactness() {
   done
 }
 if [ "$gpus" -ge 2 ]; then
-  step "W = 1 against W = $gpus over NCCL (float64, 3 steps)" nccl_exactness
+  export -f compare nccl_exactness && export tiny gpus work  # a function runs under timeout through bash
+  step "W = 1 against W = $gpus over NCCL (float64, 3 steps)" bash -c nccl_exactness
 else
   echo -e "\n## W = 1 against W > 1 over NCCL\n\nnot run: one GPU (NCCL needs one per process)" >> "$report"
 fi
@@ -63,6 +66,6 @@ for precision in 32 bf16; do
     --steps 30
 done
 step "The augmentation on the device" python bench/data.py --device cuda
-step "FSDP and DDP memory per rank, ViT-L/16" python bench/strategies.py memory --worlds 1 "$gpus"
+step "FSDP and DDP memory per rank, ViT-L/16" python bench/strategies.py memory --worlds $(printf "%s\n" 1 "$gpus" | sort -un)
 rm -rf "$work"
 echo "report: $report" >&2
