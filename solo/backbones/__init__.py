@@ -10,7 +10,6 @@ import difflib
 from dataclasses import dataclass, field
 from typing import Any, Dict
 
-import timm
 import torch
 import torchvision
 from torch import nn
@@ -86,6 +85,8 @@ def create_backbone(
     The module maps (B, 3, H, W) images to (B, width) pooled features. ``small_stem``
     adapts a ResNet stem to 32px images (3x3 stride-1 first conv, no max-pool).
     """
+    import timm  # here, not at the top: 2 s of every process's start, which registered backbones don't need
+
     if name.startswith(TORCHVISION_PREFIX):
         if name not in TORCHVISION_RESNETS:
             raise ConfigError(
