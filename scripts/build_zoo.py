@@ -86,7 +86,7 @@ def build(name: str, recipe: str, work: Path, weights_dir: Path, location_root: 
             "trainer.progress_bar=false",
         ]
     )
-    checkpoint = run_dir / "checkpoints" / "last.pt"
+    checkpoint = run_dir / "checkpoints" / "last"
     pretrained = read_training_checkpoint(checkpoint)
     weights = save_weights(pretrained, weights_dir / f"{name}.safetensors")
     summary = evaluate(str(weights), work / f"{name}-eval")

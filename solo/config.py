@@ -63,7 +63,7 @@ class TrainerConfig:
     reshard_after_forward: bool = True
     activation_checkpointing: bool = False  # per block: each block's activations recomputed in the backward
     compile: bool = False  # torch.compile per block (a warning, and eager, where compilation does not work)
-    resume: bool = True  # continue from <run dir>/checkpoints/last.pt when it exists
+    resume: bool = True  # continue from <run dir>/checkpoints/last when it exists
     checkpoint_every_steps: int = ruled(0, NON_NEGATIVE)  # 0: only at epoch ends
     # Finish the step, checkpoint, (under SLURM) requeue, exit; a second SIGINT (Ctrl-C) exits at once.
     preempt_signals: List[str] = field(default_factory=lambda: ["SIGUSR1", "SIGTERM", "SIGINT"])
@@ -115,7 +115,7 @@ class FinetuneConfig:
     accumulate: int = ruled(1, AT_LEAST_ONE)
     crop_scale: List[float] = field(default_factory=lambda: [0.4, 1.0])
     hflip_prob: float = ruled(0.0, PROBABILITY)
-    resume: bool = True  # continue from <run dir>/finetune/checkpoints/last.pt when it exists
+    resume: bool = True  # continue from <run dir>/finetune/checkpoints/last when it exists
     checkpoint_every_steps: int = ruled(0, NON_NEGATIVE)  # 0: at epoch ends
     log_every_steps: int = ruled(10, AT_LEAST_ONE)
 

@@ -1,5 +1,6 @@
 """Imported into a training run (`imports=[tests.host_reads_probe]`): records every read of a tensor's value on
-the host (on a GPU each one is a synchronisation) and where the trainer was, into $HOST_READS_LOG.<rank>.
+the host (on a GPU each one is a synchronisation) by the training thread and where the trainer was, into
+$HOST_READS_LOG.<rank>.
 
 Regions: "step" (inside TrainStep.__call__, with the step's index), "loop" (the loop's own per-step work:
 moving the batch, summing the metrics window); and "preemption_check", the step at which the trainer asked
@@ -11,6 +12,7 @@ from __future__ import annotations
 import atexit
 import json
 import os
+import threading
 
 import torch
 
@@ -25,7 +27,8 @@ where: list = []  # the stack of regions entered: [(region, step)]
 
 def _recording(name, original):
     def read(self, *args, **kwargs):
-        if where:
+        # The training thread's reads: the checkpoint writer's thread reads its own host copies meanwhile.
+        if where and threading.current_thread() is threading.main_thread():
             events.append({"region": where[-1][0], "step": where[-1][1], "read": name})
         return original(self, *args, **kwargs)
 

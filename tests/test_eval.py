@@ -17,6 +17,7 @@ from sklearn.linear_model import LogisticRegression
 from sklearn.model_selection import train_test_split
 from sklearn.preprocessing import StandardScaler
 
+from solo.distributed.checkpoint import read_checkpoint
 from solo.errors import SoloError
 from solo.eval.knn import knn_accuracy, knn_logits
 from solo.eval.linear import LinearProtocol, train_linear
@@ -198,13 +199,13 @@ def test_finetuning_killed_and_resumed_is_bit_identical(tmp_path):
     common = [f"pretrained={tmp_path / 'pre'}", *FINETUNE_64]
     assert _main_linear(common, tmp_path / "whole").wait(timeout=600) == 0
     killed = _main_linear(common, tmp_path / "killed", stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    last = tmp_path / "killed" / "finetune" / "checkpoints" / "last.pt"
+    last = tmp_path / "killed" / "finetune" / "checkpoints" / "last"
     deadline = time.time() + 300
     while not last.exists() and time.time() < deadline and killed.poll() is None:
         time.sleep(0.05)
     killed.kill()
     killed.wait()
-    stopped_at = torch.load(last, map_location="cpu", weights_only=True)["step"]
+    stopped_at = read_checkpoint(last)["step"]
     assert 0 < stopped_at < 64, f"killed at step {stopped_at}: not mid-run"
     assert _main_linear(common, tmp_path / "killed").wait(timeout=600) == 0
     whole, resumed = weights(tmp_path / "whole" / "finetune"), weights(tmp_path / "killed" / "finetune")

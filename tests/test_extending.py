@@ -6,10 +6,10 @@ import sys
 import textwrap
 
 import pytest
-import torch
 from hydra import compose, initialize_config_dir
 
 from solo.config import import_modules, validate_pretrain
+from solo.distributed.checkpoint import read_checkpoint
 from solo.errors import ConfigError
 from solo.train.trainer import pretrain
 from tests.test_train import REPO
@@ -142,7 +142,7 @@ def test_a_users_method_dataset_and_backbone_train_together(user_package, tmp_pa
     assert (cfg.method.out_dim, cfg.data.num_samples, cfg.backbone.width) == (8, 32, 6)  # each YAML typed by its schema
     metrics = pretrain(cfg, tmp_path)
     assert metrics["step"] == 2 and 0.0 <= metrics["val/acc1"] <= 1.0
-    state = torch.load(tmp_path / "checkpoints" / "last.pt", weights_only=True)["model"]
+    state = read_checkpoint(tmp_path / "checkpoints" / "last")["model"]
     assert state["method.backbone.0.weight"].shape == (6, 3, 3, 3)  # the user's backbone, at the YAML's width
 
 

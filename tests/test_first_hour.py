@@ -13,6 +13,7 @@ from PIL import Image
 
 import solo.zoo
 from solo.data.sources.huggingface import load_splits
+from solo.distributed.checkpoint import read_checkpoint
 from solo.errors import CheckpointError, ConfigError
 from solo.loggers import WandbLogger
 from solo.methods.towers import open_clip_config
@@ -147,11 +148,11 @@ def test_ctrl_c_checkpoints_the_current_step_and_the_rerun_redoes_no_step(tmp_pa
     proc.send_signal(signal.SIGINT)
     out, _ = proc.communicate(timeout=120)
     assert proc.returncode == 0 and "Traceback" not in out, out
-    state = torch.load(tmp_path / "checkpoints" / "last.pt", weights_only=True)
+    state = read_checkpoint(tmp_path / "checkpoints" / "last")
     assert 0 < state["step"] < 60 and f"SIGINT: checkpoint written at step {state['step']}" in out
     rerun = launch(overrides, tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     out, _ = rerun.communicate(timeout=300)
-    assert f"resuming from {tmp_path / 'checkpoints' / 'last.pt'} at step {state['step']}" in out
+    assert f"resuming from {tmp_path / 'checkpoints' / 'last'} at step {state['step']}" in out
     steps = [m["step"] for m in metrics(tmp_path) if "train/loss" in m]
     assert steps == list(range(1, 61)), "every step trained exactly once"
 

@@ -12,6 +12,7 @@ from solo.config import register_configs, validate_pretrain
 from solo.data import sample_seed, seeded_rng
 from solo.data.views.transforms import build_view_transform
 from solo.distributed import DistEnv
+from solo.distributed.checkpoint import read_checkpoint
 from solo.errors import ConfigError
 from solo.train.loaders import build_loaders, build_splits
 from tests.test_train import REPO, TINY, kill_processes_mentioning, launch, metrics, run
@@ -33,8 +34,8 @@ TOY = [o for o in TINY if not o.startswith("method.")] + [
 
 
 def checkpoint(run_dir, step=None) -> dict:
-    name = "last.pt" if step is None else f"step-{step:09d}.pt"
-    return torch.load(run_dir / "checkpoints" / name, map_location="cpu", weights_only=True)
+    name = "last" if step is None else f"step-{step:09d}"
+    return read_checkpoint(run_dir / "checkpoints" / name)
 
 
 @pytest.mark.slow
@@ -58,9 +59,7 @@ def test_a_method_from_its_own_file_trains_with_its_teacher_and_resumes_exactly(
     killed = tmp_path / "killed"
     proc = launch(TOY, killed, nproc=2, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 120
-    while (
-        not (killed / "checkpoints" / "step-000000004.pt").exists() and time.time() < deadline and proc.poll() is None
-    ):
+    while not (killed / "checkpoints" / "step-000000004").exists() and time.time() < deadline and proc.poll() is None:
         time.sleep(0.05)
     kill_processes_mentioning(str(killed))
     proc.wait()

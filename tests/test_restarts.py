@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from solo.train.checkpoint import Checkpoints
+from solo.distributed.checkpoint import read_checkpoint
 from tests.test_train import REPO, TINY, launch, metrics, run, weights
 
 pytestmark = pytest.mark.slow  # launches and restarts of 2-process jobs: minutes; `pytest -m slow`
@@ -59,11 +59,11 @@ def _assert_same(a: dict, b: dict):
 def test_sigterm_leaves_a_checkpoint_at_the_current_step_and_resume_is_exact(tmp_path, uninterrupted):
     run_dir = tmp_path / "preempted"
     proc = launch(COMMON, run_dir, nproc=2, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    _wait_for(run_dir / "checkpoints" / "step-000000005.pt", proc)
+    _wait_for(run_dir / "checkpoints" / "step-000000005", proc)
     for pid in _processes_mentioning(str(run_dir)):  # the scheduler signals every process of the step
         os.kill(pid, signal.SIGTERM)
     out, _ = proc.communicate(timeout=120)
-    state = torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)
+    state = read_checkpoint(run_dir / "checkpoints" / "last")
     assert 5 < state["step"] < 48 and state["step"] % 5 != 0, (
         f"expected a preemption checkpoint, got step {state['step']}"
     )
@@ -89,7 +89,7 @@ def test_elastic_restart_after_a_worker_dies_is_exact(tmp_path, uninterrupted):
     ]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    _wait_for(run_dir / "checkpoints" / "step-000000005.pt", proc)
+    _wait_for(run_dir / "checkpoints" / "step-000000005", proc)
     workers = [
         p
         for p in _processes_mentioning(str(run_dir), "main_pretrain.py")
@@ -144,24 +144,25 @@ def test_two_nodes_on_one_machine_match_one_node(tmp_path, uninterrupted):
 
 _WRITER = """
 import sys, torch
-from solo.train.checkpoint import Checkpoints
+from solo.distributed.checkpoint import Checkpoints
 c = Checkpoints(sys.argv[1], keep=2)
-c.save({"step": 1, "w": torch.zeros(4)}, 1)
+c.save(1, {"model": {"w": torch.zeros(4)}}, {"step": 1})
+c.wait()
 print("first saved", flush=True)
-c.save({"step": 2, "w": torch.randn(40_000_000)}, 2)  # large: the kill lands while it is being written
+c.save(2, {"model": {"w": torch.randn(40_000_000)}}, {"step": 2})  # large: the kill lands while it is being written
+c.wait()
 """
 
 
 def test_killing_a_job_mid_write_leaves_the_previous_checkpoint(tmp_path):
     proc = subprocess.Popen([sys.executable, "-c", _WRITER, str(tmp_path)], cwd=REPO, stdout=subprocess.PIPE, text=True)
     assert proc.stdout.readline().strip() == "first saved"
-    partial = tmp_path / ".step-000000002.pt.tmp"
-    _wait_for(partial, proc, timeout=60)
+    _wait_for(tmp_path / ".step-000000002.tmp" / "trainer.pt", proc, timeout=60)
     proc.kill()
     proc.wait()
-    assert not (tmp_path / "step-000000002.pt").exists()
-    state = Checkpoints(tmp_path, keep=2).load()
-    assert state["step"] == 1 and torch.equal(state["w"], torch.zeros(4))
+    assert not (tmp_path / "step-000000002").exists()
+    state = read_checkpoint(tmp_path / "last")
+    assert state["step"] == 1 and torch.equal(state["model"]["w"], torch.zeros(4))
 
 
 def test_srun_style_launch_without_torchrun_matches_torchrun(tmp_path, uninterrupted):

@@ -9,8 +9,8 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
 
+from solo.distributed.checkpoint import read_checkpoint
 from tests.test_restarts import _free_port
 from tests.test_train import REPO, TINY
 
@@ -141,7 +141,7 @@ def test_sbatch_job_trains_is_signalled_requeued_and_finishes_where_it_stopped(s
         env=env,
     ).strip()
     run_dir = tmp_path / f"slurm-{job}"
-    _wait(lambda: (run_dir / "checkpoints" / "step-000000005.pt").exists(), 240, "the first checkpoint")
+    _wait(lambda: (run_dir / "checkpoints" / "step-000000005").exists(), 240, "the first checkpoint")
     _sh("scancel", "--signal=USR1", job, env=env)  # what --signal=USR1@120 sends before the time limit
     requeued = lambda: _job_field(job, "Restarts", env) == "1" and _job_field(job, "JobState", env) == "PENDING"  # noqa: E731
     _wait(requeued, 120, "the job to be requeued")
@@ -152,8 +152,8 @@ def test_sbatch_job_trains_is_signalled_requeued_and_finishes_where_it_stopped(s
 
     stopped = int(re.search(r"SIGUSR1: checkpoint written at step (\d+)", out).group(1))
     assert f"requeued SLURM job {job}" in out
-    assert f"resuming from {run_dir / 'checkpoints' / 'last.pt'} at step {stopped}" in out
-    assert torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)["step"] == 120
+    assert f"resuming from {run_dir / 'checkpoints' / 'last'} at step {stopped}" in out
+    assert read_checkpoint(run_dir / "checkpoints" / "last")["step"] == 120
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows if "train/loss" in r] == list(range(1, 121))
     assert any("val/acc1" in r for r in rows)
@@ -177,4 +177,4 @@ def test_srun_sbatch_one_task_per_process_without_torchrun(slurm, tmp_path):
     out = (tmp_path / f"job-{job}.out").read_text()
     assert _job_field(job, "JobState", env) == "COMPLETED", out[-3000:]
     assert "world size 2, global batch 16 (8 per process)" in out
-    assert torch.load(tmp_path / f"slurm-{job}" / "checkpoints" / "last.pt", weights_only=True)["step"] == 6
+    assert read_checkpoint(tmp_path / f"slurm-{job}" / "checkpoints" / "last")["step"] == 6

@@ -14,6 +14,7 @@ from hydra import compose, initialize_config_dir
 from PIL import Image
 
 from solo.config import register_configs, validate_pretrain
+from solo.distributed.checkpoint import read_checkpoint
 from solo.errors import CheckpointError, TrainingDiverged
 from solo.train.trainer import pretrain
 
@@ -79,7 +80,7 @@ def kill_processes_mentioning(marker: str) -> None:
 
 
 def weights(run_dir) -> dict:
-    state = torch.load(Path(run_dir) / "checkpoints" / "last.pt", map_location="cpu", weights_only=True)
+    state = read_checkpoint(Path(run_dir) / "checkpoints" / "last")
     return {k: v for k, v in state["model"].items() if v.is_floating_point()}
 
 
@@ -169,24 +170,47 @@ def test_resume_after_kill_is_bit_identical(tmp_path, augment_on):
 
     killed = tmp_path / "killed"
     proc = launch(common, killed, nproc=2, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    first = killed / "checkpoints" / "step-000000003.pt"
+    first = killed / "checkpoints" / "step-000000003"
     deadline = time.time() + 120
     while not first.exists() and time.time() < deadline and proc.poll() is None:
         time.sleep(0.05)
     kill_processes_mentioning(str(killed))  # torchrun and its workers, at once, as a node failure would
     proc.wait()
-    state = torch.load(killed / "checkpoints" / "last.pt", weights_only=True)
+    state = read_checkpoint(killed / "checkpoints" / "last")
     assert 0 < state["step"] < 24 and state["data"]["batch_in_epoch"] != 0, (
         "the kill must land mid-run, after a mid-epoch checkpoint"
     )
 
     out = run(common, killed, nproc=2)
-    assert f"resuming from {killed / 'checkpoints' / 'last.pt'} at step {state['step']}" in out
+    assert f"resuming from {killed / 'checkpoints' / 'last'} at step {state['step']}" in out
     straight, resumed = weights(tmp_path / "straight"), weights(killed)
     for name in straight:
         assert torch.equal(straight[name], resumed[name]), name
     steps = [m["step"] for m in metrics(killed) if "train/loss" in m]
     assert steps == sorted(set(steps)) == list(range(1, 25)), "metrics.jsonl has each step exactly once"
+
+
+def test_a_checkpoint_file_of_solo_0_2_resumes_bit_identical(tmp_path):
+    """solo 0.2 wrote one .pt file per checkpoint (whole tensors, small state alongside); such a run directory still
+    resumes. The file is made from step 3's DCP checkpoint of an uninterrupted run by torch's own converter
+    (dcp_to_torch_save); resumed from it alone, the run ends bit-identical to the uninterrupted one."""
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    common = TINY + ["data.batch_size=16", "trainer.max_steps=6", "trainer.checkpoint_every_steps=3"]
+    pretrain(compose_cfg(common + ["trainer.keep_checkpoints=10"]), tmp_path / "straight")
+    step3 = tmp_path / "straight" / "checkpoints" / "step-000000003"
+    dcp_to_torch_save(step3, tmp_path / "tensors.pt")
+    old = torch.load(step3 / "trainer.pt", weights_only=True) | torch.load(tmp_path / "tensors.pt", weights_only=True)
+    assert {"model", "optimizer", "step", "data", "config"} <= old.keys()  # as solo 0.2 wrote it: one file
+    checkpoints = tmp_path / "old" / "checkpoints"
+    checkpoints.mkdir(parents=True)
+    torch.save(old, checkpoints / "step-000000003.pt")
+    os.link(checkpoints / "step-000000003.pt", checkpoints / "last.pt")
+
+    pretrain(compose_cfg(common), tmp_path / "old")
+    assert sorted(p.name for p in checkpoints.iterdir()) == ["last", "step-000000004", "step-000000006"]  # 0.2's pruned
+    straight, resumed = weights(tmp_path / "straight"), weights(tmp_path / "old")
+    assert all(torch.equal(straight[k], resumed[k]) for k in straight)
 
 
 @pytest.mark.slow
@@ -195,7 +219,7 @@ def test_default_run_learns(tmp_path):
     cfg = compose_cfg(["trainer.max_epochs=2", "data.batch_size=64", "trainer.progress_bar=false"])
     final = pretrain(cfg, tmp_path)
     assert final["val/acc1"] >= 0.5  # chance is 0.1
-    assert (tmp_path / "config.yaml").exists() and (tmp_path / "checkpoints" / "last.pt").exists()
+    assert (tmp_path / "config.yaml").exists() and (tmp_path / "checkpoints" / "last").exists()
     rows = metrics(tmp_path)
     train_rows = [r for r in rows if "train/loss" in r]
     assert train_rows and all({"step", "epoch", "train/loss", "lr", "train/img_per_s"} <= r.keys() for r in train_rows)
@@ -214,7 +238,7 @@ def test_nonfinite_loss_stops_and_keeps_last_good_checkpoint(tmp_path):
     ]
     with pytest.raises(TrainingDiverged, match="last good state"):
         pretrain(compose_cfg(overrides), tmp_path)
-    state = torch.load(tmp_path / "checkpoints" / "last.pt", map_location="cpu", weights_only=True)
+    state = read_checkpoint(tmp_path / "checkpoints" / "last")
     logged = [m["step"] for m in metrics(tmp_path) if "train/loss" in m]
     assert 1 <= state["step"] == logged[-1] < 8, "the last checkpoint is that of the last step that trained"
     assert all(torch.isfinite(v).all() for v in weights(tmp_path).values())

@@ -14,6 +14,7 @@ import torchvision
 import solo.zoo
 from solo.backbones import create_backbone
 from solo.data import DigitsDataset
+from solo.distributed.checkpoint import read_checkpoint
 from solo.evaluate.offline import evaluate_pretrained
 from solo.train.trainer import pretrain
 from solo.zoo import ChecksumError, ManifestError, export_backbone, read_training_checkpoint
@@ -175,13 +176,13 @@ def stock_checkpoints(tmp_path_factory):
             ),
             run_dir,
         )
-        runs[name] = run_dir / "checkpoints" / "last.pt"
+        runs[name] = run_dir / "checkpoints" / "last"
     return runs
 
 
 def test_strict_loader_reads_the_backbone_by_explicit_keys(stock_checkpoints, tmp_path):
     checkpoint = stock_checkpoints["resnet18"]
-    state = torch.load(checkpoint, map_location="cpu", weights_only=True)
+    state = read_checkpoint(checkpoint)
     pretrained = read_training_checkpoint(checkpoint)
     backbone = pretrained.build_backbone()
     for key, value in backbone.state_dict().items():

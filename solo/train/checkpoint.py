@@ -1,15 +1,13 @@
-"""Checkpoints that are never half-written (temp file + fsync + rename, last.pt as a hard link), holding
-the state of every stateful component of the trainer."""
+"""The state of every stateful component of the trainer, saved to and restored from checkpoints
+(solo.distributed.checkpoint): the model's and optimizer's tensors as each rank holds them (FSDP's shards), the
+rest from rank 0."""
 
 from __future__ import annotations
 
-import os
 import random
-import re
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
@@ -19,93 +17,56 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
-from solo.errors import CheckpointError
-
-STEP_FILE = re.compile(r"step-(\d+)\.pt$")
-
-
-class Checkpoints:
-    """`<dir>/step-<N>.pt` files, the newest also reachable as `<dir>/last.pt`; keeps the last `keep`."""
-
-    def __init__(self, directory: str | Path, keep: int):
-        if keep < 1:
-            raise ValueError(f"trainer.keep_checkpoints must be >= 1, got {keep}")
-        self.dir = Path(directory)
-        self.keep = keep
-
-    @property
-    def last(self) -> Path:
-        return self.dir / "last.pt"
-
-    def save(self, state: dict, step: int) -> Path:
-        self.dir.mkdir(parents=True, exist_ok=True)
-        path = self.dir / f"step-{step:09d}.pt"
-        _atomic_write(path, lambda f: torch.save(state, f))
-        # last.pt is switched in one rename, so a reader sees the old or the new checkpoint, never neither.
-        link = self.dir / ".last.pt.tmp"
-        link.unlink(missing_ok=True)
-        os.link(path, link)
-        os.replace(link, self.last)
-        _fsync_dir(self.dir)
-        self._prune()
-        return path
-
-    def load(self, path: str | Path | None = None, map_location="cpu") -> dict | None:
-        path = Path(path) if path else self.last
-        if not path.exists():
-            return None
-        try:
-            return torch.load(path, map_location=map_location, weights_only=True)
-        except Exception as e:
-            raise CheckpointError(
-                f"cannot load checkpoint {path}: {e}. Delete it to fall back to an older step-*.pt in {self.dir}, "
-                "or set trainer.resume=false with a new hydra.run.dir"
-            ) from None
-
-    def _prune(self) -> None:
-        steps = sorted(p for p in self.dir.iterdir() if STEP_FILE.search(p.name))
-        for old in steps[: -self.keep]:
-            old.unlink()
-
-
-# Whole tensors on the CPU, as one process would hold them: the same file from DDP or FSDP at any world size.
-WHOLE = StateDictOptions(full_state_dict=True, cpu_offload=True)
+from solo.distributed.checkpoint import Checkpoints, load_sharded, saved_keys
 
 
 class ModelState:
-    """A model's weights and buffers as a checkpoint component, whole (FSDP's shards gathered on save, and cut
-    from the whole tensors on load), so a run saved with one strategy and world size resumes with another."""
+    """A model's weights and buffers as a checkpoint component: each rank's part, which DCP saves and reads at any
+    world size and strategy."""
 
     def __init__(self, model: nn.Module):
         self.model = model
 
     def state_dict(self) -> dict:
-        return get_model_state_dict(self.model, options=WHOLE)
+        """This rank's: DTensor shards under FSDP, whole tensors under DDP."""
+        return get_model_state_dict(self.model)
 
     def load_state_dict(self, state: dict) -> None:
+        set_model_state_dict(self.model, state)
+
+    def load_whole(self, state: dict) -> None:
+        """From whole tensors (a checkpoint of solo 0.2)."""
         set_model_state_dict(self.model, state, options=StateDictOptions(full_state_dict=True))
 
 
 class OptimizerState:
-    """The optimizer's state keyed by parameter name (not by position), whole, as ModelState's weights."""
+    """The optimizer's state keyed by parameter name (not by position), each rank's part as ModelState's."""
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer):
         self.model, self.optimizer = model, optimizer
 
     def state_dict(self) -> dict:
-        return get_optimizer_state_dict(self.model, self.optimizer, options=WHOLE)
+        """This rank's, as ModelState's; a parameter that has no state yet gets a zero one (torch's loader makes it)."""
+        return get_optimizer_state_dict(self.model, self.optimizer)
 
-    def load_state_dict(self, state: dict) -> None:
-        if all(isinstance(k, int) for k in state["state"]):  # a checkpoint of solo 0.2 or before: keyed by position
+    def load_state_dict(self, state: dict, saved: set[str] | None = None) -> None:
+        """`saved`: the names of the parameters that have a state in the checkpoint; the others get none (a group
+        still frozen, e.g. DINO's last layer: AdamW counts its steps from its first update)."""
+        set_optimizer_state_dict(self.model, self.optimizer, state, options=StateDictOptions(strict=False))
+        self._drop_unsaved(saved if saved is not None else set(state["state"]))
+
+    def load_whole(self, state: dict) -> None:
+        """From a checkpoint of solo 0.2: whole tensors, keyed by name (or by position, before that)."""
+        if all(isinstance(k, int) for k in state["state"]):
             self.optimizer.load_state_dict(state)
             return
-        # Not strict: a parameter with no state yet (its group still frozen) has none in the checkpoint.
         options = StateDictOptions(full_state_dict=True, strict=False)
         set_optimizer_state_dict(self.model, self.optimizer, state, options=options)
-        # Loading starts the state of every parameter with a step at lr 0; a parameter that had none in the
-        # checkpoint (a group still frozen, e.g. DINO's last layer) must have none now either (AdamW counts steps).
+        self._drop_unsaved(set(state["state"]))
+
+    def _drop_unsaved(self, saved: set[str]) -> None:
         for name, p in self.model.named_parameters():
-            if name not in state["state"]:
+            if name not in saved:
                 self.optimizer.state.pop(p, None)
 
 
@@ -124,39 +85,33 @@ class RNGState:
 
 
 class Checkpointer:
-    """Saves and restores `components` (name -> object with state_dict/load_state_dict) with the step and
-    `info` (e.g. the config) alongside. Every rank collects the state (a collective under FSDP), rank 0 writes; every
-    rank waits until the file is complete."""
+    """Saves and restores `sharded` (ModelState, OptimizerState: every rank's tensors) and `components` (name ->
+    object with state_dict/load_state_dict: rank 0's) with the step and `info` (e.g. the config) alongside."""
 
-    def __init__(self, checkpoints: Checkpoints, components: dict, info: dict, is_main: bool):
-        self.checkpoints, self.components, self.info, self.is_main = checkpoints, components, info, is_main
+    def __init__(self, checkpoints: Checkpoints, sharded: dict, components: dict, info: dict):
+        self.checkpoints, self.sharded, self.components, self.info = checkpoints, sharded, components, info
 
     def save(self, step: int) -> None:
-        state = {name: c.state_dict() for name, c in self.components.items()}  # every rank: FSDP gathers shards
-        if self.is_main:
-            self.checkpoints.save(state | self.info | {"step": step}, step)
-        if dist.is_initialized():
-            dist.barrier()  # nobody runs ahead (or exits) while the checkpoint is still being written
+        tensors = {name: c.state_dict() for name, c in self.sharded.items()}
+        small = {name: c.state_dict() for name, c in self.components.items()}
+        self.checkpoints.save(step, tensors, small | self.info | {"step": step})
 
-    def restore(self, state: dict) -> int:
-        """Load every component from `state` (a loaded checkpoint); returns its step."""
+    def load(self, path: Path) -> dict:
+        """The small state of the checkpoint at `path` (for the checks before `restore`)."""
+        return torch.load(path / "trainer.pt" if path.is_dir() else path, map_location="cpu", weights_only=True)
+
+    def restore(self, path: Path, small: dict) -> int:
+        """Load every component from the checkpoint at `path` (`small` its small state); returns its step."""
+        if path.is_dir():
+            tensors = {name: c.state_dict() for name, c in self.sharded.items()}
+            load_sharded(path, tensors)
+            prefix = "optimizer.state."
+            saved = {key.removeprefix(prefix).rsplit(".", 1)[0] for key in saved_keys(path) if key.startswith(prefix)}
+            self.sharded["model"].load_state_dict(tensors["model"])
+            self.sharded["optimizer"].load_state_dict(tensors["optimizer"], saved)
+        else:
+            for name, c in self.sharded.items():
+                c.load_whole(small[name])
         for name, component in self.components.items():
-            component.load_state_dict(state[name])
-        return state["step"]
-
-
-def _atomic_write(path: Path, write) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "wb") as f:
-        write(f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+            component.load_state_dict(small[name])
+        return small["step"]

@@ -213,5 +213,5 @@ def set_rng_state(state: tuple) -> None:
 def diverged_message(what: str) -> str:
     return (
         f"training diverged: {what}. Stopped before writing any checkpoint from that step on, so "
-        "checkpoints/last.pt is the last good state; lower optim.lr, set optim.grad_clip, or use trainer.precision=32"
+        "checkpoints/last is the last good state; lower optim.lr, set optim.grad_clip, or use trainer.precision=32"
     )

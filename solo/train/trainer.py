@@ -19,13 +19,14 @@ from tqdm import tqdm
 from solo.backbones import feature_width
 from solo.config import changed_keys, check_required, plain, validate_pretrain
 from solo.distributed import DistEnv, batch_sizes, world_size
+from solo.distributed.checkpoint import Checkpoints
 from solo.distributed.env import process_group
 from solo.dtypes import full_precision
 from solo.errors import CheckpointError, ConfigError, DataError
 from solo.loggers import Loggers
 from solo.methods import METHODS, build_method, create_method
 from solo.optim import build_optimizer, scaled_lr, warmup_cosine
-from solo.train.checkpoint import Checkpointer, Checkpoints, ModelState, OptimizerState, RNGState
+from solo.train.checkpoint import Checkpointer, ModelState, OptimizerState, RNGState
 from solo.train.distribute import checkpoint_blocks, compile_blocks, distribute
 from solo.train.evaluator import Evaluator
 from solo.train.loaders import build_loaders, build_splits
@@ -215,37 +216,35 @@ class Trainer:
             device=device,
             autocast=self.train_step.autocast,
         )
-        components = {
-            "model": ModelState(model),
-            "optimizer": OptimizerState(model, optimizer),
-            "scaler": self.train_step,
-            "data": source,
-            "rng": RNGState(),
-        }
+        sharded = {"model": ModelState(model), "optimizer": OptimizerState(model, optimizer)}
+        components = {"scaler": self.train_step, "data": source, "rng": RNGState()}
         info = {"global_batch": source.global_batch, "config": plain(cfg)}
-        self.checkpointer = Checkpointer(
-            Checkpoints(run_dir / "checkpoints", t.keep_checkpoints), components, info, env.is_main
-        )
+        checkpoints = Checkpoints(run_dir / "checkpoints", t.keep_checkpoints, env.is_main)
+        self.checkpointer = Checkpointer(checkpoints, sharded, components, info)
         self.step, self.logger, self.last_metrics = 0, None, {}
 
     def _resume(self) -> bool:
-        """Restore every component from last.pt when there is one (and trainer.resume); True if resumed."""
-        checkpoints = self.checkpointer.checkpoints
+        """Restore every component from the last checkpoint when there is one (and trainer.resume); True if resumed."""
+        last = self.checkpointer.checkpoints.find_last()
         if not self.t.resume:
-            if checkpoints.last.exists():
+            if last is not None:
                 raise CheckpointError(
-                    f"{checkpoints.last} exists and trainer.resume=false: choose a new hydra.run.dir or delete {self.run_dir}"
+                    f"{last} exists and trainer.resume=false: choose a new hydra.run.dir or delete {self.run_dir}"
                 )
             return False
-        state = checkpoints.load()
-        if state is None:
+        if last is None:
             return False
+        try:
+            state = self.checkpointer.load(last)
+        except Exception as e:
+            raise CheckpointError(
+                f"cannot load checkpoint {last}: {e}. Delete it to fall back to an older step-* checkpoint in "
+                f"{last.parent}, or set trainer.resume=false with a new hydra.run.dir"
+            ) from None
         check_resumable(state, self.cfg, self.source.global_batch, self.run_dir)
-        self.step = self.checkpointer.restore(state)
+        self.step = self.checkpointer.restore(last, state)
         data = state["data"]
-        self.say(
-            f"resuming from {checkpoints.last} at step {self.step} (epoch {data['epoch']}, batch {data['batch_in_epoch']})"
-        )
+        self.say(f"resuming from {last} at step {self.step} (epoch {data['epoch']}, batch {data['batch_in_epoch']})")
         return True
 
     def _start(self) -> None:
@@ -281,6 +280,7 @@ class Trainer:
             return self._fit()
         finally:
             self.preemption.close()
+            self.checkpointer.checkpoints.wait()  # the last checkpoint is on disk when fit returns or raises
 
     def _fit(self) -> dict:
         self._start()

@@ -51,7 +51,7 @@ def entry(name: str) -> dict:
 def load(source: str, *, cache: str | None = None, offline: bool | None = None) -> nn.Module:
     """The backbone (image methods) or the whole model (CLIP: both towers, `encode_image`, `encode_text`,
     `tokenizer`, `image_features`) in eval mode, from whatever main_linear.py's `pretrained=` takes: a zoo
-    name, a solo .safetensors file, a training checkpoint (.pt) or a pretraining run directory."""
+    name, a solo .safetensors file, a training checkpoint (a step-<N> folder or .pt) or a pretraining run directory."""
     pretrained = resolve(source, cache=cache, offline=offline)
     module = pretrained.build_model() if pretrained.contents == "model" else pretrained.build_backbone()
     return module.eval()

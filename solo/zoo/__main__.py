@@ -14,7 +14,10 @@ def main() -> None:
         help="a backbone as a plain timm (.safetensors) or torchvision (.pth) state dict; a CLIP or SigLIP "
         "with open_clip towers (method.model) as an open_clip state dict (.bin, .pt or .safetensors)",
     )
-    export.add_argument("pretrained", help="zoo name, solo .safetensors file, training checkpoint .pt or run directory")
+    export.add_argument(
+        "pretrained",
+        help="zoo name, solo .safetensors file, training checkpoint (step-<N> folder or .pt) or run directory",
+    )
     export.add_argument("out")
     args = parser.parse_args()
     if args.command == "list":

@@ -1,5 +1,5 @@
 """One way to name pretrained weights anywhere in solo: a zoo name, a solo .safetensors file, a training
-checkpoint (.pt) or a pretraining run directory (its checkpoints/last.pt)."""
+checkpoint (a step's directory, or a .pt file of solo 0.2) or a pretraining run directory (its checkpoints/last)."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from pathlib import Path
 
 import torch
 
+from solo.distributed.checkpoint import last_checkpoint
 from solo.errors import NotFound, require
 from solo.zoo.files import entry_file
 from solo.zoo.manifest import find_entry, read_manifest
@@ -15,11 +16,13 @@ from solo.zoo.weights import Pretrained, read_training_checkpoint, read_weights
 
 def resolve(source: str | Path, *, cache: str | Path | None = None, offline: bool | None = None) -> Pretrained:
     path = Path(source)
+    if (path / "trainer.pt").exists():  # a checkpoint's directory
+        return read_training_checkpoint(path)
     if path.is_dir():
-        last = path / "checkpoints" / "last.pt"
-        if not last.exists():
-            raise NotFound(f"{path} is a directory without checkpoints/last.pt: is it a pretraining run directory?")
-        path = last
+        last = last_checkpoint(path / "checkpoints")
+        if last is None:
+            raise NotFound(f"{path} is a directory without checkpoints/last: is it a pretraining run directory?")
+        return read_training_checkpoint(last)
     if path.suffix == ".safetensors":
         return read_weights(path)
     if path.suffix == ".pt":
@@ -32,7 +35,7 @@ def resolve(source: str | Path, *, cache: str | Path | None = None, offline: boo
         return read_weights(entry_file(entry, cache=cache, offline=offline))
     raise NotFound(
         f"pretrained={source!r} is neither a zoo name ({', '.join(names)}) nor an existing .safetensors file, "
-        ".pt training checkpoint or run directory"
+        "training checkpoint (step-<N> folder or .pt) or run directory"
     )
 
 

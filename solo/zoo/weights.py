@@ -5,7 +5,7 @@ A solo weights file is a safetensors file (tensors only, no pickle) whose metada
 for the whole method, e.g. CLIP's two towers), the backbone and method configs, and the data
 preprocessing (dataset, image size, mean, std).
 
-Training checkpoints (checkpoints/*.pt) hold the whole PretrainModel: the encoder is under the
+Training checkpoints (checkpoints/step-<N>) hold the whole PretrainModel: the encoder is under the
 explicit key prefix `method.backbone.` (BACKBONE_PREFIX), the method's heads under `method.`, the
 online probe under `probe.`.
 """
@@ -24,6 +24,7 @@ from safetensors.torch import save_file
 
 from solo.backbones import build_backbone
 from solo.data import dataset_stats
+from solo.distributed.checkpoint import read_checkpoint
 from solo.methods import METHODS, create_method
 
 METHOD_PREFIX = "method."
@@ -138,15 +139,12 @@ def read_weights(path: str | Path) -> Pretrained:
 
 
 def read_training_checkpoint(path: str | Path, contents: str | None = None) -> Pretrained:
-    """The backbone (contents="backbone") or the whole method ("model") of a solo training checkpoint, by
-    explicit keys. By default "model" for image-text methods (zero-shot needs the text tower), else "backbone"."""
+    """The backbone (contents="backbone") or the whole method ("model") of a solo training checkpoint (a step's
+    directory, `last`, or a .pt file of solo 0.2), by explicit keys. By default "model" for image-text methods (zero-shot needs the text tower), else "backbone"."""
     path = Path(path)
     if contents not in (None, *CONTENTS):
         raise ValueError(f"contents must be one of {CONTENTS}, got {contents!r}")
-    try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:
-        raise ValueError(f"cannot read training checkpoint {path}: {e}") from e
+    ckpt = read_checkpoint(path)
     if not isinstance(ckpt, dict) or "model" not in ckpt or "config" not in ckpt:
         found = sorted(ckpt)[:8] if isinstance(ckpt, dict) else type(ckpt).__name__
         raise ValueError(
