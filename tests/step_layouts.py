@@ -10,9 +10,9 @@ import sys
 from pathlib import Path
 
 import torch
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
 from solo.distributed.env import process_group
-from solo.train.checkpoint import ModelState
 from solo.train.loaders import build_loaders, build_splits
 from solo.train.trainer import Trainer
 from tests.test_train import compose_cfg
@@ -60,7 +60,8 @@ def main(out: str, layout: str, steps: str, *overrides: str) -> None:
         for index, batch in zip(range(int(steps)), loaders.train):
             mine = {key: rows(value, start, layout[env.rank]) for key, value in batch.items()}
             trainer.train_step(trainer._to_device(mine), index)
-        weights = ModelState(trainer.model).state_dict()
+        whole = StateDictOptions(full_state_dict=True, cpu_offload=True)  # FSDP's shards gathered, on rank 0
+        weights = get_model_state_dict(trainer.model, options=whole)
         if env.is_main:
             torch.save(weights, out)
 

@@ -82,6 +82,8 @@ class Checkpoints:
         link = self.dir / ".last.tmp"
         link.unlink(missing_ok=True)
         os.symlink(final.name, link)  # relative: the run directory can move
+        if self.last.is_dir() and not self.last.is_symlink():  # a copy that followed the link (cp -L, copytree)
+            shutil.rmtree(self.last)
         os.replace(link, self.last)
         (self.dir / "last.pt").unlink(missing_ok=True)  # solo 0.2's, now older than `last`
         _fsync_dir(self.dir)

@@ -376,6 +376,7 @@ class Trainer:
 
     def _stop_for_preemption(self) -> dict:
         self._save()
+        self.checkpointer.checkpoints.wait()  # on disk before the job is requeued (which kills it) or exits
         self.say(f"{self.preemption.received or 'a signal on another rank'}: checkpoint written at step {self.step}")
         if self.env.is_main and self.t.requeue:
             self.say(requeue_slurm_job() or "not under SLURM: restart the same command to resume")
