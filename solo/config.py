@@ -35,6 +35,8 @@ from solo.schema import AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, PROBABILITY, check
 Precision = choices("Precision", "32", "bf16", "16", "64")
 # ddp: every process holds the whole model; fsdp: parameters, gradients and optimizer state sharded (FSDP2).
 Strategy = choices("Strategy", "ddp", "fsdp")
+# torch.compile: off; each block of each tower (blocks); or the whole image backbone as one graph (backbone).
+Compile = choices("Compile", "off", "blocks", "backbone")
 
 
 def registered_groups() -> dict[str, Registry]:
@@ -62,7 +64,7 @@ class TrainerConfig:
     # fsdp: free each block's gathered parameters after its forward (less memory, one more all-gather in backward)
     reshard_after_forward: bool = True
     activation_checkpointing: bool = False  # per block: each block's activations recomputed in the backward
-    compile: bool = False  # torch.compile per block (a warning, and eager, where compilation does not work)
+    compile: Compile = Compile("off")  # blocks | backbone (a warning, and eager, where compilation does not work)
     resume: bool = True  # continue from <run dir>/checkpoints/last when it exists
     checkpoint_every_steps: int = ruled(0, NON_NEGATIVE)  # 0: only at epoch ends
     # Finish the step, checkpoint, (under SLURM) requeue, exit; a second SIGINT (Ctrl-C) exits at once.

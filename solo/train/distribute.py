@@ -113,19 +113,22 @@ def kept_buffers(module: nn.Module):
                 b.copy_(s)
 
 
-def compile_blocks(model: nn.Module) -> None:
-    """torch.compile each block in place (names and state dicts unchanged); where compilation does not work (no C++
-    compiler for the CPU, an unsupported platform), one warning that says why, and the model runs eager."""
+def compile_model(model: nn.Module, scope: str) -> None:
+    """torch.compile in place (names and state dicts unchanged): each block of each tower (scope "blocks": small
+    graphs, quick to compile, the same code for every block), or each image backbone whole ("backbone": one graph,
+    longer to compile, no break between blocks). Where compilation does not work (no C++ compiler for the CPU, an
+    unsupported platform), one warning that says why, and the model runs eager."""
     try:
         torch.compile(lambda x: x * 2 + 1)(torch.ones(2))  # compiling anything needs the whole toolchain
     except Exception as e:  # dynamo and inductor raise many kinds: a missing compiler, an unsupported Python
         reason = f"{type(e).__name__}: {str(e).strip().splitlines()[0][:300]}" if str(e).strip() else type(e).__name__
         warnings.warn(
-            f"trainer.compile=true: torch.compile does not work here ({reason}); training runs uncompiled", stacklevel=2
+            f"trainer.compile={scope}: torch.compile does not work here ({reason}); training runs uncompiled",
+            stacklevel=2,
         )
         return
-    for block in blocks(model):
-        block.compile(dynamic=False)  # batch shapes repeat; dynamic shapes fail to compile some backwards on the CPU
+    for module in blocks(model) if scope == "blocks" else model.backbones():
+        module.compile(dynamic=False)  # batch shapes repeat; dynamic shapes fail to compile some backwards on the CPU
 
 
 def mixed_precision(unit: nn.Module, precision: str) -> MixedPrecisionPolicy:

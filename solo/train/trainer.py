@@ -27,7 +27,7 @@ from solo.loggers import Loggers
 from solo.methods import METHODS, build_method, create_method
 from solo.optim import build_optimizer, scaled_lr, warmup_cosine
 from solo.train.checkpoint import Checkpointer, ModelState, OptimizerState, RNGState
-from solo.train.distribute import checkpoint_blocks, compile_blocks, distribute
+from solo.train.distribute import checkpoint_blocks, compile_model, distribute
 from solo.train.evaluator import Evaluator
 from solo.train.loaders import build_loaders, build_splits
 from solo.train.preemption import Preemption, requeue_slurm_job
@@ -153,8 +153,8 @@ class Trainer:
         )
         if t.activation_checkpointing:
             checkpoint_blocks(model)
-        if t.compile:
-            compile_blocks(model)
+        if str(t.compile) != "off":
+            compile_model(model, str(t.compile))
         keep_local = () if model.method.sync_teacher_batchnorm else model.teachers()
         forward = distribute(
             model,
