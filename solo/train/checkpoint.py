@@ -17,7 +17,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
-from solo.distributed.checkpoint import Checkpoints, load_sharded, saved_keys
+from solo.distributed.checkpoint import SMALL_STATE, Checkpoints, load_sharded, saved_keys
 
 
 class ModelState:
@@ -98,7 +98,7 @@ class Checkpointer:
 
     def load(self, path: Path) -> dict:
         """The small state of the checkpoint at `path` (for the checks before `restore`)."""
-        return torch.load(path / "trainer.pt" if path.is_dir() else path, map_location="cpu", weights_only=True)
+        return torch.load(path / SMALL_STATE if path.is_dir() else path, map_location="cpu", weights_only=True)
 
     def restore(self, path: Path, small: dict) -> int:
         """Load every component from the checkpoint at `path` (`small` its small state); returns its step."""

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from solo.distributed.checkpoint import last_checkpoint
+from solo.distributed.checkpoint import SMALL_STATE, last_checkpoint
 from solo.errors import NotFound, require
 from solo.zoo.files import entry_file
 from solo.zoo.manifest import find_entry, read_manifest
@@ -16,7 +16,7 @@ from solo.zoo.weights import Pretrained, read_training_checkpoint, read_weights
 
 def resolve(source: str | Path, *, cache: str | Path | None = None, offline: bool | None = None) -> Pretrained:
     path = Path(source)
-    if (path / "trainer.pt").exists():  # a checkpoint's directory
+    if (path / SMALL_STATE).exists():  # a checkpoint's directory
         return read_training_checkpoint(path)
     if path.is_dir():
         last = last_checkpoint(path / "checkpoints")
