@@ -122,11 +122,16 @@ class FinetuneConfig:
     log_every_steps: int = ruled(10, AT_LEAST_ONE)
 
 
+# A ViT's features for the probes: its class token, or the mean of its patch tokens (after the last norm).
+Pool = choices("Pool", "cls", "mean")
+
+
 @dataclass
 class LinearEvalConfig:
     pretrained: str = MISSING  # zoo name, solo .safetensors file, training checkpoint .pt, or pretraining run dir
     random_init: bool = False  # the same architecture freshly initialised: the baseline the weights must beat
     seed: int = ruled(0, NON_NEGATIVE)
+    pool: Pool = Pool("cls")  # a ViT's features: cls (its class token) or mean (its patch tokens' mean)
     feature_cache: bool = True  # features under $SOLO_CACHE/features (default ~/.cache/solo), keyed by weights + data
     plots: bool = True  # embedding.png (val features, 2-D) and curves.png in the run dir
     data: Any = MISSING  # typed as in PretrainConfig

@@ -26,7 +26,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from solo.registry import Registry
-from solo.schema import MOMENTUM, NON_NEGATIVE, POSITIVE, choices, ruled
+from solo.schema import DECAY, MOMENTUM, NON_NEGATIVE, POSITIVE, choices, ruled
 
 # Each entry: `(param groups, optim config, lr) -> torch.optim.Optimizer`, with its config schema.
 OPTIMIZERS = Registry("optimizer", "optim.name", group="optim")
@@ -43,7 +43,11 @@ class OptimConfig:
     lr: float = ruled(0.3, POSITIVE)  # for a global batch of 256 under lr_scaling=linear
     lr_scaling: LRScaling = LRScaling("linear")
     weight_decay: float = ruled(1e-6, NON_NEGATIVE)
+    # The weight decay's end value, reached on a half cosine over the run (DINO, DINOv2); unset: constant.
+    weight_decay_end: Optional[float] = ruled(None, NON_NEGATIVE)
     exclude_bias_and_norm: bool = True
+    # Layer-wise learning-rate decay (BEiT; MAE's fine-tuning): each block below the top one learns this times slower.
+    layer_decay: Optional[float] = ruled(None, DECAY)
     warmup_epochs: float = ruled(1.0, NON_NEGATIVE)
     warmup_start_lr: float = ruled(0.0, NON_NEGATIVE)
     final_lr: float = ruled(0.0, NON_NEGATIVE)
@@ -86,6 +90,28 @@ def param_groups(model: nn.Module, weight_decay: float, *, exclude_bias_and_norm
         {"params": no_decay, "weight_decay": 0.0, "lars_exclude": True},
     ]
     return [g for g in groups if g["params"]]
+
+
+def layer_decay(groups: list[dict], backbone: nn.Module, blocks: list[nn.Module], decay: float) -> list[dict]:
+    """`groups` split by depth for layer-wise learning-rate decay. Of a backbone with L `blocks`: its parameters before
+    the first block (patch and position embeddings, class token, stem) are layer 0, block i's are layer i + 1; every
+    other parameter (the backbone's last norm, heads, decoders) is layer L + 1. A layer-l parameter's group gets its
+    lr_scale times decay ** (L + 1 - l)."""
+    depth = len(blocks)
+    layer = {p: i + 1 for i, block in enumerate(blocks) for p in block.parameters()}
+    for p in backbone.parameters():  # in registration order: what comes before the first block is the embedding
+        if p in layer:
+            break
+        layer[p] = 0
+    out = []
+    for group in groups:
+        by_layer: dict[int, list] = {}
+        for p in group["params"]:
+            by_layer.setdefault(layer.get(p, depth + 1), []).append(p)
+        for depth_of, params in sorted(by_layer.items()):
+            scale = group.get("lr_scale", 1.0) * decay ** (depth + 1 - depth_of)
+            out.append({**group, "params": params, "lr_scale": scale})
+    return out
 
 
 @torch.no_grad()

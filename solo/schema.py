@@ -40,6 +40,8 @@ NON_NEGATIVE = Rule("must be >= 0", lambda v: v >= 0)
 AT_LEAST_ONE = Rule("must be >= 1", lambda v: v >= 1)
 PROBABILITY = Rule("must be in [0, 1]", lambda v: 0 <= v <= 1)
 MOMENTUM = Rule("must be in [0, 1)", lambda v: 0 <= v < 1)
+DECAY = Rule("must be in (0, 1]", lambda v: 0 < v <= 1)  # a factor per layer: 1 leaves the rates as they are
+FRACTION = Rule("must be in (0, 1)", lambda v: 0 < v < 1)  # e.g. a share of patches to mask: neither none nor all
 # A loss's tile (solo.losses.tiled): none (the whole logit matrix), auto (from a memory budget), or a count.
 TILE = Rule(
     "must be none, auto or a positive number of candidates per tile",

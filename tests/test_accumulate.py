@@ -62,6 +62,11 @@ CASES = {  # a LayerNorm image tower (timm's ViT), with SimCLR's BatchNorm proje
     + VIT
     + [o for o in ONE_STEP if "max_steps" not in o]
     + ["trainer.max_steps=6", "method=deepclusterv2", "method.num_prototypes=[4,6]", "method.kmeans_iterations=3"],
+    # Per-sample masks, split with the batch; the loss a mean over the masked patches of the whole batch.
+    "mae_vit": [o for o in TINY if not o.startswith(("backbone", "method"))]
+    + VIT
+    + ONE_STEP
+    + ["method=mae", "method.decoder_embed_dim=16", "method.decoder_depth=1", "method.decoder_heads=2"],
     "siglip_vit": [o for o in TINY if not o.startswith(("backbone", "method", "data"))]
     + VIT
     + ONE_STEP

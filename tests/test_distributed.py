@@ -80,6 +80,7 @@ WRONG_SSL_OF = {
     "nnclr_local_predictions": "nnclr",
     "wmse_per_rank_whitening": "wmse",
     "vibcreg_per_gpu_statistics": "vibcreg",
+    "mae_mean_of_rank_means": "mae",
 }
 
 

@@ -332,6 +332,32 @@ EXPECTED = {
         "geometry": [(None, 1, 1.0, 0.5), (None, 1, 1.0, 0.5), (96, 8, 0.14, 0.5)],
         "view_sizes": [224, 224] + [96] * 8,
     },
+    # MAE PRETRAIN.md (ViT-B): one crop of area 0.2-1 with a flip, no colour (jitter_prob 0: its factors unused)
+    "mae_imagenet": {
+        "backbone.name": "vit_base_patch16_224",
+        "backbone.kwargs.patch_size": 16,
+        "backbone.kwargs.img_size": 224,
+        "data.name": "imagefolder",
+        "data.image_size": 224,
+        "method.name": "mae",
+        "method.mask_ratio": 0.75,
+        "method.decoder_embed_dim": 512,
+        "method.decoder_depth": 8,
+        "method.decoder_heads": 16,
+        "method.norm_pix_loss": True,
+        "optim.name": "adamw",
+        "optim.lr": 1.5e-4,
+        "optim.lr_scaling": "linear",
+        "optim.betas": [0.9, 0.95],
+        "optim.weight_decay": 0.05,
+        "optim.exclude_bias_and_norm": True,
+        "optim.warmup_epochs": 40,
+        "optim.final_lr": 0.0,
+        "trainer.max_epochs": 800,
+        "views": [(0.4, 0.4, 0.2, 0.1, 0.0, 0.0, 0.0, 0.0, 0.2)],
+        "geometry": [(None, 1, 1.0, 0.5)],
+        "view_sizes": [224],
+    },
     # solo-learn cifar/swav.yaml (+ its SwAV defaults: epsilon 0.05, 3 Sinkhorn iterations); no queue
     "swav_cifar10": {
         **_SOLO_LEARN_CIFAR,
@@ -509,9 +535,10 @@ def test_composes_under_the_typed_schema(name):
     sizes = view_sizes(obj.augmentation.views, obj.data.image_size)
     if obj.method.name in ("clip", "siglip"):  # image-text: one view per pair
         assert sizes == [obj.data.image_size]
-    else:  # two global views at data.image_size, then (multi-crop methods only) smaller local crops
-        assert sizes[:2] == [obj.data.image_size] * 2
-        local = sizes[2:]
+    else:  # the method's global views at data.image_size, then (multi-crop methods only) smaller local crops
+        count = METHODS[obj.method.name].target.num_views
+        assert sizes[:count] == [obj.data.image_size] * count
+        local = sizes[count:]
         assert not local or obj.method.name in ("dino", "swav"), sizes
         assert all(s < obj.data.image_size for s in local), sizes
     assert obj.optim.lr_scaling in ("linear", "sqrt", "none")

@@ -276,3 +276,102 @@ def test_lars_state_dict_round_trip_weights_only(tmp_path):
     train_step(resumed, resumed_opt)
     for a, b in zip(model.parameters(), resumed.parameters()):
         assert torch.equal(a, b)
+
+
+# ---------------------------------------------------------------- layer-wise lr decay and the weight-decay schedule
+
+
+def test_layer_decay_scales_each_depth_as_beit():
+    """timm's test ViT (6 blocks) under a head: embeddings 0.5^7, block i 0.5^(6 - i), the last norm and the head 1;
+    the weight / no-weight-decay split kept inside every depth."""
+    from solo.backbones import blocks_of, create_backbone
+    from solo.optim import layer_decay
+
+    torch.manual_seed(0)
+    vit, width = create_backbone("test_vit", img_size=16, patch_size=4)
+    model = nn.ModuleDict({"backbone": vit, "head": nn.Linear(width, 3)})
+    groups = layer_decay(param_groups(model, 0.05), vit, blocks_of(vit), 0.5)
+    scale = {id(p): (g["lr_scale"], g["weight_decay"]) for g in groups for p in g["params"]}
+    named = dict(model.named_parameters())
+    assert scale[id(named["backbone.pos_embed"])] == (0.5**7, 0.05)
+    assert scale[id(named["backbone.patch_embed.proj.bias"])] == (0.5**7, 0.0)
+    assert scale[id(named["backbone.blocks.0.attn.qkv.weight"])] == (0.5**6, 0.05)
+    assert scale[id(named["backbone.blocks.5.mlp.fc2.weight"])] == (0.5**1, 0.05)
+    assert scale[id(named["backbone.norm.weight"])] == (1.0, 0.0)
+    assert scale[id(named["head.weight"])] == (1.0, 0.05)
+    assert sorted(id(p) for g in groups for p in g["params"]) == sorted(id(p) for p in model.parameters())
+
+
+def test_layer_decay_reaches_the_optimizer_and_needs_blocks(tmp_path):
+    from solo.errors import ConfigError
+    from solo.train.trainer import build_model, build_optimizer_for
+    from tests.test_accumulate import CASES
+    from tests.test_train import TINY, compose_cfg
+
+    cfg = compose_cfg(CASES["mae_vit"] + ["optim.layer_decay=0.5"])  # vit_tiny cut to 2 blocks
+    model = build_model(cfg, 10)
+    optimizer = build_optimizer_for(model, cfg.optim, 1.0)
+    scales = {g["lr_scale"] for g in optimizer.param_groups}
+    assert {0.125, 0.25, 0.5, 1.0} <= scales  # embeddings, 2 blocks, the rest; the probe's own scale besides
+    cfg = compose_cfg(TINY + ["optim.layer_decay=0.5", "backbone.name=resnet18", "backbone.kwargs={}"])
+    build_optimizer_for(build_model(cfg, 10), cfg.optim, 1.0)  # ResNet stages are its blocks
+    with pytest.raises(ConfigError, match=r"optim.layer_decay=1.5: must be in \(0, 1\]"):
+        compose_cfg(TINY + ["optim.layer_decay=1.5"])
+
+
+def test_layer_decay_refuses_a_backbone_without_blocks():
+    from solo.errors import ConfigError
+    from solo.methods import build_method
+    from solo.train.trainer import PretrainModel, build_optimizer_for
+    from tests.test_train import TINY, compose_cfg
+
+    cfg = compose_cfg(TINY + ["optim.layer_decay=0.5"])
+    flat = nn.Sequential(nn.Conv2d(3, 8, 3), nn.AdaptiveAvgPool2d(1), nn.Flatten())
+    model = PretrainModel(build_method(cfg.method, flat, 8), None)
+    with pytest.raises(
+        ConfigError,
+        match="optim.layer_decay=0.5 scales the learning rate by depth, and the backbone "
+        "Sequential has no blocks where solo looks for them",
+    ):
+        build_optimizer_for(model, cfg.optim, 1.0)
+
+
+def test_weight_decay_follows_its_schedule_in_groups_that_decay():
+    from solo.train.step import TrainStep
+
+    weights, bias = nn.Parameter(torch.ones(3)), nn.Parameter(torch.ones(1))
+
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w, self.b = weights, bias
+
+        def forward(self, batch):
+            return {"loss": (self.w.sum() + self.b.sum()) * batch["x"].sum()}
+
+        def clipped_parameters(self):
+            return self.parameters()
+
+        def after_optimizer_step(self, step, total_steps):
+            pass
+
+    model = Model()
+    groups = [{"params": [weights], "weight_decay": 0.04}, {"params": [bias], "weight_decay": 0.0}]
+    optimizer = torch.optim.AdamW(groups, lr=0.1)
+    schedule = [0.04, 0.1, 0.4]
+    step = TrainStep(
+        model,
+        model,
+        optimizer,
+        precision="32",
+        device=torch.device("cpu"),
+        schedule=lambda i: 0.1,
+        total_steps=3,
+        weight_decay=schedule.__getitem__,
+    )
+    for index in range(3):
+        step({"x": torch.ones(2)}, index)
+        assert [g["weight_decay"] for g in optimizer.param_groups] == [schedule[index], 0.0]
+    optimizer.load_state_dict(optimizer.state_dict())  # a resume: new group dicts, the same positions
+    step({"x": torch.ones(2)}, 1)
+    assert [g["weight_decay"] for g in optimizer.param_groups] == [0.1, 0.0]

@@ -16,6 +16,7 @@ from torch import nn
 
 from solo.errors import ConfigError
 from solo.registry import Registry
+from solo.schema import PROBABILITY, ruled
 
 BACKBONES = Registry("backbone", "backbone.name", group="backbone")
 
@@ -33,6 +34,7 @@ class BackboneConfig:
 @dataclass
 class TimmBackboneConfig(BackboneConfig):
     small_stem: bool = False  # 3x3 stride-1 first conv and no max-pool, for 32px-sized images
+    drop_path_rate: float = ruled(0.0, PROBABILITY)  # stochastic depth, timm's (ViTs: rising over the blocks to this)
     kwargs: Dict[str, Any] = field(default_factory=dict)  # passed to timm.create_model (torchvision: get_model)
 
 
@@ -46,6 +48,27 @@ def feature_width(backbone: torch.nn.Module, image_size: int) -> int:
     ).shape[1]
     backbone.train(was_training)
     return width
+
+
+# Where backbones keep their blocks: timm ViTs, EfficientNets and ConvNeXts, Swin, nn.TransformerEncoder, open_clip.
+BLOCK_LISTS = ("blocks", "stages", "layers", "resblocks")
+# ResNets (torchvision's and timm's) keep their stages as layer1 ... layer4.
+RESNET_STAGES = ("layer1", "layer2", "layer3", "layer4")
+WHERE_BLOCKS_ARE = f"a list named {', '.join(BLOCK_LISTS)}, or ResNet stages {', '.join(RESNET_STAGES)}"
+
+
+def blocks_of(module: nn.Module) -> list[nn.Module]:
+    """`module`'s blocks in order (FSDP's units, activation checkpointing's, layer-wise lr decay's depth): the entries
+    with parameters of a list named in BLOCK_LISTS, or ResNet stages, wherever they are inside it."""
+    found = []
+    for name, child in module.named_children():
+        if name in BLOCK_LISTS and isinstance(child, (nn.ModuleList, nn.Sequential)):
+            found += [b for b in child if next(b.parameters(), None) is not None]
+        elif name in RESNET_STAGES and isinstance(child, nn.Sequential):
+            found.append(child)
+        else:
+            found += blocks_of(child)
+    return found
 
 
 def register_backbone(name: str, *, schema: type = BackboneConfig):
@@ -64,6 +87,7 @@ def _timm_or_torchvision(cfg) -> tuple[torch.nn.Module, int]:
         cfg["name"],
         small_stem=cfg.get("small_stem", False),
         pretrained=cfg.get("pretrained", False),
+        **({"drop_path_rate": cfg["drop_path_rate"]} if cfg.get("drop_path_rate") else {}),
         **cfg.get("kwargs", {}),
     )
 
@@ -92,6 +116,11 @@ def create_backbone(
             raise ConfigError(
                 f"unsupported torchvision backbone '{name}'; only the ResNet family is: "
                 + ", ".join(TORCHVISION_RESNETS)
+            )
+        if "drop_path_rate" in model_kwargs:
+            raise ConfigError(
+                f"backbone.drop_path_rate: torchvision's {name} has no stochastic depth; unset it, or use timm's model "
+                f"({name.removeprefix(TORCHVISION_PREFIX)})"
             )
         weights = "DEFAULT" if pretrained else None
         model = _with_weights(

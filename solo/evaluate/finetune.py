@@ -71,8 +71,9 @@ def finetune(
         "acc1": metrics["val/acc1"],
         "acc5": metrics["val/acc5"],
         "protocol": (
-            f"full fine-tuning, {ft.trainer.max_epochs} epochs, {o.name} lr {trainer.lr:.4g} (cosine) weight decay "
-            f"{o.weight_decay}, crops {list(cfg.finetune.crop_scale)} flip {cfg.finetune.hflip_prob}, global batch "
+            f"full fine-tuning, {ft.trainer.max_epochs} epochs, {o.name} lr {trainer.lr:.4g} (cosine)"
+            + (f" with layer decay {o.layer_decay}" if o.layer_decay is not None else "")
+            + f", weight decay {o.weight_decay}, crops {list(cfg.finetune.crop_scale)} flip {cfg.finetune.hflip_prob}, global batch "
             f"{trainer.source.global_batch}, precision {ft.trainer.precision}"
         ),
     }

@@ -12,6 +12,7 @@ import torch.distributed as dist
 from omegaconf import DictConfig, OmegaConf
 from torch.utils.data import DataLoader
 
+from solo.backbones.vit import pool_patch_tokens
 from solo.config import check_required, plain, validate_linear
 from solo.data import DATASETS, EvalDataset, build_eval_transform, build_split
 from solo.data.sampling.source import loader_workers
@@ -56,6 +57,8 @@ def _evaluate(cfg: DictConfig, run_dir: Path, env: DistEnv, device: torch.device
         )
     torch.manual_seed(cfg.seed)  # random_init: the baseline's weights depend on the seed only
     backbone = pretrained.build_backbone(random_init=cfg.random_init).to(device)
+    if cfg.pool == "mean":
+        pool_patch_tokens(backbone)
     # Image data sets as images; csv (image-text) by its pairs, which index as (image, label) too.
     dataset = DATASETS[d.name]
     train_base, val_base = (build_split(d, split, cfg.seed, pairs=not dataset.images) for split in ("train", "val"))
@@ -118,7 +121,8 @@ class CachedFeatures:
         # What decides the images: the dataset's keys, but for how they are read.
         read_only = ("batch_size", "num_workers", "on_bad_image", "check_images", "augment_on", "download")
         data_id = json.dumps(
-            {k: v for k, v in plain(d).items() if k not in read_only} | {"mean": mean, "std": std, "seed": cfg.seed},
+            {k: v for k, v in plain(d).items() if k not in read_only}
+            | {"mean": mean, "std": std, "seed": cfg.seed, "pool": str(cfg.pool)},
             sort_keys=True,
         )
         self.key_prefix = f"{state_fingerprint(backbone)}|{data_id}"

@@ -3,6 +3,7 @@
 from solo.losses._checks import NonFiniteError
 from solo.losses.barlow_twins import all4one_feature_loss, barlow_twins_loss
 from solo.losses.contrastive import clip_loss, nnclr_loss, nt_xent_loss, supcon_loss
+from solo.losses.masked import masked_patch_mse, normalised_patches
 from solo.losses.registry import LOSSES
 from solo.losses.regression import byol_loss, moco_queue_loss, mocov3_loss, ressl_loss, simsiam_loss
 from solo.losses.self_distillation import deepcluster_loss, dino_center, dino_loss, sinkhorn, swav_loss
@@ -21,9 +22,11 @@ __all__ = [
     "deepcluster_loss",
     "dino_center",
     "dino_loss",
+    "masked_patch_mse",
     "moco_queue_loss",
     "mocov3_loss",
     "nnclr_loss",
+    "normalised_patches",
     "nt_xent_loss",
     "ressl_loss",
     "siglip_loss",

@@ -5,7 +5,7 @@ A method is an nn.Module from a batch to its loss. Besides `forward`, it tells t
   method itself in `after_optimizer_step`, saved in checkpoints, and left out of SyncBatchNorm
   conversion unless `sync_teacher_batchnorm`;
 - its parameter groups (`param_groups`), e.g. a predictor with its own learning rate;
-- what it needs from the data (`inputs`, `needs_labels`, `check_data`): augmented views (`num_views` of one size, plus smaller
+- what it needs from the data (`inputs`, `needs_labels`, `check_data`, `masks`): augmented views (`num_views` of one size, plus smaller
   local crops when `local_crops`, as multi-crop methods take them), or image-text pairs;
 - the run's length (`set_schedule`, before the optimizer is built), for schedules in epochs, and the train split's
   size (`set_data`), for state sized by the data;
@@ -67,6 +67,9 @@ class Method(nn.Module):
         super().__init__()
         self.backbone = backbone
         self.feature_dim = feature_dim
+        # Whether an online probe reads forward's "features" (the trainer says): a method whose features cost a pass
+        # of their own (MAE: the whole image, besides the visible patches) leaves them out when none does.
+        self.feeds_probe = True
 
     @classmethod
     def check_data(cls, view_sizes: list[int], dataset) -> None:
@@ -114,6 +117,11 @@ class Method(nn.Module):
     def set_data(self, num_samples: int) -> None:
         """The train split's size, given once right after the method is built: for state sized by the data (memory
         banks, as buffers, so that they move to the device and into checkpoints with the model)."""
+
+    def masks(self):
+        """The patch-mask generator of the batches this method takes (solo.data.views.masks), or None: the data
+        workers draw each sample's mask with its views, and the batch carries them as `batch["mask"]`."""
+        return None
 
     def param_groups(self, weight_decay: float, exclude_bias_and_norm: bool) -> list[dict]:
         """The optimizer's groups over the trained parameters (teachers excluded by having no gradient)."""

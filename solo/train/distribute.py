@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import inspect
 import warnings
-from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 
 import torch
@@ -26,6 +25,7 @@ import torch.nn as nn
 from torch.distributed._composable import checkpoint
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
 
+from solo.backbones import WHERE_BLOCKS_ARE, blocks_of
 from solo.distributed import world_size
 from solo.distributed.batchnorm import convert_sync_batchnorm
 from solo.errors import ConfigError
@@ -36,11 +36,6 @@ _DDP_ARGS = inspect.signature(nn.parallel.DistributedDataParallel).parameters
 NO_BUFFER_SYNC = (
     {"forward_sync_buffers": False} if "forward_sync_buffers" in _DDP_ARGS else {"broadcast_buffers": False}
 )
-
-# Where backbones keep their blocks: timm ViTs, EfficientNets and ConvNeXts, Swin, nn.TransformerEncoder, open_clip.
-BLOCK_LISTS = ("blocks", "stages", "layers", "resblocks")
-# ResNets (torchvision's and timm's) keep their stages as layer1 ... layer4.
-RESNET_STAGES = ("layer1", "layer2", "layer3", "layer4")
 
 
 def distribute(
@@ -89,7 +84,7 @@ def blocks(model: nn.Module) -> list[nn.Module]:
     """Every block of every tower of `model` (a model with `towers()`, as PretrainModel), each once."""
     found = []
     for tower in model.towers():
-        found += [b for b in _blocks(tower) if b not in found]
+        found += [b for b in blocks_of(tower) if b not in found]
     return found
 
 
@@ -150,30 +145,16 @@ def fsdp_units(model: nn.Module) -> list[nn.Module]:
     """The modules to shard, inner ones first: each block of each tower, then each tower (anything that is called
     on its own, such as the backbone by the evaluator or a teacher by the method, must be a unit: a call that
     bypasses its unit finds its parameters still sharded). Raises ConfigError for a backbone with no blocks."""
-    towers = [t for t in model.towers() if _has_parameters(t)]
+    towers = [t for t in model.towers() if next(t.parameters(), None) is not None]
     units = blocks(model)
     for backbone in model.backbones():
         if not any(b in units for b in backbone.modules()):
             raise ConfigError(
                 f"trainer.strategy=fsdp shards a backbone block by block, and {type(backbone).__name__} has no "
-                f"blocks where solo looks for them (a list named {', '.join(BLOCK_LISTS)}, or ResNet stages "
-                f"{', '.join(RESNET_STAGES)}): use trainer.strategy=ddp, or a backbone that keeps its blocks there"
+                f"blocks where solo looks for them ({WHERE_BLOCKS_ARE}): use trainer.strategy=ddp, or a backbone "
+                "that keeps its blocks there"
             )
     return units + [t for t in towers if t not in units]
-
-
-def _blocks(module: nn.Module) -> Iterator[nn.Module]:
-    for name, child in module.named_children():
-        if name in BLOCK_LISTS and isinstance(child, (nn.ModuleList, nn.Sequential)):
-            yield from (b for b in child if _has_parameters(b))
-        elif name in RESNET_STAGES and isinstance(child, nn.Sequential):
-            yield child
-        else:
-            yield from _blocks(child)
-
-
-def _has_parameters(module: nn.Module) -> bool:
-    return next(module.parameters(), None) is not None
 
 
 def gradient_sync(forward: nn.Module, enabled: bool) -> None:

@@ -74,10 +74,12 @@ def build_loaders(
     knn: bool,
     device: torch.device,
     zero_shot_folder: str | None = None,
+    masks=None,
 ) -> Loaders:
     """`views`: the augmentation's view recipes; `tokenizer`: for image-text pairs; `knn`: build the train_eval loader;
     `device`: the training device (pinned memory on CUDA; data.augment_on=auto makes the views there on CUDA);
-    `zero_shot_folder`: an ImageFolder split to classify zero-shot (image-text methods)."""
+    `zero_shot_folder`: an ImageFolder split to classify zero-shot (image-text methods); `masks`: the method's patch
+    mask generator (solo.data.views.masks), drawn per sample with its views."""
     entry = DATASETS[d.name]
     mean, std = entry.stats
     transforms = build_view_transforms(views, d.image_size, mean, std)
@@ -91,7 +93,7 @@ def build_loaders(
     if splits.pairs:
         train_set = ImageTextDataset(splits.train, transforms[0], tokenizer, seed=seed, skip_bad=skip, raw=on_device)
     else:
-        train_set = MultiViewDataset(splits.train, transforms, seed=seed, skip_bad=skip, raw=on_device)
+        train_set = MultiViewDataset(splits.train, transforms, seed=seed, skip_bad=skip, raw=on_device, masks=masks)
     workers = loader_workers(d.num_workers)
     loader_args = dict(num_workers=workers, pin_memory=device.type == "cuda", persistent_workers=workers > 0)
     order = getattr(splits.train, "epoch_order", None)  # the dataset's own order (shards: with locality), else random

@@ -1,6 +1,7 @@
 """The training step: forward under autocast, backward, clipping, optimizer and scaler, then the method's
 post-step hook (EMA teachers). The learning rate of every group follows the schedule, times its `lr_scale` (a
-`static_lr` group keeps the optimizer's); a group with `frozen_steps` is left untouched (its gradients dropped
+`static_lr` group keeps the optimizer's); so does the weight decay of every group that has one, when it has a
+schedule (optim.weight_decay_end); a group with `frozen_steps` is left untouched (its gradients dropped
 after clipping) for its first steps.
 
 With `accumulate=k` the batch is split into k micro-batches and the step's gradient is still that of the
@@ -83,11 +84,15 @@ class TrainStep:
         total_steps: int,
         grad_clip: float | None = None,
         accumulate: int = 1,
+        weight_decay: Callable[[int], float] | None = None,
     ):
         self.forward, self.model, self.optimizer = forward, model, optimizer
         self.autocast, self.scaler = precision_context(precision, device)
         self.schedule, self.total_steps, self.grad_clip = schedule, total_steps, grad_clip
         self.accumulate = accumulate
+        self.weight_decay = weight_decay
+        # By position: loading the optimizer's state on resume replaces its group dicts.
+        self.decayed = [i for i, group in enumerate(optimizer.param_groups) if group["weight_decay"] > 0]
         self.first_bad_step = torch.tensor(-1, device=device)  # the first step whose loss was not finite, or -1
         self.batch_sizes: dict = {}  # every rank's batch size per local size, exchanged once
 
@@ -95,6 +100,9 @@ class TrainStep:
         for group in self.optimizer.param_groups:
             if not group.get("static_lr", False):
                 group["lr"] = self.schedule(index) * group.get("lr_scale", 1.0)
+        if self.weight_decay is not None:
+            for i in self.decayed:
+                self.optimizer.param_groups[i]["weight_decay"] = self.weight_decay(index)
         with host_reads_deferred(), batch_sizes_remembered(self.batch_sizes):
             out = self._forward_backward(batch) if self.accumulate == 1 else self._accumulated(batch)
         bad = ~torch.isfinite(out["total"].detach()) & (self.first_bad_step < 0)

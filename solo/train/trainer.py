@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
-from solo.backbones import feature_width
+from solo.backbones import WHERE_BLOCKS_ARE, blocks_of, feature_width
 from solo.config import changed_keys, check_required, plain, validate_pretrain
 from solo.distributed import DistEnv, batch_sizes, world_size
 from solo.distributed.checkpoint import Checkpoints
@@ -25,7 +25,7 @@ from solo.dtypes import full_precision
 from solo.errors import CheckpointError, ConfigError, DataError
 from solo.loggers import Loggers
 from solo.methods import METHODS, build_method, create_method
-from solo.optim import build_optimizer, scaled_lr, warmup_cosine
+from solo.optim import build_optimizer, layer_decay, scaled_lr, warmup_cosine
 from solo.train.checkpoint import Checkpointer, ModelState, OptimizerState, RNGState
 from solo.train.distribute import checkpoint_blocks, compile_model, distribute
 from solo.train.evaluator import Evaluator
@@ -43,6 +43,7 @@ class PretrainModel(nn.Module):
         super().__init__()
         self.method = method
         self.probe = None
+        method.feeds_probe = bool(num_classes)
         if num_classes:
             # Standardised features, as for MAE's linear probing: the probe's lr need not track the feature scale.
             self.probe = nn.Sequential(
@@ -103,6 +104,16 @@ def build_model(cfg: DictConfig, num_classes: int | None, backbone: nn.Module | 
 def build_optimizer_for(model: PretrainModel, optim_cfg, lr: float):
     """The method's parameter groups, and the probe's with its own lr (no weight decay, no LARS adaptation)."""
     groups = model.method.param_groups(optim_cfg.weight_decay, optim_cfg.exclude_bias_and_norm)
+    if optim_cfg.layer_decay is not None:
+        backbone = model.method.backbone
+        blocks = blocks_of(backbone)
+        if not blocks:
+            raise ConfigError(
+                f"optim.layer_decay={optim_cfg.layer_decay} scales the learning rate by depth, and the backbone "
+                f"{type(backbone).__name__} has no blocks where solo looks for them ({WHERE_BLOCKS_ARE}): unset "
+                "optim.layer_decay, or use a backbone that keeps its blocks there"
+            )
+        groups = layer_decay(groups, backbone, blocks, optim_cfg.layer_decay)
     if model.probe is not None:
         groups.append(
             {
@@ -176,6 +187,7 @@ class Trainer:
             tokenizer=getattr(model.method, "tokenizer", None),
             device=device,
             zero_shot_folder=t.zero_shot_folder,
+            masks=model.method.masks(),
         )
         self.source = source = self.loaders.train
         if self.loaders.unreadable:
@@ -206,6 +218,15 @@ class Trainer:
             total_steps=self.total_steps,
             grad_clip=cfg.optim.grad_clip,
             accumulate=t.accumulate,
+            weight_decay=None
+            if cfg.optim.weight_decay_end is None
+            else partial(
+                warmup_cosine,
+                total_steps=self.total_steps,
+                warmup_steps=0,
+                base_lr=cfg.optim.weight_decay,
+                final_lr=cfg.optim.weight_decay_end,
+            ),
         )
         self.evaluator = Evaluator(
             model,

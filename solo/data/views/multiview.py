@@ -40,9 +40,20 @@ class MultiViewDataset:
     operations, which give every sample the same view as alone). With ``raw`` it
     returns the images (JPEGs still encoded) and the parameters instead, for the
     views to be made on the device.
+
+    ``masks`` (a solo.data.views.masks generator) adds the sample's patch mask, ``"mask"``, drawn in the
+    sample's seeded scope after its views' (stream ``len(view_transforms)``).
     """
 
-    def __init__(self, base, view_transforms: Sequence[Callable], seed: int, skip_bad: bool = False, raw: bool = False):
+    def __init__(
+        self,
+        base,
+        view_transforms: Sequence[Callable],
+        seed: int,
+        skip_bad: bool = False,
+        raw: bool = False,
+        masks: Callable[[], torch.Tensor] | None = None,
+    ):
         if len(view_transforms) == 0:
             raise ValueError("MultiViewDataset needs at least one view transform")
         self.base = base
@@ -50,6 +61,7 @@ class MultiViewDataset:
         self.seed = seed
         self.skip_bad = skip_bad  # unreadable images: the next readable sample (see read_or_skip)
         self.raw = raw
+        self.masks = masks
 
     def __len__(self) -> int:
         return len(self.base)
@@ -78,7 +90,11 @@ class MultiViewDataset:
         for v, recipe in enumerate(self.view_transforms):
             with seeded_rng(sample_seed(self.seed, epoch, index, v)):
                 params.append(recipe.draw(height, width))
-        return {"image": image, "params": params, "label": int(label), "index": index, "skipped": int(used != index)}
+        sample = {"image": image, "params": params, "label": int(label), "index": index, "skipped": int(used != index)}
+        if self.masks is not None:
+            with seeded_rng(sample_seed(self.seed, epoch, index, len(self.view_transforms))):
+                sample["mask"] = self.masks()
+        return sample
 
     def _read(self, index: int) -> tuple:
         """((image, height, width), label): JPEGs still encoded with `raw`, else decoded here, where an image that

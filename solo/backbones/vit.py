@@ -1,0 +1,111 @@
+"""Token-level access to timm's Vision Transformers, for the methods that mask patches (MAE, and the ones after it).
+
+A timm `VisionTransformer` maps images to a pooled feature; masked-image methods need its steps apart: the patch
+embeddings with their positions, the prefix tokens (class, registers), and the blocks on any subset of tokens.
+These functions use the model's own modules and parameters, so a backbone trained through them is the same
+`VisionTransformer` that `forward` runs, and its checkpoint loads into timm as it is.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from solo.errors import ConfigError
+
+
+def check_vit(backbone: nn.Module, method: str) -> None:
+    """Raise ConfigError unless `backbone` is a timm VisionTransformer whose patch size divides its image size."""
+    from timm.models.vision_transformer import VisionTransformer  # here: timm's import costs every process 2 s
+
+    if not isinstance(backbone, VisionTransformer):
+        raise ConfigError(
+            f"method={method} masks the patches of a Vision Transformer, and the backbone is a "
+            f"{type(backbone).__name__}: use backbone=vit_tiny (the digits) or a timm ViT such as "
+            "backbone.name=vit_base_patch16_224"
+        )
+    (height, width), (ph, pw) = backbone.patch_embed.img_size, backbone.patch_embed.patch_size
+    if height % ph or width % pw:
+        raise ConfigError(
+            f"backbone.kwargs.patch_size={ph}: the patch size does not divide the image size {height} px, so the "
+            f"patches would leave a border out; choose a patch size that divides {height} (or another image size)"
+        )
+
+
+def pool_patch_tokens(backbone: nn.Module) -> None:
+    """Make a timm ViT's pooled feature the mean of its patch tokens (after the last norm) instead of its class token:
+    MAE's and I-JEPA's probes read the patches."""
+    from timm.models.vision_transformer import VisionTransformer
+
+    if not isinstance(backbone, VisionTransformer):
+        raise ConfigError(
+            f"pool=mean averages a Vision Transformer's patch tokens, and the backbone is a {type(backbone).__name__}: "
+            "use pool=cls (its pooled features as they are)"
+        )
+    backbone.global_pool = "avg"
+
+
+def num_patches(vit: nn.Module) -> int:
+    grid = vit.patch_embed.grid_size
+    return grid[0] * grid[1]
+
+
+def patch_size(vit: nn.Module) -> int:
+    return vit.patch_embed.patch_size[0]
+
+
+def embed_patches(vit: nn.Module, images: torch.Tensor) -> torch.Tensor:
+    """(B, N, D): each patch's embedding plus its position embedding, in row-major order; no prefix tokens."""
+    x = vit.patch_embed(images)
+    x = x.reshape(x.shape[0], -1, x.shape[-1])  # dynamic_img_size gives (B, H, W, D)
+    offset = 0 if vit.no_embed_class else vit.num_prefix_tokens
+    return x + vit.pos_embed[:, offset:]
+
+
+def prefix_tokens(vit: nn.Module, batch: int) -> torch.Tensor:
+    """(B, P, D): the class token (and register tokens) with their position embeddings where the model has them."""
+    tokens = [t.expand(batch, -1, -1) for t in (vit.cls_token, vit.reg_token) if t is not None]
+    if not tokens:
+        return vit.pos_embed.new_zeros(batch, 0, vit.embed_dim)
+    prefix = torch.cat(tokens, dim=1)
+    return prefix if vit.no_embed_class else prefix + vit.pos_embed[:, : vit.num_prefix_tokens]
+
+
+def run_blocks(vit: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
+    """The transformer on `tokens` (prefix first): pre-norm, blocks, final norm, as timm's forward_features."""
+    return vit.norm(vit.blocks(vit.norm_pre(tokens)))
+
+
+def keep(tokens: torch.Tensor, mask: torch.Tensor, count: int) -> torch.Tensor:
+    """(B, count, D): each sample's first `count` tokens where `mask` (B, N) is False, in their order. A stable sort
+    of the mask instead of nonzero(): no host read, so the step does not wait for the device."""
+    index = torch.argsort(mask.int(), dim=1, stable=True)[:, :count]
+    return tokens.gather(1, index[..., None].expand(-1, -1, tokens.shape[-1]))
+
+
+def patchify(images: torch.Tensor, patch: int) -> torch.Tensor:
+    """(B, C, H, W) -> (B, N, patch * patch * C): the pixels of each patch, row-major, channels last (MAE's order)."""
+    b, c, h, w = images.shape
+    x = images.reshape(b, c, h // patch, patch, w // patch, patch)
+    return x.permute(0, 2, 4, 3, 5, 1).reshape(b, (h // patch) * (w // patch), patch * patch * c)
+
+
+def sincos_positions(dim: int, grid: tuple[int, int]) -> torch.Tensor:
+    """(H * W, dim) fixed 2-D sine-cosine position embeddings (MAE's decoder): half the channels encode the row, half
+    the column, each as sines and cosines of geometrically spaced frequencies."""
+    if dim % 4:
+        raise ConfigError(f"a 2-D sine-cosine position embedding needs a width divisible by 4, got {dim}")
+    frequencies = 1.0 / 10000 ** (torch.arange(dim // 4, dtype=torch.float64) / (dim // 4))
+    rows, cols = torch.meshgrid(
+        torch.arange(grid[0], dtype=torch.float64), torch.arange(grid[1], dtype=torch.float64), indexing="ij"
+    )
+
+    def encode(position: torch.Tensor) -> torch.Tensor:
+        angles = position.reshape(-1, 1) * frequencies
+        return torch.cat([angles.sin(), angles.cos()], dim=1)
+
+    return torch.cat([encode(rows), encode(cols)], dim=1).float()
+
+
+def grid_shape(vit: nn.Module) -> tuple[int, int]:
+    return tuple(vit.patch_embed.grid_size)

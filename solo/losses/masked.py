@@ -1,0 +1,53 @@
+"""Losses over masked patches (MAE): a mean over every masked patch of the global batch.
+
+The usual implementation takes each rank's mean over its own masked patches and lets DDP average the ranks: the
+global mean only when every rank holds as many masked patches, which uneven or empty ranks (and masks whose size
+varies per sample) break. Here each rank returns W / M times the sum over its masked patches, M the global count
+(one all-reduce of a count, no host read), so the sum over ranks is W times the global mean (see
+solo.distributed.collectives).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from solo.distributed import world_size
+from solo.dtypes import full_precision
+from solo.losses.registry import LOSSES
+
+
+def masked_count(mask: torch.Tensor) -> torch.Tensor:
+    """The number of True entries of `mask` over every rank (at least 1: no masked patch gives a loss of 0)."""
+    count = mask.sum().to(torch.float64)
+    if world_size() > 1:
+        dist.all_reduce(count)
+    return count.clamp_min(1)
+
+
+def masked_patch_mse(prediction: torch.Tensor, target: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """MAE (He et al., 2022): the squared error per pixel of each patch, averaged within the patch, then averaged over
+    every masked patch of the global batch. `prediction`, `target`: (B, N, P); `mask`: (B, N), True where hidden."""
+    with torch.autocast(prediction.device.type, enabled=False):
+        error = (full_precision(prediction) - full_precision(target.detach())).pow(2).mean(dim=-1)
+        total = (error * mask).sum()
+        return total * (world_size() / masked_count(mask)).to(total.dtype)
+
+
+def normalised_patches(patches: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """Each patch's pixels standardised by the patch's own mean and (unbiased) variance: MAE's norm_pix_loss target."""
+    mean, var = patches.mean(dim=-1, keepdim=True), patches.var(dim=-1, keepdim=True)
+    return (patches - mean) / (var + eps).sqrt()
+
+
+# A case for the gradient checker (python -m solo.losses.check): each row as 2 patches of 2 values, a patch masked by a
+# pseudo-random function of its target's first value, so the number of masked patches varies from sample to sample;
+# both ways round, so both towers get a gradient (the target takes none).
+def _check_mask(target: torch.Tensor) -> torch.Tensor:
+    return torch.sin(100 * target[..., 0].detach()) > 0
+
+
+@LOSSES.register("mae")
+def mae_check(z1: torch.Tensor, z2: torch.Tensor) -> torch.Tensor:
+    a, b = z1.reshape(len(z1), 2, 2), z2.reshape(len(z2), 2, 2)
+    return masked_patch_mse(a, b, _check_mask(b)) + masked_patch_mse(b, a, _check_mask(a))

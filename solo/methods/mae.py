@@ -1,0 +1,119 @@
+"""MAE (He et al., 2022): a Vision Transformer encodes the visible quarter of an image's patches; a light decoder,
+given the encoding and a mask token at every hidden position, reconstructs the hidden patches' pixels."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+
+from solo.backbones.vit import (
+    check_vit,
+    embed_patches,
+    grid_shape,
+    keep,
+    num_patches,
+    patch_size,
+    patchify,
+    prefix_tokens,
+    run_blocks,
+    sincos_positions,
+)
+from solo.data.views.masks import RandomMask
+from solo.losses import masked_patch_mse, normalised_patches
+from solo.methods.base import Method, register_method
+from solo.schema import AT_LEAST_ONE, FRACTION, ruled
+
+
+@dataclass
+class MAEConfig:
+    name: str = "mae"
+    mask_ratio: float = ruled(0.75, FRACTION)  # the share of each image's patches hidden from the encoder
+    decoder_embed_dim: int = ruled(512, AT_LEAST_ONE)
+    decoder_depth: int = ruled(8, AT_LEAST_ONE)
+    decoder_heads: int = ruled(16, AT_LEAST_ONE)
+    norm_pix_loss: bool = True  # targets: each patch's pixels standardised by the patch's mean and variance
+
+
+class MAEDecoder(nn.Module):
+    """The encoded visible tokens, widened to the decoder's width, with a learnt mask token at every hidden
+    position, fixed 2-D sine-cosine positions, transformer blocks, then a linear map to each patch's pixels."""
+
+    def __init__(self, in_dim: int, cfg: MAEConfig, grid: tuple[int, int], prefix: int, pixels: int):
+        super().__init__()
+        from timm.models.vision_transformer import Block  # here: timm's import costs every process 2 s
+
+        width = cfg.decoder_embed_dim
+        self.prefix = prefix
+        self.embed = nn.Linear(in_dim, width)
+        self.mask_token = nn.Parameter(torch.zeros(1, 1, width))
+        self.register_buffer("positions", sincos_positions(width, grid)[None], persistent=False)
+        self.blocks = nn.ModuleList(
+            Block(width, cfg.decoder_heads, mlp_ratio=4.0, qkv_bias=True, norm_layer=_layer_norm)
+            for _ in range(cfg.decoder_depth)
+        )
+        self.norm = _layer_norm(width)
+        self.predict = nn.Linear(width, pixels)
+        for m in self.modules():  # MAE's initialisation
+            if isinstance(m, nn.Linear):
+                nn.init.xavier_uniform_(m.weight)
+                nn.init.zeros_(m.bias)
+        nn.init.normal_(self.mask_token, std=0.02)
+
+    def forward(self, encoded: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """(B, N, pixels) predictions of every patch from `encoded` (B, prefix + visible, D) and `mask` (B, N)."""
+        x = self.embed(encoded)
+        visible = x[:, self.prefix :]
+        # Every position starts as the mask token; the visible ones take their encodings, in order.
+        tokens = self.mask_token.to(x.dtype).expand(mask.shape[0], mask.shape[1], -1)
+        order = torch.argsort(mask.int(), dim=1, stable=True)[:, : visible.shape[1]]
+        tokens = tokens.scatter(1, order[..., None].expand(-1, -1, x.shape[-1]), visible)
+        tokens = tokens + self.positions.to(x.dtype)
+        x = torch.cat([x[:, : self.prefix], tokens], dim=1)
+        for block in self.blocks:
+            x = block(x)
+        return self.predict(self.norm(x))[:, self.prefix :]
+
+
+def _layer_norm(width: int, **kwargs) -> nn.LayerNorm:
+    return nn.LayerNorm(width, eps=1e-6, **kwargs)
+
+
+@register_method("mae", schema=MAEConfig)
+class MAE(Method):
+    """One view per image. `encode` runs the encoder on the visible patches and the decoder (both per sample), and,
+    when an online probe reads them, the backbone on the whole image without a graph; `joint` is the loss: the mean
+    over every masked patch of the global batch (solo.losses.masked_patch_mse)."""
+
+    num_views = 1
+
+    def __init__(self, backbone, feature_dim: int, cfg: MAEConfig):
+        super().__init__(backbone, feature_dim)
+        check_vit(backbone, self.name)
+        self.cfg = cfg
+        self.patch = patch_size(backbone)
+        self.visible = num_patches(backbone) - self.masks().hidden
+        self.decoder = MAEDecoder(
+            backbone.embed_dim, cfg, grid_shape(backbone), backbone.num_prefix_tokens, self.patch**2 * 3
+        )
+
+    def masks(self) -> RandomMask:
+        return RandomMask(num_patches(self.backbone), self.cfg.mask_ratio)
+
+    def encode(self, batch: dict) -> dict:
+        images, mask = batch["views"][0], batch["mask"]
+        vit = self.backbone
+        tokens = torch.cat([prefix_tokens(vit, len(images)), keep(embed_patches(vit, images), mask, self.visible)], 1)
+        encoded = {"prediction": self.decoder(run_blocks(vit, tokens), mask)}
+        if self.feeds_probe:  # the probe learns what it is evaluated on: the whole image's features
+            with torch.no_grad():
+                encoded["features"] = vit(images)
+        return encoded
+
+    def joint(self, encoded: dict, batch: dict) -> dict:
+        target = patchify(batch["views"][0], self.patch)
+        if self.cfg.norm_pix_loss:
+            target = normalised_patches(target)
+        loss = masked_patch_mse(encoded["prediction"], target, batch["mask"])
+        return {"loss": loss, "features": encoded.get("features"), "labels": batch["label"]}

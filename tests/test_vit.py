@@ -1,0 +1,140 @@
+"""The masked-image pieces: solo.backbones.vit's token path against timm's own forward, the patch order against
+torch's unfold, the masks drawn per sample, and the settings a masked-image method cannot use."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from solo.backbones import create_backbone
+from solo.backbones.vit import embed_patches, keep, patchify, prefix_tokens, run_blocks, sincos_positions
+from solo.data.sampling.seeding import sample_seed, seeded_rng
+from solo.data.views.masks import RandomMask
+from solo.data.views.multiview import MultiViewDataset
+from solo.errors import ConfigError
+from solo.train.trainer import build_model
+from tests.test_accumulate import CASES
+from tests.test_train import TINY, compose_cfg
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {},  # position embeddings over the class token too, dynamic image size (timm's test_vit)
+        {"no_embed_class": True, "reg_tokens": 2, "dynamic_img_size": False},  # DeiT-3 / DINOv2 style prefix
+    ],
+)
+def test_the_token_path_is_timms_forward(kwargs):
+    torch.manual_seed(0)
+    vit, _ = create_backbone("test_vit", img_size=16, patch_size=4, **kwargs)
+    vit.eval()
+    images = torch.randn(3, 3, 16, 16)
+    tokens = torch.cat([prefix_tokens(vit, 3), embed_patches(vit, images)], dim=1)
+    torch.testing.assert_close(run_blocks(vit, tokens), vit.forward_features(images))
+
+
+def test_keep_takes_each_samples_visible_tokens_in_order():
+    tokens = torch.randn(4, 6, 3)
+    mask = torch.tensor([[1, 0, 1, 0, 1, 0], [0, 0, 1, 1, 1, 0], [1, 1, 1, 0, 0, 0], [0, 1, 1, 0, 1, 0]]).bool()
+    torch.testing.assert_close(keep(tokens, mask, 3), tokens[~mask].view(4, 3, 3), rtol=0, atol=0)
+
+
+def test_patches_are_pixels_row_major_channels_last():
+    images = torch.randn(2, 3, 8, 12)
+    # torch's unfold: (B, C * p * p, N) with channels first in each patch; MAE's order puts them last.
+    unfolded = F.unfold(images, kernel_size=4, stride=4).view(2, 3, 4, 4, 6).permute(0, 4, 2, 3, 1).reshape(2, 6, 48)
+    torch.testing.assert_close(patchify(images, 4), unfolded, rtol=0, atol=0)
+
+
+def test_sine_cosine_positions():
+    positions = sincos_positions(8, (3, 5))  # 2 frequencies, 1 and 1/100, for the row and for the column
+    assert positions.shape == (15, 8)
+    row, col = 2, 3
+    expected = [
+        *(torch.sin(torch.tensor([row, row / 100.0]))),
+        *(torch.cos(torch.tensor([row, row / 100.0]))),
+        *(torch.sin(torch.tensor([col, col / 100.0]))),
+        *(torch.cos(torch.tensor([col, col / 100.0]))),
+    ]
+    torch.testing.assert_close(positions[row * 5 + col], torch.stack(expected))
+    with pytest.raises(ConfigError, match="divisible by 4, got 6"):
+        sincos_positions(6, (2, 2))
+
+
+class Blank:
+    """A dataset of blank 8 x 8 images."""
+
+    def __len__(self):
+        return 40
+
+    def __getitem__(self, index):
+        return torch.zeros(3, 8, 8, dtype=torch.uint8), 0
+
+
+def test_masks_are_drawn_per_sample_whatever_the_batch():
+    """A sample's mask is the same read alone or in any batch, differs between samples and epochs, and is the mask
+    generator's draw in the sample's own seeded stream after its views."""
+    from solo.data.views.augment import ViewRecipe
+    from solo.data.views.transforms import ViewAugmentation
+
+    generator = RandomMask(16, 0.75)
+    recipe = ViewRecipe(ViewAugmentation(), 8, (0.5,) * 3, (0.5,) * 3)
+    data = MultiViewDataset(Blank(), [recipe], seed=3, masks=generator)
+    batch = data.__getitems__([(0, i) for i in range(10)])
+    masks = torch.stack([s["mask"] for s in batch])
+    assert masks.dtype == torch.bool and (masks.sum(dim=1) == 12).all()
+    assert torch.equal(data[(0, 7)]["mask"], masks[7])
+    assert len({tuple(m.tolist()) for m in masks}) == 10
+    assert not torch.equal(data[(1, 7)]["mask"], masks[7])
+    with seeded_rng(sample_seed(3, 0, 7, 1)):
+        assert torch.equal(generator(), masks[7])
+
+
+MAE = CASES["mae_vit"]
+MAE_ON_A_RESNET = [o for o in TINY if not o.startswith("method")] + ["method=mae", "method.decoder_embed_dim=16"]
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (MAE + ["method.mask_ratio=1.0"], r"method.mask_ratio=1.0: must be in \(0, 1\)"),
+        (MAE + ["method.mask_ratio=0"], r"method.mask_ratio=0.*must be in \(0, 1\)"),
+        (
+            MAE_ON_A_RESNET,
+            "method=mae masks the patches of a Vision Transformer, and the backbone is a ResNet: use backbone=vit_tiny",
+        ),
+        (
+            MAE + ["backbone.kwargs.patch_size=5"],
+            "backbone.kwargs.patch_size=5: the patch size does not divide the image",
+        ),
+    ],
+)
+def test_settings_a_masked_image_method_cannot_use_are_refused(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        build_model(compose_cfg(overrides), 10)
+
+
+def test_mean_pooling_reads_the_patch_tokens():
+    from solo.backbones.vit import pool_patch_tokens
+
+    torch.manual_seed(0)
+    vit, _ = create_backbone("test_vit", img_size=16, patch_size=4)
+    images = torch.randn(2, 3, 16, 16)
+    tokens = vit.eval().forward_features(images)
+    torch.testing.assert_close(vit(images), tokens[:, 0])
+    pool_patch_tokens(vit)
+    torch.testing.assert_close(vit(images), tokens[:, 1:].mean(dim=1))
+    resnet, _ = create_backbone("test_resnet")
+    with pytest.raises(
+        ConfigError, match="pool=mean averages a Vision Transformer's patch tokens, and the backbone is"
+    ):
+        pool_patch_tokens(resnet)
+
+
+def test_drop_path_rate_reaches_timm_and_is_refused_for_torchvision():
+    from solo.backbones import build_backbone
+
+    vit, _ = build_backbone({"name": "test_vit", "drop_path_rate": 0.2, "kwargs": {"img_size": 16, "patch_size": 4}})
+    rates = [getattr(block.drop_path1, "drop_prob", 0.0) for block in vit.blocks]  # a rate of 0: an Identity
+    assert rates[0] == 0.0 and rates[-1] == pytest.approx(0.2)  # timm's rule: rising over the blocks
+    with pytest.raises(ConfigError, match="backbone.drop_path_rate: torchvision's torchvision.resnet18 has no"):
+        build_backbone({"name": "torchvision.resnet18", "drop_path_rate": 0.1})
