@@ -1,10 +1,13 @@
 """The known-wrong variants of global state, for tests/test_methods.py: MoCo v2+ whose queues, and NNCLR whose support
-set, hold each rank's own rows only, as a queue filled per GPU does. Registered by `imports=[tests.local_state_methods]`,
+set, hold each rank's own rows only, as a queue filled per GPU does; and for tests/test_accumulate.py, DINO whose
+centre moves once per micro-batch. Registered by `imports=[tests.local_state_methods]`,
 configured by tests/configs/method/<name>.yaml."""
 
 import torch
 
+from solo.losses import dino_center, dino_loss
 from solo.methods.base import register_method
+from solo.methods.dino import DINO, DINOConfig
 from solo.methods.memory import GlobalQueue
 from solo.methods.mocov2plus import MoCoV2Plus, MoCoV2PlusConfig
 from solo.methods.nnclr import NNCLR, NNCLRConfig
@@ -30,3 +33,26 @@ class NNCLRLocalSupport(NNCLR):
     def __init__(self, backbone, feature_dim: int, cfg: NNCLRConfig):
         super().__init__(backbone, feature_dim, cfg)
         self.support = RankLocalQueue(cfg.queue_size, cfg.proj_output_dim)
+
+
+@register_method("dino_centre_per_micro_batch", schema=DINOConfig)
+class DINOCentrePerMicroBatch(DINO):
+    """DINO whose centre moves with every micro-batch's teacher outputs, as a loop that accumulates gradients by
+    calling the whole forward k times does: under trainer.accumulate=k the centre takes k updates per step, of
+    micro-batch means."""
+
+    def encode(self, batch: dict) -> dict:
+        encoded = super().encode(batch)
+        if torch.is_grad_enabled():  # once per micro-batch: GradCache's second pass, the one with a graph
+            with torch.no_grad():
+                teacher = [self.teacher[1](t) for t in encoded["teacher"]]
+                self.center.copy_(dino_center(teacher, self.center, self.cfg.center_momentum))
+        return encoded
+
+    def joint(self, encoded: dict, batch: dict) -> dict:
+        student = [self.head(f) for f in encoded["features"]]
+        with torch.no_grad():
+            teacher = [self.teacher[1](t) for t in encoded["teacher"]]
+        loss = dino_loss(student, teacher, self.center, self.cfg.student_temperature, self.teacher_temperature)
+        features = torch.cat(encoded["features"][: self.num_views])
+        return {"loss": loss, "features": features, "labels": batch["label"].repeat(self.num_views)}

@@ -6,7 +6,7 @@ import torch.nn as nn
 
 from solo.errors import ConfigError
 from solo.train.trainer import build_model, pretrain
-from tests.test_train import TINY, compose_cfg, run, weights
+from tests.test_train import REPO, TINY, compose_cfg, run, weights
 
 VIT = [
     "backbone=resnet18",
@@ -67,6 +67,20 @@ CASES = {  # a LayerNorm image tower (timm's ViT), with SimCLR's BatchNorm proje
     + VIT
     + ONE_STEP
     + ["method=mae", "method.decoder_embed_dim=16", "method.decoder_depth=1", "method.decoder_heads=2"],
+    # Multi-crop with per-sample block masks on the global crops; Sinkhorn-Knopp, iBOT and KoLeo over the whole batch.
+    "dinov2_vit": [o for o in TINY if not o.startswith(("backbone", "method"))]
+    + VIT
+    + ONE_STEP
+    + [
+        "method=dinov2",
+        "+backbone.kwargs.dynamic_img_size=true",
+        "augmentation=multicrop_digits",
+        "method.proj_hidden_dim=32",
+        "method.bottleneck_dim=16",
+        "method.num_prototypes=64",
+        "method.freeze_last_layer_epochs=0",
+        "method.mask_probability=0.8",
+    ],
     "siglip_vit": [o for o in TINY if not o.startswith(("backbone", "method", "data"))]
     + VIT
     + ONE_STEP
@@ -101,6 +115,26 @@ def test_accumulated_step_equals_the_whole_batch_step(tmp_path, case):
     other = weights(tmp_path / "k4")
     worst, name = max((float((whole[k] - other[k]).abs().max()), k) for k in whole)
     assert worst <= 1e-10 * movement, f"{name}: differs by {worst}, the step moved weights by {movement}"
+
+
+def test_the_centre_moves_once_per_step_not_per_micro_batch(tmp_path):
+    """DINO's centre moves after the loss, from the whole batch's teacher outputs: trainer.accumulate=2 equals the
+    whole-batch run over 3 steps, which read the moved centre. A centre moved once per micro-batch (as a loop that
+    calls the whole forward per micro-batch does) ends elsewhere."""
+    base = [o for o in CASES["dino_vit"] if "max_steps" not in o] + ["trainer.max_steps=3", "data.batch_size=16"]
+    pretrain(compose_cfg(base), tmp_path / "whole")
+    pretrain(compose_cfg(base + ["trainer.accumulate=2"]), tmp_path / "k2")
+    wrong = [o for o in base if o != "method=dino"] + [
+        "method=dino_centre_per_micro_batch",
+        "imports=[tests.local_state_methods]",
+        f"hydra.searchpath=[file://{REPO / 'tests' / 'configs'}]",
+        "trainer.accumulate=2",
+    ]
+    pretrain(compose_cfg(wrong), tmp_path / "wrong")
+    whole, movement = moved(tmp_path / "whole", base)
+    k2, wrong = (weights(tmp_path / d) for d in ("k2", "wrong"))
+    assert max(float((whole[k] - k2[k]).abs().max()) for k in whole) <= 1e-10 * movement
+    assert max(float((whole[k] - wrong[k]).abs().max()) for k in whole if k != "method.center") > 1e-6 * movement
 
 
 def test_two_processes_accumulating_equal_one_process_on_the_whole_batch(tmp_path):

@@ -27,8 +27,14 @@ BUILTIN = [name for name in LOSSES.names() if LOSSES[name].target.__module__.sta
 def test_every_methods_loss_is_registered_with_the_checker():
     methods = {m.name for m in METHODS if m.target.__module__.startswith("solo.")}
     # SimCLR's loss keeps the paper's name; methods built on another's loss use its case (All4One: its new term's).
-    own_names = {"simclr": "nt_xent", "nnbyol": "byol", "nnsiam": "simsiam", "all4one": "all4one_feature"}
-    assert {own_names.get(m, m) for m in methods} <= set(BUILTIN)
+    own_names = {
+        "simclr": "nt_xent",
+        "nnbyol": "byol",
+        "nnsiam": "simsiam",
+        "all4one": "all4one_feature",
+        "dinov2": "ibot",  # and koleo; its class-token loss is dino's
+    }
+    assert {own_names.get(m, m) for m in methods} | {"koleo"} <= set(BUILTIN)
     assert all(name.removesuffix("_tiled") in set(BUILTIN) for name in BUILTIN)  # a tiled loss beside its untiled one
     assert resolve("clip").learnable == {"logit_scale": pytest.approx(1 / 0.07)}
     assert resolve("siglip").learnable == {"logit_scale": 10.0, "bias": -10.0}
@@ -81,6 +87,9 @@ WRONG_SSL_OF = {
     "wmse_per_rank_whitening": "wmse",
     "vibcreg_per_gpu_statistics": "vibcreg",
     "mae_mean_of_rank_means": "mae",
+    "swav_sinkhorn_local_batch_times_world": "swav",
+    "koleo_per_rank_neighbours": "koleo",
+    "ibot_mean_of_rank_means": "ibot",
 }
 
 
@@ -95,14 +104,23 @@ def test_wrong_self_supervised_variants_are_right_in_one_process():
             assert abs(grads[name] - g).max() <= 1e-12 * max(abs(r).max() for r in right_grads.values()), (spec, name)
 
 
+# Wrong only when the ranks hold different numbers of samples: with equal ones they give the global value.
+UNEVEN_ONLY = (
+    "byol_mean_of_rank_means",
+    "supervised_mean_of_rank_means",
+    "swav_sinkhorn_local_batch_times_world",
+    "ibot_mean_of_rank_means",
+)
+
+
 def test_checker_rejects_the_wrong_self_supervised_variants():
     # Equal batches and [2, 5]; with an empty rank ([5, 0]) these variants divide by zero or run alone on one rank.
     results = run_check(WRONG_SSL, 2, empty_rank=False)
     assert len(results) == 2 * len(WRONG_SSL)
     for r in results:
         name = r.spec.split(":")[1]
-        if name in ("byol_mean_of_rank_means", "supervised_mean_of_rank_means") and r.layout == (4, 4):
-            assert r.ok, r  # the mean of equal-sized ranks' means is the global mean
+        if name in UNEVEN_ONLY and r.layout == (4, 4):
+            assert r.ok, r  # equal-sized ranks: their means average to the global mean, B_local x W is N
         else:
             assert not r.ok and max(r.grad_error, r.loss_error) > 1e-3, r
 

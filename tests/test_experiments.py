@@ -332,6 +332,44 @@ EXPECTED = {
         "geometry": [(None, 1, 1.0, 0.5), (None, 1, 1.0, 0.5), (96, 8, 0.14, 0.5)],
         "view_sizes": [224, 224] + [96] * 8,
     },
+    # DINOv2's ImageNet-1k setup (ssl_default_config.yaml + vitl16_short.yaml), Sinkhorn-Knopp centring
+    "dinov2_imagenet": {
+        "backbone.name": "vit_large_patch16_224",
+        "backbone.drop_path_rate": 0.3,
+        "backbone.kwargs.init_values": 1e-5,
+        "data.name": "imagefolder",
+        "data.image_size": 224,
+        "method.name": "dinov2",
+        "method.num_prototypes": 65536,
+        "method.bottleneck_dim": 256,
+        "method.proj_hidden_dim": 2048,
+        "method.teacher_temperature": 0.07,
+        "method.warmup_teacher_temperature": 0.04,
+        "method.warmup_teacher_temperature_epochs": 30,
+        "method.koleo_weight": 0.1,
+        "method.ibot_weight": 1.0,
+        "method.mask_probability": 0.5,
+        "method.mask_ratio_min": 0.1,
+        "method.mask_ratio_max": 0.5,
+        "method.base_momentum": 0.992,
+        "optim.name": "adamw",
+        "optim.lr": 0.002,
+        "optim.lr_scaling": "sqrt",
+        "optim.weight_decay": 0.04,
+        "optim.weight_decay_end": 0.4,
+        "optim.layer_decay": 0.9,
+        "optim.grad_clip": 3.0,
+        "optim.warmup_epochs": 10,
+        "optim.final_lr": 1e-6,
+        "trainer.max_epochs": 100,
+        "views": [
+            (0.4, 0.4, 0.2, 0.1, 0.8, 0.2, 1.0, 0.0, 0.32),
+            (0.4, 0.4, 0.2, 0.1, 0.8, 0.2, 0.1, 0.2, 0.32),
+            (0.4, 0.4, 0.2, 0.1, 0.8, 0.2, 0.5, 0.0, 0.05),
+        ],
+        "geometry": [(None, 1, 1.0, 0.5), (None, 1, 1.0, 0.5), (96, 8, 0.32, 0.5)],
+        "view_sizes": [224, 224] + [96] * 8,
+    },
     # MAE PRETRAIN.md (ViT-B): one crop of area 0.2-1 with a flip, no colour (jitter_prob 0: its factors unused)
     "mae_imagenet": {
         "backbone.name": "vit_base_patch16_224",
@@ -539,7 +577,7 @@ def test_composes_under_the_typed_schema(name):
         count = METHODS[obj.method.name].target.num_views
         assert sizes[:count] == [obj.data.image_size] * count
         local = sizes[count:]
-        assert not local or obj.method.name in ("dino", "swav"), sizes
+        assert not local or METHODS[obj.method.name].target.local_crops, sizes
         assert all(s < obj.data.image_size for s in local), sizes
     assert obj.optim.lr_scaling in ("linear", "sqrt", "none")
     assert obj.optim.warmup_epochs < obj.trainer.max_epochs

@@ -138,3 +138,54 @@ def test_drop_path_rate_reaches_timm_and_is_refused_for_torchvision():
     assert rates[0] == 0.0 and rates[-1] == pytest.approx(0.2)  # timm's rule: rising over the blocks
     with pytest.raises(ConfigError, match="backbone.drop_path_rate: torchvision's torchvision.resnet18 has no"):
         build_backbone({"name": "torchvision.resnet18", "drop_path_rate": 0.1})
+
+
+def test_block_masks_hide_rectangles_within_their_share():
+    """Each crop masked with the given probability; a masked crop hides between the shares' bounds (never more than
+    the upper one), as unions of rectangles: every masked patch has a masked neighbour (blocks are at least 2 wide
+    or tall here, min_block 4)."""
+    import random
+
+    from solo.data.views.masks import BlockMask
+
+    generator = BlockMask((8, 8), views=2, probability=0.5, ratio_min=0.1, ratio_max=0.5)
+    assert generator.hidden == 32
+    random.seed(0)
+    masks = torch.stack([generator() for _ in range(400)])  # (400, 2, 64)
+    counts = masks.sum(dim=-1).flatten()
+    assert 0.4 < float((counts > 0).float().mean()) < 0.6
+    assert int(counts.max()) <= 32 and int(counts[counts > 0].min()) >= 2
+    grids = masks.view(-1, 8, 8)
+    padded = F.pad(grids.float(), (1, 1, 1, 1))
+    neighbours = padded[:, :-2, 1:-1] + padded[:, 2:, 1:-1] + padded[:, 1:-1, :-2] + padded[:, 1:-1, 2:]
+    assert bool((neighbours[grids] > 0).all())
+
+
+DINOV2 = CASES["dinov2_vit"]
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (
+            DINOV2 + ["method.mask_ratio_min=0.6"],
+            r"method.mask_ratio_min=0.6 is above mask_ratio_max=0.5: a masked crop hides a share",
+        ),
+        (DINOV2 + ["method.mask_ratio_max=1"], r"method.mask_ratio_max=1.*must be in \(0, 1\)"),
+        (
+            [o for o in DINOV2 if "dynamic_img_size" not in o] + ["+backbone.kwargs.dynamic_img_size=false"],
+            "method=dinov2 runs the smaller local crops through the ViT: set backbone.kwargs.dynamic_img_size=true",
+        ),
+    ],
+)
+def test_settings_dinov2_cannot_use_are_refused(tmp_path, overrides, message):
+    from solo.train.trainer import pretrain
+
+    with pytest.raises(ConfigError, match=message):
+        pretrain(compose_cfg(overrides), tmp_path)
+
+
+@pytest.mark.parametrize("case", ["mae_vit", "dinov2_vit"])
+def test_masked_image_methods_refuse_fsdp_for_now(case):
+    with pytest.raises(ConfigError, match=r"trainer.strategy=fsdp: method=\w+ calls the ViT's patch embedding"):
+        compose_cfg(CASES[case] + ["trainer.strategy=fsdp"])

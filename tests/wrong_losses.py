@@ -181,6 +181,49 @@ def swav_per_gpu_sinkhorn(z1, z2):
     return loss * world_size() / (2 * total)
 
 
+def swav_sinkhorn_local_batch_times_world(z1, z2):
+    """SwAV's (and DINOv2's) Sinkhorn-Knopp with every sum all-reduced but the number of samples taken as
+    B_local x W, as DINOv2's code does: right only when every rank holds as many samples."""
+    from solo.losses import self_distillation
+
+    views = [F.normalize(z1, dim=1), F.normalize(z2, dim=1)]
+    with torch.no_grad():
+        codes = [self_distillation._sinkhorn(v.detach(), 0.05, 3, len(v) * world_size()) for v in views]
+    return self_distillation._cross_view_loss(
+        codes, [F.log_softmax(v / 0.1, dim=1) for v in views], sum(batch_sizes(z1.shape[0]))
+    )
+
+
+def koleo_per_rank_neighbours(z1, z2):
+    """KoLeo with each embedding's nearest neighbour looked for in this rank's batch only, as DINOv2's code does."""
+
+    def local(x):
+        x = F.normalize(x, dim=-1, eps=1e-8)
+        with torch.no_grad():
+            similarity = x @ x.T
+            similarity.fill_diagonal_(-2.0)
+            nearest = similarity.argmax(dim=1)
+        return -torch.log(F.pairwise_distance(x, x[nearest], eps=1e-8) + 1e-8).mean()
+
+    return local(z1) + local(z2)
+
+
+def ibot_mean_of_rank_means(z1, z2):
+    """iBOT's per-image masked mean averaged over this rank's images (DINOv2's division by its local number of
+    crops), then averaged over ranks by DDP: right only when every rank holds as many images."""
+    from solo.losses import sinkhorn
+
+    a, b = z1.reshape(len(z1), 2, 2), z2.reshape(len(z2), 2, 2)
+    mask = torch.sin(100 * a[..., 0].detach()) > 0
+
+    def local(student, teacher):
+        targets = sinkhorn(teacher.reshape(-1, 2), 0.5, 3, valid=mask.reshape(-1)).reshape(teacher.shape)
+        per_patch = -(targets * F.log_softmax(student / 0.1, dim=-1)).sum(dim=-1) * mask
+        return (per_patch.sum(dim=1) / mask.sum(dim=1).clamp_min(1)).mean()
+
+    return local(a, b) + local(b, a)
+
+
 def swav_max_of_empty_rank(z1, z2):
     """SwAV's global codes exactly as solo computes them, but for the stabilising max taken with amax over the rank's
     rows: right on every rank that holds samples, an error on one that holds none (solo's swav until the checker
@@ -286,6 +329,9 @@ WRONG_SSL = [
         "wmse_per_rank_whitening",
         "vibcreg_per_gpu_statistics",
         "mae_mean_of_rank_means",
+        "swav_sinkhorn_local_batch_times_world",  # only wrong with uneven per-rank batches
+        "koleo_per_rank_neighbours",
+        "ibot_mean_of_rank_means",  # only wrong with uneven per-rank batches
     )
 ]
 

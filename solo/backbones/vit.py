@@ -32,6 +32,17 @@ def check_vit(backbone: nn.Module, method: str) -> None:
         )
 
 
+def refuse_fsdp(cfg, method: str) -> None:
+    """Raise ConfigError for trainer.strategy=fsdp: a masked-image method calls the ViT's parts one by one, and FSDP2
+    gathers a unit's parameters only around its forward."""
+    if str(cfg.trainer.strategy) == "fsdp":
+        raise ConfigError(
+            f"trainer.strategy=fsdp: method={method} calls the ViT's patch embedding and blocks one by one, and FSDP "
+            "gathers the backbone's own parameters (embeddings, class token, last norm) only around its forward; use "
+            "trainer.strategy=ddp (masked-image methods under FSDP are not supported yet)"
+        )
+
+
 def pool_patch_tokens(backbone: nn.Module) -> None:
     """Make a timm ViT's pooled feature the mean of its patch tokens (after the last norm) instead of its class token:
     MAE's and I-JEPA's probes read the patches."""
@@ -54,10 +65,15 @@ def patch_size(vit: nn.Module) -> int:
     return vit.patch_embed.patch_size[0]
 
 
-def embed_patches(vit: nn.Module, images: torch.Tensor) -> torch.Tensor:
-    """(B, N, D): each patch's embedding plus its position embedding, in row-major order; no prefix tokens."""
+def embed_patches(
+    vit: nn.Module, images: torch.Tensor, mask: torch.Tensor | None = None, mask_token: torch.Tensor | None = None
+) -> torch.Tensor:
+    """(B, N, D): each patch's embedding plus its position embedding, in row-major order; no prefix tokens. With
+    `mask` (B, N), the hidden patches' embeddings are `mask_token` (D,) instead (iBOT, DINOv2)."""
     x = vit.patch_embed(images)
     x = x.reshape(x.shape[0], -1, x.shape[-1])  # dynamic_img_size gives (B, H, W, D)
+    if mask is not None:
+        x = torch.where(mask[..., None], mask_token.to(x.dtype), x)
     offset = 0 if vit.no_embed_class else vit.num_prefix_tokens
     return x + vit.pos_embed[:, offset:]
 
@@ -76,11 +92,20 @@ def run_blocks(vit: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
     return vit.norm(vit.blocks(vit.norm_pre(tokens)))
 
 
+def first_positions(mask: torch.Tensor, count: int) -> torch.Tensor:
+    """(B, count): each sample's first `count` positions where `mask` (B, N) is True, in order, then the others. A
+    stable sort of the mask instead of nonzero(): no host read, so the step does not wait for the device."""
+    return torch.argsort((~mask).int(), dim=1, stable=True)[:, :count]
+
+
+def take(tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """(B, n, D): each sample's tokens at its `positions` (B, n)."""
+    return tokens.gather(1, positions[..., None].expand(-1, -1, tokens.shape[-1]))
+
+
 def keep(tokens: torch.Tensor, mask: torch.Tensor, count: int) -> torch.Tensor:
-    """(B, count, D): each sample's first `count` tokens where `mask` (B, N) is False, in their order. A stable sort
-    of the mask instead of nonzero(): no host read, so the step does not wait for the device."""
-    index = torch.argsort(mask.int(), dim=1, stable=True)[:, :count]
-    return tokens.gather(1, index[..., None].expand(-1, -1, tokens.shape[-1]))
+    """(B, count, D): each sample's tokens where `mask` (B, N) is False, in order; every sample keeps `count`."""
+    return take(tokens, first_positions(~mask, count))
 
 
 def patchify(images: torch.Tensor, patch: int) -> torch.Tensor:

@@ -3,10 +3,19 @@
 from solo.losses._checks import NonFiniteError
 from solo.losses.barlow_twins import all4one_feature_loss, barlow_twins_loss
 from solo.losses.contrastive import clip_loss, nnclr_loss, nt_xent_loss, supcon_loss
+from solo.losses.koleo import koleo_loss
 from solo.losses.masked import masked_patch_mse, normalised_patches
 from solo.losses.registry import LOSSES
 from solo.losses.regression import byol_loss, moco_queue_loss, mocov3_loss, ressl_loss, simsiam_loss
-from solo.losses.self_distillation import deepcluster_loss, dino_center, dino_loss, sinkhorn, swav_loss
+from solo.losses.self_distillation import (
+    deepcluster_loss,
+    dino_center,
+    dino_cross_entropy,
+    dino_loss,
+    ibot_patch_loss,
+    sinkhorn,
+    swav_loss,
+)
 from solo.losses.siglip import siglip_loss
 from solo.losses.supervised import supervised_loss
 from solo.losses.vicreg import vibcreg_loss, vicreg_loss
@@ -21,7 +30,10 @@ __all__ = [
     "clip_loss",
     "deepcluster_loss",
     "dino_center",
+    "dino_cross_entropy",
     "dino_loss",
+    "ibot_patch_loss",
+    "koleo_loss",
     "masked_patch_mse",
     "moco_queue_loss",
     "mocov3_loss",

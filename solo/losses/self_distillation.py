@@ -75,9 +75,34 @@ def dino_loss(
     with torch.autocast(student[0].device.type, enabled=False):
         c = full_precision(center.detach())
         targets = [F.softmax((full_precision(t.detach()) - c) / _scalar(teacher_temperature), dim=1) for t in teacher]
+        return dino_cross_entropy(student, targets, student_temperature)
+
+
+def dino_cross_entropy(
+    student: list[torch.Tensor], targets: list[torch.Tensor], student_temperature: float | torch.Tensor
+) -> torch.Tensor:
+    """DINO's loss from the teacher's targets (probabilities, e.g. DINOv2's Sinkhorn-Knopp ones) of the G global crops:
+    the average over pairs (g, v), v != g, of the global-batch mean of sum_k -targets_g[k] log softmax(student_v /
+    student_temperature)[k]."""
+    with torch.autocast(student[0].device.type, enabled=False):
         log_probs = [F.log_softmax(full_precision(s) / _scalar(student_temperature), dim=1) for s in student]
         n_total = sum(batch_sizes(student[0].shape[0], student[0].device))
-        return _cross_view_loss(targets, log_probs, n_total)
+        return _cross_view_loss([full_precision(t.detach()) for t in targets], log_probs, n_total)
+
+
+def ibot_patch_loss(
+    student: torch.Tensor, targets: torch.Tensor, valid: torch.Tensor, student_temperature: float | torch.Tensor
+) -> torch.Tensor:
+    """iBOT's masked-patch loss (Zhou et al., 2022; DINOv2's weighting): for each image, the mean over its masked
+    patches of sum_k -targets[k] log softmax(student / student_temperature)[k], averaged over every image of the
+    GLOBAL batch (an image with no masked patch counts 0). `student`, `targets`: (n, m, K), each image's candidate
+    patches; `valid`: (n, m), which of them are masked. A per-rank mean would depend on how the masked patches and
+    the images fall on the ranks."""
+    with torch.autocast(student.device.type, enabled=False):
+        log_probs = F.log_softmax(full_precision(student) / _scalar(student_temperature), dim=-1)
+        per_patch = -(full_precision(targets.detach()) * log_probs).sum(dim=-1) * valid
+        per_image = per_patch.sum(dim=1) / valid.sum(dim=1).clamp_min(1)
+        return per_image.sum() * (world_size() / sum(batch_sizes(student.shape[0], student.device)))
 
 
 def _check_center(center: torch.Tensor, k: int) -> None:
@@ -115,33 +140,44 @@ def _global_max(x: torch.Tensor) -> torch.Tensor:
     return x
 
 
-def _sinkhorn(scores: torch.Tensor, epsilon: float, iterations: int, n_total: int) -> torch.Tensor:
+def _sinkhorn(
+    scores: torch.Tensor, epsilon: float, iterations: int, n_total, valid: torch.Tensor | None = None
+) -> torch.Tensor:
     k = scores.shape[1]
     # Each prototype's global max out of the exponent: a per-column factor, which the first column
     # normalisation removes exactly (SwAV's first division by the total sum is redundant for the same reason).
     # A rank with no rows contributes -inf (amax of nothing would raise), so that it still joins the all-reduces.
     local_max = scores.amax(dim=0) if len(scores) else scores.new_full((k,), float("-inf"))
     q = torch.exp((scores - _global_max(local_max)) / epsilon)
+    if valid is not None:  # rows that are not samples (iBOT's unmasked patches) hold no mass
+        q = q * valid[:, None]
     for _ in range(iterations):
         q = q / (all_reduce(q.sum(dim=0)) * k)  # every prototype holds 1/K of the mass, over the global batch
-        q = q / (q.sum(dim=1, keepdim=True) * n_total)  # every sample holds 1/N
+        q = q / (q.sum(dim=1, keepdim=True).clamp_min(torch.finfo(q.dtype).tiny) * n_total)  # every sample 1/N
     return q * n_total
 
 
-def sinkhorn(scores: torch.Tensor, epsilon: float, iterations: int) -> torch.Tensor:
+def sinkhorn(
+    scores: torch.Tensor, epsilon: float | torch.Tensor, iterations: int, valid: torch.Tensor | None = None
+) -> torch.Tensor:
     """SwAV's codes: Sinkhorn-Knopp on exp(scores / epsilon) over the GLOBAL batch, equipartitioned.
 
     Alternately every prototype's column is scaled to hold 1/K of the mass (its sum over the samples of
     all ranks, all-reduced) and every sample's row to hold 1/N; `iterations` rounds. Returns this rank's
-    (n, K) codes scaled so that each row sums to 1 (SwAV's Q * B), detached, in full precision.
+    (n, K) codes scaled so that each row sums to 1 (SwAV's Q * B), detached, in full precision. With `valid` (n,),
+    only those rows are samples (N their global count, all-reduced): the others get codes of 0 (DINOv2's centring
+    of the masked patches' targets).
     """
     check_pair(scores, scores, "scores", "scores")
     check_positive(epsilon, "epsilon")
     if isinstance(iterations, bool) or not isinstance(iterations, int) or iterations < 1:
         raise ValueError(f"iterations must be an int >= 1, got {iterations!r}")
     with torch.no_grad(), torch.autocast(scores.device.type, enabled=False):
-        n_total = sum(batch_sizes(scores.shape[0], scores.device))
-        return _sinkhorn(full_precision(scores.detach()), epsilon, iterations, n_total)
+        if valid is None:
+            n_total = sum(batch_sizes(scores.shape[0], scores.device))
+        else:
+            n_total = all_reduce(valid.sum().to(torch.float64)).clamp_min(1)
+        return _sinkhorn(full_precision(scores.detach()), _scalar(epsilon), iterations, n_total, valid)
 
 
 def swav_loss(
@@ -198,6 +234,20 @@ def dino_check(z1: torch.Tensor, z2: torch.Tensor) -> torch.Tensor:
     teacher = [z1.detach(), z2.detach()]
     center = dino_center(teacher, torch.tensor(CHECK_CENTER, dtype=z1.dtype), momentum=0.9)
     return dino_loss([z1, z2], teacher, center, student_temperature=0.1, teacher_temperature=0.04)
+
+
+@LOSSES.register("ibot")
+def ibot_check(z1: torch.Tensor, z2: torch.Tensor) -> torch.Tensor:
+    # Each row as 2 patches of 2 prototype scores, a patch masked by a pseudo-random function of its score (so images
+    # hold 0, 1 or 2 masked patches); targets: Sinkhorn-Knopp over the masked patches of the global batch, each tower
+    # the other's teacher.
+    a, b = z1.reshape(len(z1), 2, 2), z2.reshape(len(z2), 2, 2)
+    mask = torch.sin(100 * a[..., 0].detach()) > 0
+
+    def targets(teacher):
+        return sinkhorn(teacher.reshape(-1, 2), 0.5, 3, valid=mask.reshape(-1)).reshape(teacher.shape)
+
+    return ibot_patch_loss(a, targets(b), mask, 0.1) + ibot_patch_loss(b, targets(a), mask, 0.1)
 
 
 @LOSSES.register("swav")

@@ -16,6 +16,7 @@ from solo.methods import (  # noqa: F401  (registers them)
     clip,
     deepclusterv2,
     dino,
+    dinov2,
     mae,
     mocov2plus,
     mocov3,

@@ -31,6 +31,15 @@ class DINOConfig:
     freeze_last_layer_epochs: float = ruled(1.0, NON_NEGATIVE)  # the head's last layer is not updated before
 
 
+def teacher_temperature(cfg, step: int, steps_per_epoch: int) -> float:
+    """The teacher's temperature after `step` optimizer steps: linear from cfg.warmup_teacher_temperature to
+    cfg.teacher_temperature over cfg.warmup_teacher_temperature_epochs, then constant (DINO, DINOv2)."""
+    warmup = cfg.warmup_teacher_temperature_epochs * steps_per_epoch
+    if step >= warmup:
+        return cfg.teacher_temperature
+    return cfg.warmup_teacher_temperature + (cfg.teacher_temperature - cfg.warmup_teacher_temperature) * step / warmup
+
+
 class DINOHead(nn.Module):
     """MLP (GELU) -> bottleneck -> L2 normalisation -> weight-normalised linear layer to K prototypes, whose
     norms are fixed at 1 (DINO's `norm_last_layer`, the default that keeps training stable)."""
@@ -72,16 +81,8 @@ class DINO(Method):
         self.teacher = make_teacher(nn.ModuleList([backbone, self.head]))
         # Buffers: part of the checkpoint, so a resumed run goes on with the same centre and temperature.
         self.register_buffer("center", torch.zeros(cfg.num_prototypes))
-        self.register_buffer("teacher_temperature", torch.tensor(self._teacher_temperature(0, 1)))
+        self.register_buffer("teacher_temperature", torch.tensor(teacher_temperature(cfg, 0, 1)))
         self.momentum = cfg.base_momentum
-
-    def _teacher_temperature(self, step: int, steps_per_epoch: int) -> float:
-        """Linear from the warm-up value to the final one over the warm-up epochs, then constant."""
-        c = self.cfg
-        warmup = c.warmup_teacher_temperature_epochs * steps_per_epoch
-        if step >= warmup:
-            return c.teacher_temperature
-        return c.warmup_teacher_temperature + (c.teacher_temperature - c.warmup_teacher_temperature) * step / warmup
 
     def param_groups(self, weight_decay: float, exclude_bias_and_norm: bool) -> list[dict]:
         frozen_steps = round(self.cfg.freeze_last_layer_epochs * self.steps_per_epoch)
@@ -107,7 +108,7 @@ class DINO(Method):
     def after_optimizer_step(self, step: int, total_steps: int) -> None:
         self.momentum = cosine_momentum(self.cfg.base_momentum, self.cfg.final_momentum, step, total_steps)
         ema_update(self.teacher, nn.ModuleList([self.backbone, self.head]), self.momentum)
-        self.teacher_temperature.fill_(self._teacher_temperature(step, self.steps_per_epoch))
+        self.teacher_temperature.fill_(teacher_temperature(self.cfg, step, self.steps_per_epoch))
 
     def metrics(self) -> dict[str, torch.Tensor]:
         return {

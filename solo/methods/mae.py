@@ -11,12 +11,14 @@ import torch.nn as nn
 from solo.backbones.vit import (
     check_vit,
     embed_patches,
+    first_positions,
     grid_shape,
     keep,
     num_patches,
     patch_size,
     patchify,
     prefix_tokens,
+    refuse_fsdp,
     run_blocks,
     sincos_positions,
 )
@@ -67,7 +69,7 @@ class MAEDecoder(nn.Module):
         visible = x[:, self.prefix :]
         # Every position starts as the mask token; the visible ones take their encodings, in order.
         tokens = self.mask_token.to(x.dtype).expand(mask.shape[0], mask.shape[1], -1)
-        order = torch.argsort(mask.int(), dim=1, stable=True)[:, : visible.shape[1]]
+        order = first_positions(~mask, visible.shape[1])
         tokens = tokens.scatter(1, order[..., None].expand(-1, -1, x.shape[-1]), visible)
         tokens = tokens + self.positions.to(x.dtype)
         x = torch.cat([x[:, : self.prefix], tokens], dim=1)
@@ -97,6 +99,10 @@ class MAE(Method):
         self.decoder = MAEDecoder(
             backbone.embed_dim, cfg, grid_shape(backbone), backbone.num_prefix_tokens, self.patch**2 * 3
         )
+
+    @classmethod
+    def check_config(cls, cfg) -> None:
+        refuse_fsdp(cfg, cls.name)
 
     def masks(self) -> RandomMask:
         return RandomMask(num_patches(self.backbone), self.cfg.mask_ratio)

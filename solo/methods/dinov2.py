@@ -1,0 +1,167 @@
+"""DINOv2 (Oquab et al., 2023): DINO's self-distillation of the class token over multi-crop views, iBOT's
+distillation of masked patch tokens, Sinkhorn-Knopp centring of the teacher, and the KoLeo regulariser, on a Vision
+Transformer. Without KoLeo (`method.koleo_weight=0`) it is iBOT with DINOv2's centring."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+
+from solo.backbones.vit import (
+    check_vit,
+    embed_patches,
+    first_positions,
+    grid_shape,
+    prefix_tokens,
+    refuse_fsdp,
+    run_blocks,
+    take,
+)
+from solo.data.views.masks import BlockMask
+from solo.distributed import all_reduce, world_size
+from solo.errors import ConfigError
+from solo.losses import dino_cross_entropy, ibot_patch_loss, koleo_loss, sinkhorn
+from solo.methods.base import Method, cosine_momentum, ema_update, make_teacher, register_method, with_group_settings
+from solo.methods.dino import DINOHead, teacher_temperature
+from solo.schema import AT_LEAST_ONE, FRACTION, NON_NEGATIVE, POSITIVE, PROBABILITY, ruled
+
+
+@dataclass
+class DINOv2Config:
+    name: str = "dinov2"
+    proj_hidden_dim: int = ruled(2048, AT_LEAST_ONE)
+    bottleneck_dim: int = ruled(256, AT_LEAST_ONE)
+    num_prototypes: int = ruled(65536, AT_LEAST_ONE)  # one head for the class token and the patches (DINOv2's default)
+    student_temperature: float = ruled(0.1, POSITIVE)
+    teacher_temperature: float = ruled(0.07, POSITIVE)  # after the warm-up
+    warmup_teacher_temperature: float = ruled(0.04, POSITIVE)
+    warmup_teacher_temperature_epochs: float = ruled(30.0, NON_NEGATIVE)
+    sinkhorn_iterations: int = ruled(3, AT_LEAST_ONE)
+    ibot_weight: float = ruled(1.0, NON_NEGATIVE)
+    koleo_weight: float = ruled(0.1, NON_NEGATIVE)
+    mask_probability: float = ruled(0.5, PROBABILITY)  # the share of global crops that are masked
+    mask_ratio_min: float = ruled(0.1, FRACTION)  # a masked crop hides a share of its patches in [min, max]
+    mask_ratio_max: float = ruled(0.5, FRACTION)
+    base_momentum: float = ruled(0.992, PROBABILITY)  # the teacher's share in its EMA update, at the start
+    final_momentum: float = ruled(1.0, PROBABILITY)
+    freeze_last_layer_epochs: float = ruled(1.0, NON_NEGATIVE)
+
+    def validate(self) -> None:
+        if self.mask_ratio_min > self.mask_ratio_max:
+            raise ValueError(
+                f"mask_ratio_min={self.mask_ratio_min} is above mask_ratio_max={self.mask_ratio_max}: a masked crop "
+                "hides a share of its patches between the two"
+            )
+
+
+@register_method("dinov2", schema=DINOv2Config)
+class DINOv2(Method):
+    """The student sees every crop, its global crops with the masked patches' embeddings replaced by a learnt mask
+    token; the teacher (an EMA of backbone and head) sees the global crops whole. Losses: the cross-entropy of the
+    student's class tokens against the teacher's Sinkhorn-Knopp targets of the other global crops (DINO), the same for
+    each masked patch against the teacher's token at that position, averaged per image (iBOT), and KoLeo on the
+    student's global class tokens. Every statistic is over the global batch."""
+
+    teachers = ("teacher",)
+    local_crops = True
+
+    def __init__(self, backbone, feature_dim: int, cfg: DINOv2Config):
+        super().__init__(backbone, feature_dim)
+        check_vit(backbone, self.name)
+        self.cfg = cfg
+        self.head = DINOHead(feature_dim, cfg.proj_hidden_dim, cfg.bottleneck_dim, cfg.num_prototypes)
+        self.mask_token = nn.Parameter(torch.zeros(backbone.embed_dim))
+        self.teacher = make_teacher(nn.ModuleList([backbone, self.head]))
+        self.register_buffer("teacher_temperature", torch.tensor(teacher_temperature(cfg, 0, 1)))
+        self.momentum = cfg.base_momentum
+
+    @classmethod
+    def check_config(cls, cfg) -> None:
+        refuse_fsdp(cfg, cls.name)
+
+    def masks(self) -> BlockMask:
+        c = self.cfg
+        return BlockMask(
+            grid_shape(self.backbone), self.num_views, c.mask_probability, c.mask_ratio_min, c.mask_ratio_max
+        )
+
+    def param_groups(self, weight_decay: float, exclude_bias_and_norm: bool) -> list[dict]:
+        frozen_steps = round(self.cfg.freeze_last_layer_epochs * self.steps_per_epoch)
+        groups = super().param_groups(weight_decay, exclude_bias_and_norm)
+        return with_group_settings(groups, self.head.last_layer.parameters(), frozen_steps=frozen_steps)
+
+    def _global_tokens(self, vit: nn.Module, images: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        patches = embed_patches(vit, images, mask, self.mask_token if mask is not None else None)
+        return run_blocks(vit, torch.cat([prefix_tokens(vit, len(images)), patches], dim=1))
+
+    def encode(self, batch: dict) -> dict:
+        views, masks = batch["views"], batch["mask"]  # masks: (B, global crops, patches)
+        vit, prefix = self.backbone, self.backbone.num_prefix_tokens
+        if len(views) > self.num_views and not vit.dynamic_img_size:
+            raise ConfigError(
+                "method=dinov2 runs the smaller local crops through the ViT: set backbone.kwargs.dynamic_img_size=true "
+                "(timm then resizes its position embeddings to each crop)"
+            )
+        hidden = self.masks().hidden
+        cls, patches, teacher_cls, teacher_patches = [], [], [], []
+        for g in range(self.num_views):
+            mask = masks[:, g]
+            positions = first_positions(mask, hidden)  # the masked patches first: iBOT's candidates
+            tokens = self._global_tokens(vit, views[g], mask)
+            cls.append(tokens[:, 0])
+            patches.append(take(tokens[:, prefix:], positions))
+            with torch.no_grad():
+                tokens = self._global_tokens(self.teacher[0], views[g], None)
+                teacher_cls.append(tokens[:, 0])
+                teacher_patches.append(take(tokens[:, prefix:], positions))
+        cls += [vit.forward_features(v)[:, 0] for v in views[self.num_views :]]
+        return {"cls": cls, "patches": patches, "teacher_cls": teacher_cls, "teacher_patches": teacher_patches}
+
+    def joint(self, encoded: dict, batch: dict) -> dict:
+        c, temperature = self.cfg, self.teacher_temperature
+        n = len(encoded["cls"][0])
+        student = [self.head(x) for x in encoded["cls"]]
+        with torch.no_grad():
+            teacher_head = self.teacher[1]
+            teacher = sinkhorn(
+                torch.cat([teacher_head(t) for t in encoded["teacher_cls"]]), temperature, c.sinkhorn_iterations
+            )
+            patch_scores = teacher_head(torch.cat(encoded["teacher_patches"]))
+            hidden = self.masks().hidden  # which of each image's candidate patches are masked
+            valid = torch.cat([m.gather(1, first_positions(m, hidden)) for m in batch["mask"].unbind(1)])
+            patch_targets = sinkhorn(
+                patch_scores.flatten(0, 1), temperature, c.sinkhorn_iterations, valid=valid.flatten()
+            ).view(patch_scores.shape)
+        terms = {"dino": dino_cross_entropy(student, list(teacher.split(n)), c.student_temperature)}
+        if c.ibot_weight:
+            student_patches = self.head(torch.cat(encoded["patches"]))
+            terms["ibot"] = ibot_patch_loss(student_patches, patch_targets, valid, c.student_temperature)
+        if c.koleo_weight:
+            terms["koleo"] = sum(koleo_loss(x) for x in encoded["cls"][: self.num_views])
+        weights = {"dino": 1.0, "ibot": c.ibot_weight, "koleo": c.koleo_weight}
+        loss = sum(weights[name] * term for name, term in terms.items())
+        self.terms = {name: term.detach() for name, term in terms.items()}  # W times this rank's share
+        features = torch.cat(encoded["cls"][: self.num_views])
+        return {"loss": loss, "features": features, "labels": batch["label"].repeat(self.num_views)}
+
+    def after_optimizer_step(self, step: int, total_steps: int) -> None:
+        self.momentum = cosine_momentum(self.cfg.base_momentum, self.cfg.final_momentum, step, total_steps)
+        ema_update(self.teacher, nn.ModuleList([self.backbone, self.head]), self.momentum)
+        self.teacher_temperature.fill_(teacher_temperature(self.cfg, step, self.steps_per_epoch))
+
+    def metrics(self) -> dict[str, torch.Tensor]:
+        return {
+            "train/teacher_momentum": torch.tensor(self.momentum),
+            "train/teacher_temperature": self.teacher_temperature,
+            **self._last_terms(),
+        }
+
+    def _last_terms(self) -> dict[str, torch.Tensor]:
+        """The last step's loss terms over the global batch (every rank logs: the sum over ranks is W times each)."""
+        terms = getattr(self, "terms", {})
+        if not terms:
+            return {}
+        values = all_reduce(torch.stack(list(terms.values())).double()) / world_size()
+        return {f"train/{name}_loss": value for name, value in zip(terms, values)}
