@@ -7,8 +7,8 @@ solo: `method=mae`'s module (solo.methods.mae.MAE; the probe's whole-image pass 
 forward and backward on a batch of images and per-sample masks (75% of the patches). Bare: the same ViT and decoder
 modules called the way MAE's reference code does (patch embedding, position embedding, boolean-index the visible
 tokens, class token, timm's blocks and norm, the decoder, a per-rank masked mean), forward and backward. Both in
-float32 and under CPU autocast to bf16; the best of `--steps` timed steps after one warm-up step. Prints ms per step
-and solo / bare.
+float32 and under CPU autocast to bf16; the best of `--steps` timed steps of each, interleaved after one warm-up
+step each. Prints ms per step and solo / bare.
 """
 
 from __future__ import annotations
@@ -45,14 +45,18 @@ def solo_loss(model: MAE, images: torch.Tensor, mask: torch.Tensor) -> torch.Ten
     return model(batch)["loss"]
 
 
-def best_time(step, steps: int) -> float:
-    step()
-    times = []
-    for _ in range(steps):
-        start = time.perf_counter()
+def best_times(steps: dict, repeats: int) -> dict:
+    """The best wall time of each step function over `repeats`, the functions interleaved (one warm-up each first),
+    so that drifts of the machine fall on all of them alike."""
+    for step in steps.values():
         step()
-        times.append(time.perf_counter() - start)
-    return min(times)
+    times = {name: [] for name in steps}
+    for _ in range(repeats):
+        for name, step in steps.items():
+            start = time.perf_counter()
+            step()
+            times[name].append(time.perf_counter() - start)
+    return {name: min(t) for name, t in times.items()}
 
 
 def main() -> None:
@@ -87,8 +91,8 @@ def main() -> None:
 
             return run
 
-        bare = best_time(step(bare_loss), args.steps)
-        ours = best_time(step(solo_loss), args.steps)
+        best = best_times({"bare": step(bare_loss), "solo": step(solo_loss)}, args.steps)
+        bare, ours = best["bare"], best["solo"]
         print(f"{precision:<10} {bare * 1e3:>9.0f} {ours * 1e3:>9.0f} {ours / bare:>12.3f}")
 
 

@@ -66,9 +66,31 @@ class DINOHead(nn.Module):
         return F.linear(F.normalize(self.mlp(x), dim=-1), F.normalize(self.last_layer.weight, dim=1))
 
 
-@register_method("dino", schema=DINOConfig)
-class DINO(Method):
+class SelfDistillation(Method):
+    """What DINO and DINOv2 share: a teacher (an EMA of backbone and `head`) moved after every optimizer step on a
+    cosine momentum schedule, its temperature warming up, and the head's last layer frozen at first."""
+
     teachers = ("teacher",)
+
+    def param_groups(self, weight_decay: float, exclude_bias_and_norm: bool) -> list[dict]:
+        frozen_steps = round(self.cfg.freeze_last_layer_epochs * self.steps_per_epoch)
+        groups = super().param_groups(weight_decay, exclude_bias_and_norm)
+        return with_group_settings(groups, self.head.last_layer.parameters(), frozen_steps=frozen_steps)
+
+    def after_optimizer_step(self, step: int, total_steps: int) -> None:
+        self.momentum = cosine_momentum(self.cfg.base_momentum, self.cfg.final_momentum, step, total_steps)
+        ema_update(self.teacher, nn.ModuleList([self.backbone, self.head]), self.momentum)
+        self.teacher_temperature.fill_(teacher_temperature(self.cfg, step, self.steps_per_epoch))
+
+    def metrics(self) -> dict[str, torch.Tensor]:
+        return {
+            "train/teacher_momentum": torch.tensor(self.momentum),
+            "train/teacher_temperature": self.teacher_temperature,
+        }
+
+
+@register_method("dino", schema=DINOConfig)
+class DINO(SelfDistillation):
     sync_teacher_batchnorm = True  # the teacher's backbone BatchNorms see the global batch, as the student's
     local_crops = True
 
@@ -83,11 +105,6 @@ class DINO(Method):
         self.register_buffer("center", torch.zeros(cfg.num_prototypes))
         self.register_buffer("teacher_temperature", torch.tensor(teacher_temperature(cfg, 0, 1)))
         self.momentum = cfg.base_momentum
-
-    def param_groups(self, weight_decay: float, exclude_bias_and_norm: bool) -> list[dict]:
-        frozen_steps = round(self.cfg.freeze_last_layer_epochs * self.steps_per_epoch)
-        groups = super().param_groups(weight_decay, exclude_bias_and_norm)
-        return with_group_settings(groups, self.head.last_layer.parameters(), frozen_steps=frozen_steps)
 
     def encode(self, batch: dict) -> dict:
         views = batch["views"]
@@ -104,14 +121,3 @@ class DINO(Method):
             self.center.copy_(dino_center(teacher, self.center, self.cfg.center_momentum))
         features = torch.cat(encoded["features"][: self.num_views])
         return {"loss": loss, "features": features, "labels": batch["label"].repeat(self.num_views)}
-
-    def after_optimizer_step(self, step: int, total_steps: int) -> None:
-        self.momentum = cosine_momentum(self.cfg.base_momentum, self.cfg.final_momentum, step, total_steps)
-        ema_update(self.teacher, nn.ModuleList([self.backbone, self.head]), self.momentum)
-        self.teacher_temperature.fill_(teacher_temperature(self.cfg, step, self.steps_per_epoch))
-
-    def metrics(self) -> dict[str, torch.Tensor]:
-        return {
-            "train/teacher_momentum": torch.tensor(self.momentum),
-            "train/teacher_temperature": self.teacher_temperature,
-        }

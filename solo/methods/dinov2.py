@@ -23,8 +23,8 @@ from solo.data.views.masks import BlockMask
 from solo.distributed import all_reduce, world_size
 from solo.errors import ConfigError
 from solo.losses import dino_cross_entropy, ibot_patch_loss, koleo_loss, sinkhorn
-from solo.methods.base import Method, cosine_momentum, ema_update, make_teacher, register_method, with_group_settings
-from solo.methods.dino import DINOHead, teacher_temperature
+from solo.methods.base import make_teacher, register_method
+from solo.methods.dino import DINOHead, SelfDistillation, teacher_temperature
 from solo.schema import AT_LEAST_ONE, FRACTION, NON_NEGATIVE, POSITIVE, PROBABILITY, ruled
 
 
@@ -57,14 +57,13 @@ class DINOv2Config:
 
 
 @register_method("dinov2", schema=DINOv2Config)
-class DINOv2(Method):
+class DINOv2(SelfDistillation):
     """The student sees every crop, its global crops with the masked patches' embeddings replaced by a learnt mask
     token; the teacher (an EMA of backbone and head) sees the global crops whole. Losses: the cross-entropy of the
     student's class tokens against the teacher's Sinkhorn-Knopp targets of the other global crops (DINO), the same for
     each masked patch against the teacher's token at that position, averaged per image (iBOT), and KoLeo on the
     student's global class tokens. Every statistic is over the global batch."""
 
-    teachers = ("teacher",)
     local_crops = True
 
     def __init__(self, backbone, feature_dim: int, cfg: DINOv2Config):
@@ -86,11 +85,6 @@ class DINOv2(Method):
         return BlockMask(
             grid_shape(self.backbone), self.num_views, c.mask_probability, c.mask_ratio_min, c.mask_ratio_max
         )
-
-    def param_groups(self, weight_decay: float, exclude_bias_and_norm: bool) -> list[dict]:
-        frozen_steps = round(self.cfg.freeze_last_layer_epochs * self.steps_per_epoch)
-        groups = super().param_groups(weight_decay, exclude_bias_and_norm)
-        return with_group_settings(groups, self.head.last_layer.parameters(), frozen_steps=frozen_steps)
 
     def _global_tokens(self, vit: nn.Module, images: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         patches = embed_patches(vit, images, mask, self.mask_token if mask is not None else None)
@@ -146,17 +140,8 @@ class DINOv2(Method):
         features = torch.cat(encoded["cls"][: self.num_views])
         return {"loss": loss, "features": features, "labels": batch["label"].repeat(self.num_views)}
 
-    def after_optimizer_step(self, step: int, total_steps: int) -> None:
-        self.momentum = cosine_momentum(self.cfg.base_momentum, self.cfg.final_momentum, step, total_steps)
-        ema_update(self.teacher, nn.ModuleList([self.backbone, self.head]), self.momentum)
-        self.teacher_temperature.fill_(teacher_temperature(self.cfg, step, self.steps_per_epoch))
-
     def metrics(self) -> dict[str, torch.Tensor]:
-        return {
-            "train/teacher_momentum": torch.tensor(self.momentum),
-            "train/teacher_temperature": self.teacher_temperature,
-            **self._last_terms(),
-        }
+        return {**super().metrics(), **self._last_terms()}
 
     def _last_terms(self) -> dict[str, torch.Tensor]:
         """The last step's loss terms over the global batch (every rank logs: the sum over ranks is W times each)."""
