@@ -55,6 +55,7 @@ def main(out: str, layout: str, steps: str, *overrides: str) -> None:
             knn=False,
             tokenizer=getattr(trainer.model.method, "tokenizer", None),
             device=device,
+            masks=trainer.model.method.masks(),
         )
         start = sum(layout[: env.rank])
         for index, batch in zip(range(int(steps)), loaders.train):

@@ -27,7 +27,11 @@ SIMCLR = TINY + ["method=simclr", "trainer.precision=64"]  # LARS, BatchNorm in 
 # EMA teacher, multi-crop, centre, frozen last layer, and a gradient clip that binds
 DINO = BASE + ["method=dino", *METHOD["dino"], "optim.grad_clip=0.3"]
 CLIP = TINY_CLIP + ["trainer.precision=64"]  # two towers and the logit scale
-CASES = {"simclr": SIMCLR, "dino": DINO, "clip": CLIP}
+# ViTs whose patch embedding, tokens and blocks a masked-image method calls one by one: MAE's (and its decoder);
+# DINOv2's student, its EMA teacher, and multi-crop through the same units
+MAE = BASE + ["method=mae", *METHOD["mae"]]
+DINOV2 = BASE + ["method=dinov2", *METHOD["dinov2"]]
+CASES = {"simclr": SIMCLR, "dino": DINO, "clip": CLIP, "mae": MAE, "dinov2": DINOV2}
 
 
 def step_layout(tmp_path, overrides: list[str], layout: list[int]) -> dict:
@@ -50,13 +54,15 @@ def worst_difference(a: dict, b: dict) -> tuple[float, str]:
 @pytest.mark.slow
 @pytest.mark.parametrize("method", sorted(CASES))
 def test_fsdp_step_equals_one_process_with_uneven_and_empty_ranks(tmp_path, method):
-    """3 float64 steps on 12 rows: FSDP at W = 3 ([8, 0, 4], with activation checkpointing), and for SimCLR also at
-    W = 2 ([9, 3]) == 1 process, to 1e-10 of how far the weights moved; a LARS on shard norms is not."""
+    """3 float64 steps on 12 rows: FSDP at W = 3 ([8, 0, 4], with activation checkpointing), and for SimCLR and MAE
+    also at W = 2 ([9, 3]) == 1 process, to 1e-10 of how far the weights moved; a LARS on shard norms is not."""
     overrides = CASES[method]
     one = step_layout(tmp_path, overrides, [12])
     start = weights_at_init(overrides + ["data.batch_size=12"])
     moved = max(float((one[k] - start[k]).abs().max()) for k in start)
-    layouts = [([8, 0, 4], ["trainer.activation_checkpointing=true"])] + ([([9, 3], [])] if method == "simclr" else [])
+    layouts = [([8, 0, 4], ["trainer.activation_checkpointing=true"])] + (
+        [([9, 3], [])] if method in ("simclr", "mae") else []
+    )
     for layout, more in layouts:
         sharded = step_layout(tmp_path, overrides + ["trainer.strategy=fsdp", *more], layout)
         worst, name = worst_difference(one, sharded)

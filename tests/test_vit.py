@@ -6,7 +6,15 @@ import torch
 import torch.nn.functional as F
 
 from solo.backbones import create_backbone
-from solo.backbones.vit import embed_patches, keep, patchify, prefix_tokens, run_blocks, sincos_positions
+from solo.backbones.vit import (
+    embed_patches,
+    keep,
+    output_tokens,
+    patchify,
+    prefix_tokens,
+    run_blocks,
+    sincos_positions,
+)
 from solo.data.sampling.seeding import sample_seed, seeded_rng
 from solo.data.views.masks import RandomMask
 from solo.data.views.multiview import MultiViewDataset
@@ -30,6 +38,16 @@ def test_the_token_path_is_timms_forward(kwargs):
     images = torch.randn(3, 3, 16, 16)
     tokens = torch.cat([prefix_tokens(vit, 3), embed_patches(vit, images)], dim=1)
     torch.testing.assert_close(run_blocks(vit, tokens), vit.forward_features(images))
+    torch.testing.assert_close(output_tokens(vit, images), vit.forward_features(images), rtol=0, atol=0)
+
+
+def test_smaller_crops_get_timms_resampled_positions_and_an_empty_batch_runs():
+    torch.manual_seed(0)
+    vit, _ = create_backbone("test_vit", img_size=16, patch_size=4)  # dynamic_img_size
+    vit.eval()
+    crops = torch.randn(3, 3, 8, 12)
+    torch.testing.assert_close(output_tokens(vit, crops), vit.forward_features(crops), rtol=0, atol=0)
+    assert output_tokens(vit, crops[:0]).shape == (0, 1 + 6, vit.embed_dim)  # timm's forward_features fails here
 
 
 def test_keep_takes_each_samples_visible_tokens_in_order():
@@ -183,9 +201,3 @@ def test_settings_dinov2_cannot_use_are_refused(tmp_path, overrides, message):
 
     with pytest.raises(ConfigError, match=message):
         pretrain(compose_cfg(overrides), tmp_path)
-
-
-@pytest.mark.parametrize("case", ["mae_vit", "dinov2_vit"])
-def test_masked_image_methods_refuse_fsdp_for_now(case):
-    with pytest.raises(ConfigError, match=r"trainer.strategy=fsdp: method=\w+ calls the ViT's patch embedding"):
-        compose_cfg(CASES[case] + ["trainer.strategy=fsdp"])

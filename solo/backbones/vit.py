@@ -16,9 +16,7 @@ from solo.errors import ConfigError
 
 def check_vit(backbone: nn.Module, method: str) -> None:
     """Raise ConfigError unless `backbone` is a timm VisionTransformer whose patch size divides its image size."""
-    from timm.models.vision_transformer import VisionTransformer  # here: timm's import costs every process 2 s
-
-    if not isinstance(backbone, VisionTransformer):
+    if not is_vit(backbone):
         raise ConfigError(
             f"method={method} masks the patches of a Vision Transformer, and the backbone is a "
             f"{type(backbone).__name__}: use backbone=vit_tiny (the digits) or a timm ViT such as "
@@ -32,23 +30,25 @@ def check_vit(backbone: nn.Module, method: str) -> None:
         )
 
 
-def refuse_fsdp(cfg, method: str) -> None:
-    """Raise ConfigError for trainer.strategy=fsdp: a masked-image method calls the ViT's parts one by one, and FSDP2
-    gathers a unit's parameters only around its forward."""
-    if str(cfg.trainer.strategy) == "fsdp":
-        raise ConfigError(
-            f"trainer.strategy=fsdp: method={method} calls the ViT's patch embedding and blocks one by one, and FSDP "
-            "gathers the backbone's own parameters (embeddings, class token, last norm) only around its forward; use "
-            "trainer.strategy=ddp (masked-image methods under FSDP are not supported yet)"
-        )
+def parts_called_apart(vit: nn.Module) -> tuple[list[nn.Module], list[nn.Parameter]]:
+    """What the functions below call outside `vit`'s forward: its submodules with parameters other than the blocks
+    (patch embedding, norms), and its own parameters (class and register tokens, position embeddings). FSDP2
+    gathers a unit's parameters only around the unit's forward, so solo.train.distribute makes each such submodule
+    a unit and keeps the own parameters, a few thousand numbers, whole on every rank."""
+    modules = [m for name, m in vit.named_children() if name != "blocks" and next(m.parameters(), None) is not None]
+    return modules, list(vit.parameters(recurse=False))
+
+
+def is_vit(module: nn.Module) -> bool:
+    from timm.models.vision_transformer import VisionTransformer  # here: timm's import costs every process 2 s
+
+    return isinstance(module, VisionTransformer)
 
 
 def pool_patch_tokens(backbone: nn.Module) -> None:
     """Make a timm ViT's pooled feature the mean of its patch tokens (after the last norm) instead of its class token:
     MAE's and I-JEPA's probes read the patches."""
-    from timm.models.vision_transformer import VisionTransformer
-
-    if not isinstance(backbone, VisionTransformer):
+    if not is_vit(backbone):
         raise ConfigError(
             f"pool=mean averages a Vision Transformer's patch tokens, and the backbone is a {type(backbone).__name__}: "
             "use pool=cls (its pooled features as they are)"
@@ -69,13 +69,21 @@ def embed_patches(
     vit: nn.Module, images: torch.Tensor, mask: torch.Tensor | None = None, mask_token: torch.Tensor | None = None
 ) -> torch.Tensor:
     """(B, N, D): each patch's embedding plus its position embedding, in row-major order; no prefix tokens. With
-    `mask` (B, N), the hidden patches' embeddings are `mask_token` (D,) instead (iBOT, DINOv2)."""
+    `mask` (B, N), the hidden patches' embeddings are `mask_token` (D,) instead (iBOT, DINOv2). Images of another size
+    than the model's (local crops, `dynamic_img_size`) get its position embeddings resampled to their grid, as timm
+    does."""
+    from timm.layers import resample_abs_pos_embed
+
     x = vit.patch_embed(images)
-    x = x.reshape(x.shape[0], -1, x.shape[-1])  # dynamic_img_size gives (B, H, W, D)
+    grid = tuple(x.shape[1:3]) if x.dim() == 4 else tuple(vit.patch_embed.grid_size)  # dynamic: (B, H, W, D)
+    x = x.flatten(1, -2)  # unlike reshape(B, -1, D), this takes B = 0 (an empty rank)
     if mask is not None:
         x = torch.where(mask[..., None], mask_token.to(x.dtype), x)
     offset = 0 if vit.no_embed_class else vit.num_prefix_tokens
-    return x + vit.pos_embed[:, offset:]
+    positions = vit.pos_embed
+    if grid != tuple(vit.patch_embed.grid_size):
+        positions = resample_abs_pos_embed(positions, grid, vit.patch_embed.grid_size, num_prefix_tokens=offset)
+    return x + positions[:, offset:]
 
 
 def prefix_tokens(vit: nn.Module, batch: int) -> torch.Tensor:
@@ -90,6 +98,16 @@ def prefix_tokens(vit: nn.Module, batch: int) -> torch.Tensor:
 def run_blocks(vit: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
     """The transformer on `tokens` (prefix first): pre-norm, blocks, final norm, as timm's forward_features."""
     return vit.norm(vit.blocks(vit.norm_pre(tokens)))
+
+
+def output_tokens(
+    vit: nn.Module, images: torch.Tensor, mask: torch.Tensor | None = None, mask_token: torch.Tensor | None = None
+) -> torch.Tensor:
+    """(B, P + N, D): timm's `forward_features`, prefix tokens first, optionally with the masked patches' embeddings
+    replaced by `mask_token` (see `embed_patches`). Also for an empty batch, on which timm's own fails with
+    `dynamic_img_size`; `vit.forward_head` of it is the model's pooled feature."""
+    patches = embed_patches(vit, images, mask, mask_token)
+    return run_blocks(vit, torch.cat([prefix_tokens(vit, len(images)), patches], dim=1))
 
 
 def first_positions(mask: torch.Tensor, count: int) -> torch.Tensor:

@@ -23,6 +23,7 @@ from typing import Callable, ClassVar
 
 import torch
 import torch.nn as nn
+from torch.distributed.tensor import DTensor
 
 from solo.errors import ConfigError
 from solo.optim import param_groups
@@ -168,8 +169,13 @@ def make_teacher(module: nn.Module) -> nn.Module:
 @torch.no_grad()
 def ema_update(teacher: nn.Module, student: nn.Module, momentum: float) -> None:
     """teacher <- momentum * teacher + (1 - momentum) * student, for the parameters (buffers such as
-    BatchNorm statistics are the teacher's own, updated by its forward)."""
-    torch._foreach_lerp_(list(teacher.parameters()), [s.detach() for s in student.parameters()], 1.0 - momentum)
+    BatchNorm statistics are the teacher's own, updated by its forward). Under FSDP, sharded parameters (DTensors)
+    and whole ones (a ViT's tokens, see solo.train.distribute) are updated apart: one foreach call cannot mix them."""
+    pairs = list(zip(teacher.parameters(), student.parameters()))
+    for sharded in (True, False):
+        group = [(t, s.detach()) for t, s in pairs if isinstance(t, DTensor) == sharded]
+        if group:
+            torch._foreach_lerp_([t for t, _ in group], [s for _, s in group], 1.0 - momentum)
 
 
 def cosine_momentum(base: float, final: float, step: int, total_steps: int) -> float:

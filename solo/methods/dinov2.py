@@ -11,12 +11,9 @@ import torch.nn as nn
 
 from solo.backbones.vit import (
     check_vit,
-    embed_patches,
     first_positions,
     grid_shape,
-    prefix_tokens,
-    refuse_fsdp,
-    run_blocks,
+    output_tokens,
     take,
 )
 from solo.data.views.masks import BlockMask
@@ -76,19 +73,11 @@ class DINOv2(SelfDistillation):
         self.register_buffer("teacher_temperature", torch.tensor(teacher_temperature(cfg, 0, 1)))
         self.momentum = cfg.base_momentum
 
-    @classmethod
-    def check_config(cls, cfg) -> None:
-        refuse_fsdp(cfg, cls.name)
-
     def masks(self) -> BlockMask:
         c = self.cfg
         return BlockMask(
             grid_shape(self.backbone), self.num_views, c.mask_probability, c.mask_ratio_min, c.mask_ratio_max
         )
-
-    def _global_tokens(self, vit: nn.Module, images: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-        patches = embed_patches(vit, images, mask, self.mask_token if mask is not None else None)
-        return run_blocks(vit, torch.cat([prefix_tokens(vit, len(images)), patches], dim=1))
 
     def encode(self, batch: dict) -> dict:
         views, masks = batch["views"], batch["mask"]  # masks: (B, global crops, patches)
@@ -103,19 +92,18 @@ class DINOv2(SelfDistillation):
         for g in range(self.num_views):
             mask = masks[:, g]
             positions = first_positions(mask, hidden)  # the masked patches first: iBOT's candidates
-            tokens = self._global_tokens(vit, views[g], mask)
+            tokens = output_tokens(vit, views[g], mask, self.mask_token)
             cls.append(tokens[:, 0])
             patches.append(take(tokens[:, prefix:], positions))
             with torch.no_grad():
-                tokens = self._global_tokens(self.teacher[0], views[g], None)
+                tokens = output_tokens(self.teacher[0], views[g])
                 teacher_cls.append(tokens[:, 0])
                 teacher_patches.append(take(tokens[:, prefix:], positions))
-        cls += [vit.forward_features(v)[:, 0] for v in views[self.num_views :]]
+        cls += [output_tokens(vit, v)[:, 0] for v in views[self.num_views :]]
         return {"cls": cls, "patches": patches, "teacher_cls": teacher_cls, "teacher_patches": teacher_patches}
 
     def joint(self, encoded: dict, batch: dict) -> dict:
         c, temperature = self.cfg, self.teacher_temperature
-        n = len(encoded["cls"][0])
         student = [self.head(x) for x in encoded["cls"]]
         with torch.no_grad():
             teacher_head = self.teacher[1]
@@ -128,7 +116,9 @@ class DINOv2(SelfDistillation):
             patch_targets = sinkhorn(
                 patch_scores.flatten(0, 1), temperature, c.sinkhorn_iterations, valid=valid.flatten()
             ).view(patch_scores.shape)
-        terms = {"dino": dino_cross_entropy(student, list(teacher.split(n)), c.student_temperature)}
+        # tensor_split, not split(n): split(0) of an empty rank's targets gives one piece, not one per crop
+        targets = list(teacher.tensor_split(self.num_views))
+        terms = {"dino": dino_cross_entropy(student, targets, c.student_temperature)}
         if c.ibot_weight:
             student_patches = self.head(torch.cat(encoded["patches"]))
             terms["ibot"] = ibot_patch_loss(student_patches, patch_targets, valid, c.student_temperature)

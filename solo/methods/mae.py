@@ -15,10 +15,10 @@ from solo.backbones.vit import (
     grid_shape,
     keep,
     num_patches,
+    output_tokens,
     patch_size,
     patchify,
     prefix_tokens,
-    refuse_fsdp,
     run_blocks,
     sincos_positions,
 )
@@ -100,10 +100,6 @@ class MAE(Method):
             backbone.embed_dim, cfg, grid_shape(backbone), backbone.num_prefix_tokens, self.patch**2 * 3
         )
 
-    @classmethod
-    def check_config(cls, cfg) -> None:
-        refuse_fsdp(cfg, cls.name)
-
     def masks(self) -> RandomMask:
         return RandomMask(num_patches(self.backbone), self.cfg.mask_ratio)
 
@@ -114,7 +110,7 @@ class MAE(Method):
         encoded = {"prediction": self.decoder(run_blocks(vit, tokens), mask)}
         if self.feeds_probe:  # the probe learns what it is evaluated on: the whole image's features
             with torch.no_grad():
-                encoded["features"] = vit(images)
+                encoded["features"] = vit.forward_head(output_tokens(vit, images))
         return encoded
 
     def joint(self, encoded: dict, batch: dict) -> dict:

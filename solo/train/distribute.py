@@ -4,7 +4,7 @@ global BatchNorm statistics first, then
 
 * ddp: a whole copy on every process, gradients averaged by DDP;
 * fsdp: FSDP2 (`torch.distributed.fsdp.fully_shard`): every block of every tower (ViT blocks, ResNet stages,
-  Transformer layers), then every tower and head, then the rest are sharded units: each holds 1/W of its
+  Transformer layers), a ViT's patch embedding and norms, then every tower and head, then the rest are sharded units: each holds 1/W of its
   parameters, gradients and optimizer state, gathered for its forward and backward, the gradients
   reduce-scattered with the same average as DDP's. Parameters become DTensors, so the optimizer, gradient
   clipping and EMA updates compute on shards what they computed on whole tensors (norms are global).
@@ -26,6 +26,7 @@ from torch.distributed._composable import checkpoint
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
 
 from solo.backbones import WHERE_BLOCKS_ARE, blocks_of
+from solo.backbones.vit import is_vit, parts_called_apart
 from solo.distributed import world_size
 from solo.distributed.batchnorm import convert_sync_batchnorm
 from solo.errors import ConfigError
@@ -59,17 +60,20 @@ def distribute(
     if sync_batchnorm:
         convert_sync_batchnorm(model, skip=keep_local)
     if strategy == "fsdp":
-        # FSDP2 cannot shard 0-dim parameters (CLIP's logit scale): they stay whole on every rank, their gradients
-        # averaged over ranks as soon as they are accumulated.
-        scalars = {p for p in model.parameters() if p.dim() == 0}
-        for p in scalars:
+        # Parameters that stay whole on every rank, their gradients averaged over ranks as soon as they are
+        # accumulated: 0-dim ones (CLIP's logit scale), which FSDP2 cannot shard, and a ViT's own tokens and
+        # position embeddings, which masked-image methods use outside the ViT's forward.
+        whole = {p for p in model.parameters() if p.dim() == 0}
+        for vit in vits(model):
+            whole.update(parts_called_apart(vit)[1])
+        for p in whole:
             if p.requires_grad:
                 p.register_post_accumulate_grad_hook(_average_over_ranks)
         for unit in [*units, model]:
             fully_shard(
                 unit,
                 reshard_after_forward=reshard_after_forward,
-                ignored_params=scalars,
+                ignored_params=whole,
                 mp_policy=mixed_precision(unit, precision),
             )
         # GradCache's passes call encode, not forward: it must gather the root's parameters too.
@@ -141,12 +145,20 @@ def _average_over_ranks(p: torch.Tensor) -> None:
     p.grad.div_(world_size())
 
 
+def vits(model: nn.Module) -> list[nn.Module]:
+    """Every timm Vision Transformer among `model`'s towers (backbones and teachers' copies)."""
+    return [m for tower in model.towers() for m in tower.modules() if is_vit(m)]
+
+
 def fsdp_units(model: nn.Module) -> list[nn.Module]:
-    """The modules to shard, inner ones first: each block of each tower, then each tower (anything that is called
-    on its own, such as the backbone by the evaluator or a teacher by the method, must be a unit: a call that
-    bypasses its unit finds its parameters still sharded). Raises ConfigError for a backbone with no blocks."""
+    """The modules to shard, inner ones first: each block of each tower, a ViT's patch embedding and norms, then
+    each tower (anything that is called on its own, such as the backbone by the evaluator, a teacher by the method
+    or a ViT's patch embedding by a masked-image method, must be a unit: a call that bypasses its unit finds its
+    parameters still sharded). Raises ConfigError for a backbone with no blocks."""
     towers = [t for t in model.towers() if next(t.parameters(), None) is not None]
     units = blocks(model)
+    for vit in vits(model):
+        units += [m for m in parts_called_apart(vit)[0] if m not in units]
     for backbone in model.backbones():
         if not any(b in units for b in backbone.modules()):
             raise ConfigError(
