@@ -1,6 +1,6 @@
 """The known-wrong variants of global state, for tests/test_methods.py: MoCo v2+ whose queues, and NNCLR whose support
 set, hold each rank's own rows only, as a queue filled per GPU does; and for tests/test_accumulate.py, DINO whose
-centre moves once per micro-batch. Registered by `imports=[tests.local_state_methods]`,
+centre moves once per micro-batch, and I-JEPA whose masks are cut to the smallest in the batch it is given. Registered by `imports=[tests.local_state_methods]`,
 configured by tests/configs/method/<name>.yaml."""
 
 import torch
@@ -8,6 +8,7 @@ import torch
 from solo.losses import dino_center, dino_loss
 from solo.methods.base import register_method
 from solo.methods.dino import DINO, DINOConfig
+from solo.methods.ijepa import IJEPA, IJEPAConfig
 from solo.methods.memory import GlobalQueue
 from solo.methods.mocov2plus import MoCoV2Plus, MoCoV2PlusConfig
 from solo.methods.nnclr import NNCLR, NNCLRConfig
@@ -56,3 +57,17 @@ class DINOCentrePerMicroBatch(DINO):
         loss = dino_loss(student, teacher, self.center, self.cfg.student_temperature, self.teacher_temperature)
         features = torch.cat(encoded["features"][: self.num_views])
         return {"loss": loss, "features": features, "labels": batch["label"].repeat(self.num_views)}
+
+
+@register_method("ijepa_cut_to_batch", schema=IJEPAConfig)
+class IJEPACutToBatch(IJEPA):
+    """I-JEPA whose context and target masks are each cut to the smallest of their kind in the batch it is given (a
+    sample keeps its first patches), as I-JEPA's collator cuts them to the smallest in each GPU's batch: under
+    trainer.accumulate=k, to each micro-batch's smallest."""
+
+    def encode(self, batch: dict) -> dict:
+        masks = batch["mask"].clone()
+        for row in range(masks.shape[1]):
+            smallest = masks[:, row].sum(dim=1).min()
+            masks[:, row] &= masks[:, row].cumsum(dim=1) <= smallest
+        return super().encode({**batch, "mask": masks})

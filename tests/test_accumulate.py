@@ -81,6 +81,17 @@ CASES = {  # a LayerNorm image tower (timm's ViT), with SimCLR's BatchNorm proje
         "method.freeze_last_layer_epochs=0",
         "method.mask_probability=0.8",
     ],
+    # Per-sample context and target blocks, padded to the most they can hold; an EMA target encoder.
+    "ijepa_vit": [o for o in TINY if not o.startswith(("backbone", "method"))]
+    + VIT
+    + ONE_STEP
+    + [
+        "method=ijepa",
+        "method.predictor_embed_dim=16",
+        "method.predictor_depth=1",
+        "method.predictor_heads=2",
+        "method.base_momentum=0.9",
+    ],
     "siglip_vit": [o for o in TINY if not o.startswith(("backbone", "method", "data"))]
     + VIT
     + ONE_STEP
@@ -135,6 +146,28 @@ def test_the_centre_moves_once_per_step_not_per_micro_batch(tmp_path):
     k2, wrong = (weights(tmp_path / d) for d in ("k2", "wrong"))
     assert max(float((whole[k] - k2[k]).abs().max()) for k in whole) <= 1e-10 * movement
     assert max(float((whole[k] - wrong[k]).abs().max()) for k in whole if k != "method.center") > 1e-6 * movement
+
+
+def test_ijepa_masks_are_not_cut_to_the_batch(tmp_path):
+    """I-JEPA's masks, drawn per sample and padded, give trainer.accumulate=2 the whole batch's step over 3 steps;
+    masks cut to the smallest in the batch at hand (I-JEPA's collator, per GPU) give each micro-batch other masks."""
+    base = [o for o in CASES["ijepa_vit"] if "max_steps" not in o] + ["trainer.max_steps=3", "data.batch_size=16"]
+    wrong = [o for o in base if o != "method=ijepa"] + [
+        "method=ijepa_cut_to_batch",
+        "imports=[tests.local_state_methods]",
+        f"hydra.searchpath=[file://{REPO / 'tests' / 'configs'}]",
+    ]
+    for name, overrides in [("right", base), ("wrong", wrong)]:
+        pretrain(compose_cfg(overrides), tmp_path / name / "whole")
+        pretrain(compose_cfg(overrides + ["trainer.accumulate=2"]), tmp_path / name / "k2")
+    _, movement = moved(tmp_path / "right" / "whole", base)
+
+    def worst(name: str) -> float:
+        whole, k2 = (weights(tmp_path / name / d) for d in ("whole", "k2"))
+        return max(float((whole[k] - k2[k]).abs().max()) for k in whole)
+
+    assert worst("right") <= 1e-10 * movement
+    assert worst("wrong") > 1e-6 * movement
 
 
 def test_two_processes_accumulating_equal_one_process_on_the_whole_batch(tmp_path):

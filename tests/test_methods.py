@@ -97,6 +97,17 @@ METHOD = {
         "method.decoder_depth=1",
         "method.decoder_heads=2",
     ],
+    # timm's test ViT on a 4 x 4 grid of 4 px patches: per-sample context and 4 target blocks; a one-block predictor.
+    "ijepa": [
+        "backbone.name=test_vit",
+        "backbone.small_stem=false",
+        "+backbone.kwargs.img_size=16",
+        "+backbone.kwargs.patch_size=4",
+        "method.predictor_embed_dim=16",
+        "method.predictor_depth=1",
+        "method.predictor_heads=2",
+        "method.base_momentum=0.9",
+    ],
 }
 STEPS = 6
 
@@ -115,9 +126,9 @@ def overrides(method: str, batch: int) -> list[str]:
 
 # One method per kind of state of its own: a queue (MoCo v2+; ReSSL's and All4One's are the same GlobalQueue), a
 # support set (NNCLR; NNBYOL's and NNSiam's alike), an EMA teacher with a centre and a schedule (DINO; BYOL's, MoCo
-# v3's alike), a memory bank with k-means (DeepClusterV2), per-sample masks (MAE, DINOv2); and VICReg for the rest, whose state (weights, BatchNorm
+# v3's alike), a memory bank with k-means (DeepClusterV2), per-sample masks (MAE, DINOv2, I-JEPA); and VICReg for the rest, whose state (weights, BatchNorm
 # buffers, optimizer, data position, random state) is the trainer's alike.
-RESUMED = set("vicreg mocov2plus dino nnclr deepclusterv2 mae dinov2".split())
+RESUMED = set("vicreg mocov2plus dino nnclr deepclusterv2 mae dinov2 ijepa".split())
 
 
 INVARIANCE_TEST = "test_step_is_world_size_invariant_and_resumes_exactly"
@@ -283,7 +294,7 @@ def test_unknown_method_lists_every_method():
     with pytest.raises(MissingConfigException) as err:
         compose_cfg(["method=bool"])
     builtin = [m.name for m in METHODS if m.target.__module__.startswith("solo.")]  # other tests register their own
-    assert len(builtin) == 23 and all(name in str(err.value) for name in builtin)
+    assert len(builtin) == 24 and all(name in str(err.value) for name in builtin)
 
 
 @pytest.mark.parametrize(

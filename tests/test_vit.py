@@ -1,6 +1,8 @@
 """The masked-image pieces: solo.backbones.vit's token path against timm's own forward, the patch order against
 torch's unfold, the masks drawn per sample, and the settings a masked-image method cannot use."""
 
+import random
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -16,9 +18,10 @@ from solo.backbones.vit import (
     sincos_positions,
 )
 from solo.data.sampling.seeding import sample_seed, seeded_rng
-from solo.data.views.masks import RandomMask
+from solo.data.views.masks import MultiBlockMask, RandomMask
 from solo.data.views.multiview import MultiViewDataset
 from solo.errors import ConfigError
+from solo.methods.ijepa import IJEPAConfig, IJEPAPredictor
 from solo.train.trainer import build_model
 from tests.test_accumulate import CASES
 from tests.test_train import TINY, compose_cfg
@@ -191,13 +194,68 @@ DINOV2 = CASES["dinov2_vit"]
         ),
         (DINOV2 + ["method.mask_ratio_max=1"], r"method.mask_ratio_max=1.*must be in \(0, 1\)"),
         (
+            CASES["ijepa_vit"] + ["method.target_scale_min=0.3"],
+            r"method.target_scale_min=0.3 is above target_scale_max=0.2: a block's scale is drawn between the two",
+        ),
+        (
             [o for o in DINOV2 if "dynamic_img_size" not in o] + ["+backbone.kwargs.dynamic_img_size=false"],
             "method=dinov2 runs the smaller local crops through the ViT: set backbone.kwargs.dynamic_img_size=true",
         ),
     ],
 )
-def test_settings_dinov2_cannot_use_are_refused(tmp_path, overrides, message):
+def test_settings_dinov2_and_ijepa_cannot_use_are_refused(tmp_path, overrides, message):
     from solo.train.trainer import pretrain
 
     with pytest.raises(ConfigError, match=message):
         pretrain(compose_cfg(overrides), tmp_path)
+
+
+def test_multi_block_masks_keep_their_sizes_and_leave_the_targets_out_of_the_context():
+    generator = MultiBlockMask((8, 8), 4, (0.15, 0.2), (0.75, 1.5), (0.85, 1.0), min_context=10)
+    # The largest target: scale 0.2 of 64 patches is 12.8; height round(sqrt(12.8 x 1.5)) = 4, width
+    # round(sqrt(12.8 / 0.75)) = 4. The largest context: the whole grid.
+    assert (generator.most_target, generator.most_context) == (16, 64)
+    random.seed(0)
+    for _ in range(100):
+        masks = generator()
+        assert masks.shape == (5, 64) and masks.dtype == torch.bool
+        context, targets = masks[0], masks[1:]
+        assert not (context & targets.any(dim=0)).any()
+        assert 10 <= int(context.sum()) <= 64
+        for target in targets:
+            rows, cols = target.view(8, 8).nonzero().unbind(1)
+            height, width = int(rows.max() - rows.min()) + 1, int(cols.max() - cols.min()) + 1
+            assert int(target.sum()) == height * width <= 16  # a rectangle
+    with pytest.raises(ValueError, match="no context of at least 60 patches was left beside 4 targets"):
+        MultiBlockMask((8, 8), 4, (0.15, 0.2), (0.75, 1.5), (0.85, 1.0), min_context=60)()
+
+
+def test_padding_kept_out_of_attention_changes_nothing():
+    """The encoder's and I-JEPA's predictor's outputs at a sample's own tokens are those of the sample alone; padding
+    that attention does not skip changes them (the known-wrong variant)."""
+    torch.manual_seed(0)
+    vit, _ = create_backbone("test_vit", img_size=16, patch_size=4)
+    vit.eval()
+    tokens = torch.randn(2, 7, vit.embed_dim)
+    padded = torch.cat([tokens, torch.randn(2, 3, vit.embed_dim)], dim=1)
+    attends = torch.arange(10) < 7
+    alone = run_blocks(vit, tokens)
+    torch.testing.assert_close(run_blocks(vit, padded, attends.expand(2, -1))[:, :7], alone)
+    assert not torch.allclose(run_blocks(vit, padded)[:, :7], alone)
+
+    cfg = IJEPAConfig(predictor_embed_dim=16, predictor_depth=2, predictor_heads=2)
+    predictor = IJEPAPredictor(8, cfg, (4, 4))
+    context, at = torch.randn(1, 5, 8), torch.tensor([[0, 3, 5, 9, 12]])
+    targets = torch.tensor([[[1, 2, 6], [14, 15, 10]]])
+    alone = predictor(context, at, torch.ones(1, 5, dtype=torch.bool), targets, torch.ones(1, 2, 3, dtype=torch.bool))
+    # Two padding positions after the context, one after each target block's three
+    padded_at, padded_targets = torch.tensor([[0, 3, 5, 9, 12, 0, 0]]), torch.cat([targets, targets[..., :1]], dim=2)
+    valid, target_valid = torch.arange(7) < 5, torch.arange(4) < 3
+    out = predictor(
+        torch.cat([context, torch.randn(1, 2, 8)], dim=1),
+        padded_at,
+        valid[None],
+        padded_targets,
+        target_valid.expand(1, 2, 4),
+    )
+    torch.testing.assert_close(out[:, :, :3], alone)

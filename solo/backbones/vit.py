@@ -95,9 +95,14 @@ def prefix_tokens(vit: nn.Module, batch: int) -> torch.Tensor:
     return prefix if vit.no_embed_class else prefix + vit.pos_embed[:, : vit.num_prefix_tokens]
 
 
-def run_blocks(vit: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
-    """The transformer on `tokens` (prefix first): pre-norm, blocks, final norm, as timm's forward_features."""
-    return vit.norm(vit.blocks(vit.norm_pre(tokens)))
+def run_blocks(vit: nn.Module, tokens: torch.Tensor, attends: torch.Tensor | None = None) -> torch.Tensor:
+    """The transformer on `tokens` (B, L, D), prefix first: pre-norm, blocks, final norm, as timm's forward_features.
+    With `attends` (B, L), only the tokens where it is True are attended to: padding that changes nothing else."""
+    x = vit.norm_pre(tokens)
+    mask = None if attends is None else attends[:, None, None, :]  # (B, heads, queries, keys), True: attend
+    for block in vit.blocks:
+        x = block(x, attn_mask=mask)
+    return vit.norm(x)
 
 
 def output_tokens(

@@ -17,6 +17,7 @@ from solo.methods import (  # noqa: F401  (registers them)
     deepclusterv2,
     dino,
     dinov2,
+    ijepa,
     mae,
     mocov2plus,
     mocov3,

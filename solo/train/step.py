@@ -143,9 +143,12 @@ class TrainStep:
                     states.append(rng_state())
                     encoded.append(self.model.encode(part))
             after = rng_state()
-            leaves = [t.detach().requires_grad_() for t in flatten(merge_encoded(encoded))]
+            # Only floating outputs take a gradient; others (masks, indices) pass through as they are.
+            leaves = [t.detach().requires_grad_(t.is_floating_point()) for t in flatten(merge_encoded(encoded))]
             out = self._loss(self.model, batch, encoded=unflatten(merge_encoded(encoded), leaves))
-            grads = torch.autograd.grad(self.scaler.scale(out["total"]), leaves, allow_unused=True)
+            trained = [t for t in leaves if t.requires_grad]
+            found = iter(torch.autograd.grad(self.scaler.scale(out["total"]), trained, allow_unused=True))
+            grads = [next(found) if t.requires_grad else None for t in leaves]
         sizes = [len(flatten(e)[0]) for e in encoded]
         gradient_sync(self.forward, False)
         for i, part in enumerate(micro[:-1]):

@@ -83,3 +83,63 @@ class BlockMask:
                 break
             count += added
         return mask
+
+
+@dataclass(frozen=True)
+class MultiBlockMask:
+    """I-JEPA's masks: `targets` rectangles to predict, each covering a share of the patches drawn uniformly in
+    `target_scale` with an aspect ratio (height / width) drawn uniformly in `target_aspect`; and one square context
+    block covering a share drawn in `context_scale`, minus every target patch, with at least `min_context` patches
+    left (redrawn otherwise). Returns (1 + targets, patches): row 0 the context, then one row per target.
+
+    I-JEPA's collator draws the block sizes once per batch and cuts every sample's masks to the smallest in its GPU's
+    batch, so what a sample sees depends on its batch-mates and the world size. Here everything is drawn per sample
+    and nothing is cut: a batch stacks because every row has the same length, and the method pads each sample's
+    patches to `most_context` / `most_target` and keeps the padding out of attention and out of the loss."""
+
+    grid: tuple[int, int]
+    targets: int
+    target_scale: tuple[float, float]
+    target_aspect: tuple[float, float]
+    context_scale: tuple[float, float]
+    min_context: int = 1
+
+    def _size(self, scale: float, aspect: float) -> tuple[int, int]:
+        area = scale * self.grid[0] * self.grid[1]
+        height = min(self.grid[0], max(1, round(math.sqrt(area * aspect))))
+        return height, min(self.grid[1], max(1, round(math.sqrt(area / aspect))))
+
+    def _most(self, scale: tuple[float, float], aspect: tuple[float, float]) -> int:
+        """The largest block these ranges can draw: the height grows with the scale and the aspect, the width with
+        the scale and falls with the aspect, so the corners of the ranges bound every draw."""
+        return min(
+            self.grid[0] * self.grid[1],
+            self._size(scale[1], aspect[1])[0] * self._size(scale[1], aspect[0])[1],
+        )
+
+    @property
+    def most_target(self) -> int:
+        return self._most(self.target_scale, self.target_aspect)
+
+    @property
+    def most_context(self) -> int:
+        return self._most(self.context_scale, (1.0, 1.0))
+
+    def _block(self, scale: tuple[float, float], aspect: tuple[float, float]) -> torch.Tensor:
+        h, w = self._size(random.uniform(*scale), random.uniform(*aspect))
+        top, left = random.randint(0, self.grid[0] - h), random.randint(0, self.grid[1] - w)
+        block = torch.zeros(self.grid, dtype=torch.bool)
+        block[top : top + h, left : left + w] = True
+        return block.flatten()
+
+    def __call__(self) -> torch.Tensor:
+        for _ in range(100):
+            targets = [self._block(self.target_scale, self.target_aspect) for _ in range(self.targets)]
+            context = self._block(self.context_scale, (1.0, 1.0)) & ~torch.stack(targets).any(dim=0)
+            if int(context.sum()) >= self.min_context:
+                return torch.stack([context, *targets])
+        raise ValueError(
+            f"no context of at least {self.min_context} patches was left beside {self.targets} targets in 100 draws "
+            f"on a {self.grid[0]} x {self.grid[1]} grid: use fewer or smaller targets (method.num_targets, "
+            "method.target_scale_max) or a larger context (method.context_scale_min)"
+        )

@@ -1,0 +1,173 @@
+"""I-JEPA (Assran et al., 2023): from one block of an image's patches (the context), a narrow predictor predicts the
+representations of a few other blocks (the targets) at their positions; the targets' representations are those of
+an EMA of the encoder on the whole image, layer-normalised. One crop per image, no pixels predicted."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from solo.backbones.vit import (
+    check_vit,
+    embed_patches,
+    first_positions,
+    grid_shape,
+    output_tokens,
+    prefix_tokens,
+    run_blocks,
+    sincos_positions,
+    take,
+)
+from solo.data.views.masks import MultiBlockMask
+from solo.losses import masked_patch_mse
+from solo.methods.base import Method, ema_update, make_teacher, register_method
+from solo.schema import AT_LEAST_ONE, DECAY, FRACTION, POSITIVE, PROBABILITY, ruled
+
+
+@dataclass
+class IJEPAConfig:
+    name: str = "ijepa"
+    predictor_embed_dim: int = ruled(384, AT_LEAST_ONE)
+    predictor_depth: int = ruled(12, AT_LEAST_ONE)
+    predictor_heads: int = ruled(12, AT_LEAST_ONE)
+    num_targets: int = ruled(4, AT_LEAST_ONE)  # target blocks per image
+    target_scale_min: float = ruled(0.15, FRACTION)  # each target covers a share of the patches in [min, max]
+    target_scale_max: float = ruled(0.2, FRACTION)
+    target_aspect_min: float = ruled(0.75, POSITIVE)  # ... with a height / width in [min, max]
+    target_aspect_max: float = ruled(1.5, POSITIVE)
+    context_scale_min: float = ruled(0.85, DECAY)  # the square context block's share, before the targets leave it
+    context_scale_max: float = ruled(1.0, DECAY)
+    min_context_patches: int = ruled(10, AT_LEAST_ONE)  # fewer left beside the targets: the masks are drawn again
+    base_momentum: float = ruled(0.996, PROBABILITY)  # the target encoder's share in its EMA update, at the start
+    final_momentum: float = ruled(1.0, PROBABILITY)  # ... and at the end (a linear schedule, as I-JEPA's)
+
+    def validate(self) -> None:
+        for low, high in [("target_scale", "scale"), ("target_aspect", "aspect"), ("context_scale", "scale")]:
+            lo, hi = getattr(self, f"{low}_min"), getattr(self, f"{low}_max")
+            if lo > hi:
+                raise ValueError(f"{low}_min={lo} is above {low}_max={hi}: a block's {high} is drawn between the two")
+
+
+class IJEPAPredictor(nn.Module):
+    """The encoded context patches, narrowed to the predictor's width, with fixed 2-D sine-cosine positions; for each
+    target block a learnt mask token at each of its positions; transformer blocks over both; each target position's
+    output mapped back to the encoder's width. Padding (the positions past a sample's own count) is never attended
+    to."""
+
+    def __init__(self, in_dim: int, cfg: IJEPAConfig, grid: tuple[int, int]):
+        super().__init__()
+        from timm.models.vision_transformer import Block  # here: timm's import costs every process 2 s
+
+        width = cfg.predictor_embed_dim
+        self.embed = nn.Linear(in_dim, width)
+        self.mask_token = nn.Parameter(torch.zeros(width))
+        self.register_buffer("positions", sincos_positions(width, grid), persistent=False)
+        self.blocks = nn.ModuleList(
+            Block(width, cfg.predictor_heads, mlp_ratio=4.0, qkv_bias=True, norm_layer=_layer_norm)
+            for _ in range(cfg.predictor_depth)
+        )
+        self.norm = _layer_norm(width)
+        self.project = nn.Linear(width, in_dim)
+        for m in self.modules():  # I-JEPA's initialisation
+            if isinstance(m, nn.Linear):
+                nn.init.trunc_normal_(m.weight, std=0.02)
+                nn.init.zeros_(m.bias)
+        nn.init.trunc_normal_(self.mask_token, std=0.02)
+
+    def forward(
+        self,
+        context: torch.Tensor,
+        context_at: torch.Tensor,
+        context_valid: torch.Tensor,
+        target_at: torch.Tensor,
+        target_valid: torch.Tensor,
+    ) -> torch.Tensor:
+        """(B, M, T, D) predictions at the M target blocks' positions `target_at` (B, M, T) from `context` (B, C, D),
+        the encoded patches at `context_at` (B, C); `*_valid` marks each sample's own positions, the rest padding."""
+        b, m, t = target_at.shape
+        positions = self.positions.to(context.dtype)
+        # Each sample's context once per target block, sample-major: (B * M, C, width)
+        x = (self.embed(context) + positions[context_at]).repeat_interleave(m, dim=0)
+        queries = self.mask_token.to(x.dtype) + positions[target_at.flatten(0, 1)]
+        attends = torch.cat([context_valid.repeat_interleave(m, dim=0), target_valid.flatten(0, 1)], dim=1)
+        x, mask = torch.cat([x, queries], dim=1), attends[:, None, None, :]
+        for block in self.blocks:
+            x = block(x, attn_mask=mask)
+        return self.project(self.norm(x[:, -t:])).view(b, m, t, -1)
+
+
+def _layer_norm(width: int, **kwargs) -> nn.LayerNorm:
+    return nn.LayerNorm(width, eps=1e-6, **kwargs)
+
+
+@register_method("ijepa", schema=IJEPAConfig)
+class IJEPA(Method):
+    """One view per image and its masks (solo.data.views.masks.MultiBlockMask: a context and target blocks, drawn per
+    sample). `encode` runs the encoder on the context patches, padded to the most a context can hold, the padding
+    kept out of attention; the predictor; and the target encoder on the whole image. `joint` is the squared error
+    between predicted and target features, averaged over every target patch of the global batch (the padding
+    counted nowhere). The online probe reads the whole image's mean patch token, I-JEPA's linear protocol."""
+
+    num_views = 1
+    teachers = ("target_encoder",)
+
+    def __init__(self, backbone, feature_dim: int, cfg: IJEPAConfig):
+        super().__init__(backbone, feature_dim)
+        check_vit(backbone, self.name)
+        self.cfg = cfg
+        self.predictor = IJEPAPredictor(backbone.embed_dim, cfg, grid_shape(backbone))
+        self.target_encoder = make_teacher(backbone)
+        self.momentum = cfg.base_momentum
+
+    def masks(self) -> MultiBlockMask:
+        c = self.cfg
+        return MultiBlockMask(
+            grid_shape(self.backbone),
+            c.num_targets,
+            (c.target_scale_min, c.target_scale_max),
+            (c.target_aspect_min, c.target_aspect_max),
+            (c.context_scale_min, c.context_scale_max),
+            c.min_context_patches,
+        )
+
+    def encode(self, batch: dict) -> dict:
+        images, masks = batch["views"][0], batch["mask"]  # masks: (B, 1 + targets, patches), the context first
+        vit, generator = self.backbone, self.masks()
+        context_at = first_positions(masks[:, 0], generator.most_context)
+        context_valid = masks[:, 0].gather(1, context_at)
+        targets = masks[:, 1:]
+        target_at = first_positions(targets.flatten(0, 1), generator.most_target).view(*targets.shape[:2], -1)
+        target_valid = targets.gather(2, target_at)
+
+        prefix = prefix_tokens(vit, len(images))
+        tokens = torch.cat([prefix, take(embed_patches(vit, images), context_at)], dim=1)
+        attends = torch.cat([context_valid.new_ones(prefix.shape[:2]), context_valid], dim=1)
+        context = run_blocks(vit, tokens, attends)[:, prefix.shape[1] :]
+        prediction = self.predictor(context, context_at, context_valid, target_at, target_valid)
+        with torch.no_grad():
+            teacher = self.target_encoder
+            features = output_tokens(teacher, images)[:, teacher.num_prefix_tokens :]
+            features = F.layer_norm(features, features.shape[-1:])
+            target = take(features, target_at.flatten(1, 2)).view(prediction.shape)
+        encoded = {"prediction": prediction, "target": target, "valid": target_valid}
+        if self.feeds_probe:  # the probe learns what it is evaluated on: the whole image's mean patch token
+            with torch.no_grad():
+                encoded["features"] = output_tokens(vit, images)[:, vit.num_prefix_tokens :].mean(dim=1)
+        return encoded
+
+    def joint(self, encoded: dict, batch: dict) -> dict:
+        loss = masked_patch_mse(
+            encoded["prediction"].flatten(0, 1), encoded["target"].flatten(0, 1), encoded["valid"].flatten(0, 1)
+        )
+        return {"loss": loss, "features": encoded.get("features"), "labels": batch["label"]}
+
+    def after_optimizer_step(self, step: int, total_steps: int) -> None:
+        c = self.cfg
+        self.momentum = c.base_momentum + (c.final_momentum - c.base_momentum) * min(step, total_steps) / total_steps
+        ema_update(self.target_encoder, self.backbone, self.momentum)
+
+    def metrics(self) -> dict[str, torch.Tensor]:
+        return {"train/teacher_momentum": torch.tensor(self.momentum)}
