@@ -230,6 +230,18 @@ def test_multi_block_masks_keep_their_sizes_and_leave_the_targets_out_of_the_con
         MultiBlockMask((8, 8), 4, (0.15, 0.2), (0.75, 1.5), (0.85, 1.0), min_context=60)()
 
 
+def test_ijepa_probes_the_mean_patch_token_in_training_and_evaluation():
+    torch.manual_seed(0)
+    model = build_model(compose_cfg(CASES["ijepa_vit"] + ["data.batch_size=4"]), 10)
+    vit, images = model.method.backbone.eval(), torch.randn(4, 3, 16, 16, dtype=torch.float64)
+    model.double()
+    masks = torch.stack([model.method.masks()() for _ in range(4)])
+    encoded = model.method.encode({"views": [images], "mask": masks, "label": torch.zeros(4, dtype=torch.long)})
+    mean_patch = vit.forward_features(images)[:, vit.num_prefix_tokens :].mean(dim=1)
+    torch.testing.assert_close(encoded["features"], mean_patch)
+    torch.testing.assert_close(vit(images), mean_patch)  # what the probe and the k-NN read in evaluation
+
+
 def test_padding_kept_out_of_attention_changes_nothing():
     """The encoder's and I-JEPA's predictor's outputs at a sample's own tokens are those of the sample alone; padding
     that attention does not skip changes them (the known-wrong variant)."""

@@ -16,6 +16,7 @@ from solo.backbones.vit import (
     first_positions,
     grid_shape,
     output_tokens,
+    pool_patch_tokens,
     prefix_tokens,
     run_blocks,
     sincos_positions,
@@ -109,7 +110,8 @@ class IJEPA(Method):
     sample). `encode` runs the encoder on the context patches, padded to the most a context can hold, the padding
     kept out of attention; the predictor; and the target encoder on the whole image. `joint` is the squared error
     between predicted and target features, averaged over every target patch of the global batch (the padding
-    counted nowhere). The online probe reads the whole image's mean patch token, I-JEPA's linear protocol."""
+    counted nowhere). The backbone's pooled feature becomes the mean patch token, I-JEPA's linear protocol, for the
+    online probe and the k-NN during pretraining (`main_linear.py` needs `pool=mean` for the same)."""
 
     num_views = 1
     teachers = ("target_encoder",)
@@ -117,6 +119,7 @@ class IJEPA(Method):
     def __init__(self, backbone, feature_dim: int, cfg: IJEPAConfig):
         super().__init__(backbone, feature_dim)
         check_vit(backbone, self.name)
+        pool_patch_tokens(backbone)  # its pooled feature, which the probe and the k-NN read: the mean patch token
         self.cfg = cfg
         self.predictor = IJEPAPredictor(backbone.embed_dim, cfg, grid_shape(backbone))
         self.target_encoder = make_teacher(backbone)
@@ -153,9 +156,9 @@ class IJEPA(Method):
             features = F.layer_norm(features, features.shape[-1:])
             target = take(features, target_at.flatten(1, 2)).view(prediction.shape)
         encoded = {"prediction": prediction, "target": target, "valid": target_valid}
-        if self.feeds_probe:  # the probe learns what it is evaluated on: the whole image's mean patch token
+        if self.feeds_probe:  # the probe learns what it is evaluated on: the whole image's pooled feature
             with torch.no_grad():
-                encoded["features"] = output_tokens(vit, images)[:, vit.num_prefix_tokens :].mean(dim=1)
+                encoded["features"] = vit.forward_head(output_tokens(vit, images))
         return encoded
 
     def joint(self, encoded: dict, batch: dict) -> dict:
