@@ -33,6 +33,7 @@ def test_every_methods_loss_is_registered_with_the_checker():
         "nnsiam": "simsiam",
         "all4one": "all4one_feature",
         "dinov2": "ibot",  # and koleo; its class-token loss is dino's
+        "ijepa": "mae",  # a mean over the global batch's target patches, MAE's masked_patch_mse
     }
     assert {own_names.get(m, m) for m in methods} | {"koleo"} <= set(BUILTIN)
     assert all(name.removesuffix("_tiled") in set(BUILTIN) for name in BUILTIN)  # a tiled loss beside its untiled one
