@@ -4,10 +4,10 @@ global BatchNorm statistics first, then
 
 * ddp: a whole copy on every process, gradients averaged by DDP;
 * fsdp: FSDP2 (`torch.distributed.fsdp.fully_shard`): every block of every tower (ViT blocks, ResNet stages,
-  Transformer layers), a ViT's patch embedding and norms, then every tower and head, then the rest are sharded units: each holds 1/W of its
-  parameters, gradients and optimizer state, gathered for its forward and backward, the gradients
-  reduce-scattered with the same average as DDP's. Parameters become DTensors, so the optimizer, gradient
-  clipping and EMA updates compute on shards what they computed on whole tensors (norms are global).
+  Transformer layers), a ViT's patch embedding and norms, then every tower and head, then the rest are sharded
+  units: each holds 1/W of its parameters, gradients and optimizer state, gathered for its forward and backward,
+  the gradients reduce-scattered with the same average as DDP's. Parameters become DTensors, so the optimizer,
+  gradient clipping and EMA updates compute on shards what they computed on whole tensors (norms are global).
 
 Either way the step's arithmetic is unchanged: the losses return W times their share of the global loss and
 both strategies average the gradients over W (solo.distributed.collectives).
