@@ -13,7 +13,7 @@ import torch.multiprocessing as mp
 from solo.distributed import gather
 from solo.distributed.env import detect, first_host, slurm_port
 from solo.errors import ConfigError
-from solo.losses import LOSSES
+from solo.losses import LOSSES, masked_center
 from solo.losses.check import TOLERANCE, _layouts, _reference, resolve, run_check
 from solo.methods import METHODS
 from tests.checker_user_losses import SPECS as USER_SPECS
@@ -162,6 +162,38 @@ def test_gather_uneven_forward_and_reduce_scatter_backward():
         rows = torch.arange(offset, offset + s, dtype=torch.float64)[:, None].expand(s, 2)
         assert torch.equal(torch.from_numpy(grad), rows * weight_sum)
         offset += s
+
+
+def _masked_center_worker(rank, world, store, scores, valid, sizes, queue):
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+    mine = slice(sum(sizes[:rank]), sum(sizes[: rank + 1]))
+    center = torch.zeros(scores.shape[1], dtype=torch.float64)
+    queue.put((rank, masked_center(scores[mine], valid[mine], center, 0.5).numpy()))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def test_masked_center_is_the_global_batch_mean_with_uneven_and_empty_ranks():
+    """iBOT's patch centre over ranks of 4, 0 and 2 rows equals one process's over all 6; the mean of the ranks' own
+    means (a per-rank centre, averaged as DDP would) does not."""
+    scores = torch.arange(12, dtype=torch.float64).reshape(6, 2) ** 2
+    valid = torch.tensor([True, True, False, True, True, False])
+    sizes = [4, 0, 2]
+    ctx = mp.get_context("spawn")
+    queue = ctx.SimpleQueue()
+    with tempfile.TemporaryDirectory() as tmp:
+        mp.start_processes(
+            _masked_center_worker,
+            args=(len(sizes), f"{tmp}/store", scores, valid, sizes, queue),
+            nprocs=len(sizes),
+            start_method="spawn",
+        )
+    results = [queue.get() for _ in sizes]
+    expected = 0.5 * scores[valid].mean(0)
+    for _, center in results:
+        torch.testing.assert_close(torch.from_numpy(center), expected, rtol=1e-15, atol=0)
+    per_rank = 0.5 * torch.stack([scores[:4][valid[:4]].mean(0), scores[4:][valid[4:]].mean(0)]).mean(0)
+    assert (per_rank - expected).abs().max() > 1
 
 
 def _run_cli(*args, timeout=300):

@@ -340,6 +340,8 @@ EXPECTED = {
         "data.name": "imagefolder",
         "data.image_size": 224,
         "method.name": "dinov2",
+        "method.centering": "sinkhorn_knopp",
+        "method.use_bn_in_head": False,
         "method.num_prototypes": 65536,
         "method.bottleneck_dim": 256,
         "method.proj_hidden_dim": 2048,

@@ -12,6 +12,7 @@ from solo.losses import (
     clip_loss,
     dino_center,
     dino_loss,
+    masked_center,
     mocov3_loss,
     nt_xent_loss,
     siglip_loss,
@@ -207,6 +208,15 @@ def test_dino_matches_a_double_loop_over_views_and_samples():
     assert loss.item() == pytest.approx(sum(pair_losses) / len(pair_losses), rel=1e-12)
     loss.backward()
     assert all(s.grad is not None for s in student) and all(t.grad is None for t in teacher)  # a target
+
+
+def test_masked_center_averages_the_valid_rows_and_keeps_the_centre_without_any():
+    scores = torch.tensor([[1.0, 2.0], [10.0, 20.0], [3.0, -4.0]], dtype=torch.float64)
+    center = torch.tensor([0.5, -1.0], dtype=torch.float64)
+    new = masked_center(scores, torch.tensor([True, False, True]), center, 0.9)
+    assert new.tolist() == pytest.approx([0.9 * 0.5 + 0.1 * 2.0, 0.9 * -1.0 + 0.1 * -1.0], rel=1e-12)  # rows 0, 2
+    assert torch.equal(masked_center(scores, torch.zeros(3, dtype=torch.bool), center, 0.9), center)
+    assert torch.equal(center, torch.tensor([0.5, -1.0], dtype=torch.float64))  # a new tensor
 
 
 def test_dino_center_is_a_moving_average_of_the_teacher_mean_and_a_new_tensor():

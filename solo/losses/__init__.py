@@ -8,11 +8,13 @@ from solo.losses.masked import masked_patch_mse, normalised_patches
 from solo.losses.registry import LOSSES
 from solo.losses.regression import byol_loss, moco_queue_loss, mocov3_loss, ressl_loss, simsiam_loss
 from solo.losses.self_distillation import (
+    centred_softmax,
     deepcluster_loss,
     dino_center,
     dino_cross_entropy,
     dino_loss,
     ibot_patch_loss,
+    masked_center,
     sinkhorn,
     swav_loss,
 )
@@ -27,6 +29,7 @@ __all__ = [
     "all4one_feature_loss",
     "barlow_twins_loss",
     "byol_loss",
+    "centred_softmax",
     "clip_loss",
     "deepcluster_loss",
     "dino_center",
@@ -34,6 +37,7 @@ __all__ = [
     "dino_loss",
     "ibot_patch_loss",
     "koleo_loss",
+    "masked_center",
     "masked_patch_mse",
     "moco_queue_loss",
     "mocov3_loss",

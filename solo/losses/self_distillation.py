@@ -73,9 +73,18 @@ def dino_loss(
     check_positive(student_temperature, "student_temperature")
     check_positive(teacher_temperature, "teacher_temperature")
     with torch.autocast(student[0].device.type, enabled=False):
-        c = full_precision(center.detach())
-        targets = [F.softmax((full_precision(t.detach()) - c) / _scalar(teacher_temperature), dim=1) for t in teacher]
+        targets = [centred_softmax(t, center, teacher_temperature) for t in teacher]
         return dino_cross_entropy(student, targets, student_temperature)
+
+
+def centred_softmax(
+    teacher: torch.Tensor, center: torch.Tensor, teacher_temperature: float | torch.Tensor
+) -> torch.Tensor:
+    """DINO's targets: softmax((teacher - center) / teacher_temperature) over the last dimension, detached, in full
+    precision."""
+    with torch.no_grad(), torch.autocast(teacher.device.type, enabled=False):
+        c = full_precision(center.detach())
+        return F.softmax((full_precision(teacher.detach()) - c) / _scalar(teacher_temperature), dim=-1)
 
 
 def dino_cross_entropy(
@@ -128,6 +137,18 @@ def dino_center(teacher: list[torch.Tensor], center: torch.Tensor, momentum: flo
         count = sum(batch_sizes(teacher[0].shape[0], teacher[0].device)) * len(teacher)
         mean = all_reduce(local_sum) / count
         return (momentum * full_precision(center) + (1 - momentum) * mean).to(center.dtype)
+
+
+def masked_center(scores: torch.Tensor, valid: torch.Tensor, center: torch.Tensor, momentum: float) -> torch.Tensor:
+    """iBOT's new patch centre: as dino_center over the rows of `scores` (n, K) where `valid` (n,) is true, their mean
+    over the GLOBAL batch; the centre stays as it is when no rank has such a row. A new tensor, no gradient."""
+    _check_center(center, scores.shape[1])
+    with torch.no_grad(), torch.autocast(scores.device.type, enabled=False):
+        rows = valid.to(torch.float64)
+        totals = all_reduce(torch.cat([(full_precision(scores.detach()) * rows[:, None]).sum(0), rows.sum()[None]]))
+        mean = totals[:-1] / totals[-1].clamp_min(1)
+        moved = momentum * full_precision(center) + (1 - momentum) * mean
+        return torch.where(totals[-1] > 0, moved, full_precision(center)).to(center.dtype)
 
 
 # --- SwAV ---------------------------------------------------------------------------------------------

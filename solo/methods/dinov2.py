@@ -19,10 +19,22 @@ from solo.backbones.vit import (
 from solo.data.views.masks import BlockMask
 from solo.distributed import all_reduce, world_size
 from solo.errors import ConfigError
-from solo.losses import dino_cross_entropy, ibot_patch_loss, koleo_loss, sinkhorn
+from solo.losses import (
+    centred_softmax,
+    dino_center,
+    dino_cross_entropy,
+    ibot_patch_loss,
+    koleo_loss,
+    masked_center,
+    sinkhorn,
+)
 from solo.methods.base import make_teacher, register_method
 from solo.methods.dino import DINOHead, SelfDistillation, teacher_temperature
-from solo.schema import AT_LEAST_ONE, FRACTION, NON_NEGATIVE, POSITIVE, PROBABILITY, ruled
+from solo.schema import AT_LEAST_ONE, FRACTION, MOMENTUM, NON_NEGATIVE, POSITIVE, PROBABILITY, choices, ruled
+
+# How the teacher's scores become targets (DINOv2's `train.centering`): Sinkhorn-Knopp over the global batch, or DINO's
+# softmax of the scores minus a running centre (one for the class tokens, one for the masked patches, as iBOT's).
+Centering = choices("Centering", "sinkhorn_knopp", "centering")
 
 
 @dataclass
@@ -31,11 +43,14 @@ class DINOv2Config:
     proj_hidden_dim: int = ruled(2048, AT_LEAST_ONE)
     bottleneck_dim: int = ruled(256, AT_LEAST_ONE)
     num_prototypes: int = ruled(65536, AT_LEAST_ONE)  # one head for the class token and the patches (DINOv2's default)
+    use_bn_in_head: bool = False  # BatchNorm after the head's hidden layers, over the global batch (as DINO's)
     student_temperature: float = ruled(0.1, POSITIVE)
     teacher_temperature: float = ruled(0.07, POSITIVE)  # after the warm-up
     warmup_teacher_temperature: float = ruled(0.04, POSITIVE)
     warmup_teacher_temperature_epochs: float = ruled(30.0, NON_NEGATIVE)
+    centering: Centering = Centering("sinkhorn_knopp")
     sinkhorn_iterations: int = ruled(3, AT_LEAST_ONE)
+    center_momentum: float = ruled(0.9, MOMENTUM)  # centering's running centres
     ibot_weight: float = ruled(1.0, NON_NEGATIVE)
     koleo_weight: float = ruled(0.1, NON_NEGATIVE)
     mask_probability: float = ruled(0.5, PROBABILITY)  # the share of global crops that are masked
@@ -53,6 +68,11 @@ class DINOv2Config:
             )
 
 
+def per_token(head: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
+    """The head on every token of (B, N, D): one row per token, so BatchNorm1d normalises features, not positions."""
+    return head(tokens.flatten(0, 1)).unflatten(0, tokens.shape[:2])
+
+
 @register_method("dinov2", schema=DINOv2Config)
 class DINOv2(SelfDistillation):
     """The student sees every crop, its global crops with the masked patches' embeddings replaced by a learnt mask
@@ -62,15 +82,21 @@ class DINOv2(SelfDistillation):
     student's global class tokens. Every statistic is over the global batch."""
 
     local_crops = True
+    sync_teacher_batchnorm = True  # the teacher head's BatchNorms (use_bn_in_head) see the global batch
 
     def __init__(self, backbone, feature_dim: int, cfg: DINOv2Config):
         super().__init__(backbone, feature_dim)
         check_vit(backbone, self.name)
         self.cfg = cfg
-        self.head = DINOHead(feature_dim, cfg.proj_hidden_dim, cfg.bottleneck_dim, cfg.num_prototypes)
+        self.head = DINOHead(
+            feature_dim, cfg.proj_hidden_dim, cfg.bottleneck_dim, cfg.num_prototypes, cfg.use_bn_in_head
+        )
         self.mask_token = nn.Parameter(torch.zeros(backbone.embed_dim))
         self.teacher = make_teacher(nn.ModuleList([backbone, self.head]))
         self.register_buffer("teacher_temperature", torch.tensor(teacher_temperature(cfg, 0, 1)))
+        if cfg.centering == "centering":  # buffers: a resumed run goes on with the same centres
+            self.register_buffer("center", torch.zeros(cfg.num_prototypes))
+            self.register_buffer("patch_center", torch.zeros(cfg.num_prototypes))
         self.momentum = cfg.base_momentum
 
     def masks(self) -> BlockMask:
@@ -107,20 +133,28 @@ class DINOv2(SelfDistillation):
         student = [self.head(x) for x in encoded["cls"]]
         with torch.no_grad():
             teacher_head = self.teacher[1]
-            teacher = sinkhorn(
-                torch.cat([teacher_head(t) for t in encoded["teacher_cls"]]), temperature, c.sinkhorn_iterations
-            )
-            patch_scores = teacher_head(torch.cat(encoded["teacher_patches"]))
+            scores = torch.cat([teacher_head(t) for t in encoded["teacher_cls"]])
+            patch_scores = per_token(teacher_head, torch.cat(encoded["teacher_patches"]))
             hidden = self.masks().hidden  # which of each image's candidate patches are masked
             valid = torch.cat([m.gather(1, first_positions(m, hidden)) for m in batch["mask"].unbind(1)])
-            patch_targets = sinkhorn(
-                patch_scores.flatten(0, 1), temperature, c.sinkhorn_iterations, valid=valid.flatten()
-            ).view(patch_scores.shape)
+            if c.centering == "sinkhorn_knopp":
+                teacher = sinkhorn(scores, temperature, c.sinkhorn_iterations)
+                patch_targets = sinkhorn(
+                    patch_scores.flatten(0, 1), temperature, c.sinkhorn_iterations, valid=valid.flatten()
+                ).view(patch_scores.shape)
+            else:
+                teacher = centred_softmax(scores, self.center, temperature)
+                patch_targets = centred_softmax(patch_scores, self.patch_center, temperature)
+                # after the targets, from this step's whole batch: the next step's centres
+                self.center.copy_(dino_center([scores], self.center, c.center_momentum))
+                self.patch_center.copy_(
+                    masked_center(patch_scores.flatten(0, 1), valid.flatten(), self.patch_center, c.center_momentum)
+                )
         # tensor_split, not split(n): split(0) of an empty rank's targets gives one piece, not one per crop
         targets = list(teacher.tensor_split(self.num_views))
         terms = {"dino": dino_cross_entropy(student, targets, c.student_temperature)}
         if c.ibot_weight:
-            student_patches = self.head(torch.cat(encoded["patches"]))
+            student_patches = per_token(self.head, torch.cat(encoded["patches"]))
             terms["ibot"] = ibot_patch_loss(student_patches, patch_targets, valid, c.student_temperature)
         if c.koleo_weight:
             terms["koleo"] = sum(koleo_loss(x) for x in encoded["cls"][: self.num_views])
