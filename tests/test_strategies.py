@@ -71,6 +71,18 @@ def test_fsdp_step_equals_one_process_with_uneven_and_empty_ranks(tmp_path, meth
 
 
 @pytest.mark.slow
+def test_a_vit_of_any_input_size_takes_a_rank_with_no_rows(tmp_path):
+    """SimCLR through the ViT's own forward with `dynamic_img_size`, on which timm's fails for an empty batch: DDP at
+    W = 3 ([8, 0, 4]) equals one process, to 1e-10 of how far the weights moved."""
+    overrides = [o for o in SIMCLR if not o.startswith("backbone")] + VIT + ["+backbone.kwargs.dynamic_img_size=true"]
+    one = step_layout(tmp_path, overrides, [12])
+    start = weights_at_init(overrides + ["data.batch_size=12"])
+    moved = max(float((one[k] - start[k]).abs().max()) for k in start)
+    worst, name = worst_difference(one, step_layout(tmp_path, overrides, [8, 0, 4]))
+    assert worst <= 1e-10 * moved, f"[8, 0, 4]: {name} differs by {worst} (moved {moved})"
+
+
+@pytest.mark.slow
 def test_fsdp_accumulation_and_bf16_on_a_vit(tmp_path):
     """A ViT (its blocks the units, LayerNorm): FSDP at W = 2 with trainer.accumulate=2 equals one process (float64,
     1e-10); FSDP in bf16 (the blocks gathered and computed in bf16, float32 weights) stays near the float32 step."""

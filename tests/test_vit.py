@@ -4,6 +4,7 @@ torch's unfold, the masks drawn per sample, and the settings a masked-image meth
 import random
 
 import pytest
+import timm
 import torch
 import torch.nn.functional as F
 
@@ -44,13 +45,16 @@ def test_the_token_path_is_timms_forward(kwargs):
     torch.testing.assert_close(output_tokens(vit, images), vit.forward_features(images), rtol=0, atol=0)
 
 
-def test_smaller_crops_get_timms_resampled_positions_and_an_empty_batch_runs():
+def test_smaller_crops_get_timms_resampled_positions_and_an_empty_batch_runs_through_the_backbone():
     torch.manual_seed(0)
     vit, _ = create_backbone("test_vit", img_size=16, patch_size=4)  # dynamic_img_size
     vit.eval()
     crops = torch.randn(3, 3, 8, 12)
     torch.testing.assert_close(output_tokens(vit, crops), vit.forward_features(crops), rtol=0, atol=0)
-    assert output_tokens(vit, crops[:0]).shape == (0, 1 + 6, vit.embed_dim)  # timm's forward_features fails here
+    assert output_tokens(vit, crops[:0]).shape == (0, 1 + 6, vit.embed_dim)
+    assert vit(crops[:0]).shape == (0, vit.embed_dim)  # an empty rank: through output_tokens
+    with pytest.raises(RuntimeError, match="0 elements"):  # timm's own forward, which the backbone replaces there
+        timm.create_model("test_vit", img_size=16, patch_size=4, dynamic_img_size=True)(crops[:0])
 
 
 def test_keep_takes_each_samples_visible_tokens_in_order():

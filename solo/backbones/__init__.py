@@ -14,6 +14,7 @@ import torch
 import torchvision
 from torch import nn
 
+from solo.backbones.vit import is_vit, take_empty_batches
 from solo.errors import ConfigError
 from solo.registry import Registry
 from solo.schema import PROBABILITY, ruled
@@ -137,6 +138,8 @@ def create_backbone(
             pretrained, name, lambda: timm.create_model(name, pretrained=pretrained, num_classes=0, **model_kwargs)
         )
         width = model.num_features
+        if is_vit(model):
+            take_empty_batches(model)
     else:
         matches = difflib.get_close_matches(name, timm.list_models() + list(TORCHVISION_RESNETS))
         hint = f"did you mean: {', '.join(matches)}? " if matches else ""

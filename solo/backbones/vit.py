@@ -8,6 +8,8 @@ These functions use the model's own modules and parameters, so a backbone traine
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch import nn
 
@@ -43,6 +45,22 @@ def is_vit(module: nn.Module) -> bool:
     from timm.models.vision_transformer import VisionTransformer  # here: timm's import costs every process 2 s
 
     return isinstance(module, VisionTransformer)
+
+
+def take_empty_batches(vit: nn.Module) -> None:
+    """Let `vit`'s forward take an empty batch (a rank that holds no rows this step), which timm's fails on with
+    `dynamic_img_size`: such a batch goes through `output_tokens`, any other through timm's own `forward_features`.
+    The instance's class becomes a subclass of its own that differs in this only, so isinstance, the checkpoint's
+    keys and FSDP see timm's model."""
+    vit.__class__ = _taking_empty_batches(type(vit))
+
+
+@functools.cache
+def _taking_empty_batches(cls: type) -> type:
+    def forward_features(self, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+        return output_tokens(self, x) if len(x) == 0 else cls.forward_features(self, x, *args, **kwargs)
+
+    return type(cls.__name__, (cls,), {"forward_features": forward_features})
 
 
 def pool_patch_tokens(backbone: nn.Module) -> None:
