@@ -100,7 +100,9 @@ def test_fsdp_accumulation_and_bf16_on_a_vit(tmp_path):
     bf16 = step_layout(tmp_path / "bf16", overrides + ["trainer.strategy=fsdp", "trainer.precision=bf16"], [6, 6])
     assert all(v.dtype == torch.float32 for v in bf16.values())
     worst, name = worst_difference(fp32, bf16)
-    assert 0 < worst <= 0.05 * moved, f"bf16: {name} differs by {worst} (moved {moved})"
+    # A CPU with native bf16 (avx512_bf16) rounds every product: 0.052 of the movement there (a BatchNorm's running
+    # mean), 0.05 bounded it on CPUs that emulate bf16. A wrong step differs by about the movement itself.
+    assert 0 < worst <= 0.1 * moved, f"bf16: {name} differs by {worst} (moved {moved})"
 
 
 def killed_after(overrides: list[str], run_dir, step: int, nproc: int) -> None:
