@@ -131,7 +131,9 @@ class LinearEvalConfig:
     pretrained: str = MISSING  # zoo name, solo .safetensors file, training checkpoint .pt, or pretraining run dir
     random_init: bool = False  # the same architecture freshly initialised: the baseline the weights must beat
     seed: int = ruled(0, NON_NEGATIVE)
-    pool: Pool = Pool("cls")  # a ViT's features: cls (its class token) or mean (its patch tokens' mean)
+    # A ViT's features: cls (its class token) or mean (its patch tokens' mean); unset: the pooling the method that
+    # trained the weights probes (Method.pool: mean for I-JEPA and DINOv2, else cls).
+    pool: Optional[Pool] = None
     feature_cache: bool = True  # features under $SOLO_CACHE/features (default ~/.cache/solo), keyed by weights + data
     plots: bool = True  # embedding.png (val features, 2-D) and curves.png in the run dir
     data: Any = MISSING  # typed as in PretrainConfig

@@ -167,6 +167,33 @@ def test_random_init_and_finetune(tmp_path, monkeypatch):
     assert metrics(tmp_path / "a")[-1]["val/finetune_acc1"] == trained["finetune"]["acc1"]
 
 
+def test_main_linear_probes_the_feature_the_method_probed_unless_told(tmp_path):
+    """I-JEPA's online probe reads the mean patch token: main_linear does too unless given pool=cls."""
+    from omegaconf import OmegaConf
+
+    from tests.test_accumulate import CASES
+
+    run_dir = tmp_path / "run"
+    run(CASES["ijepa_vit"], run_dir)
+    common = [
+        f"pretrained={run_dir}",
+        "data=digits",  # 360 val images: the two features' results differ
+        "data.image_size=16",
+        "data.num_workers=0",
+        "linear.epochs=2",
+        "plots=false",
+        "feature_cache=false",
+    ]
+    results = {
+        pool: evaluate_pretrained(compose_linear(common + ([f"pool={pool}"] if pool else [])), tmp_path / str(pool))
+        for pool in (None, "mean", "cls")
+    }
+    assert str(OmegaConf.load(tmp_path / "None" / "config.yaml").pool) == "mean"
+    assert results[None]["linear"] == results["mean"]["linear"]
+    assert results[None]["knn"] == results["mean"]["knn"] != results["cls"]["knn"]
+    assert results[None]["linear"] != results["cls"]["linear"]
+
+
 FINETUNE_64 = [
     "data=synthetic",
     "data.image_size=16",

@@ -246,6 +246,21 @@ def test_ijepa_probes_the_mean_patch_token_in_training_and_evaluation():
     torch.testing.assert_close(vit(images), mean_patch)  # what the probe and the k-NN read in evaluation
 
 
+def test_dinov2_probes_the_mean_patch_token_of_an_unmasked_crop():
+    """Not the class tokens the loss reads, half of them of masked crops: the probe is evaluated on whole images."""
+    torch.manual_seed(0)
+    model = build_model(compose_cfg(DINOV2 + ["data.batch_size=4"]), 10)
+    model.double()
+    vit, method = model.method.backbone.eval(), model.method
+    views = [torch.randn(4, 3, 16, 16, dtype=torch.float64) for _ in range(2)]
+    views += [torch.randn(4, 3, 8, 8, dtype=torch.float64) for _ in range(4)]
+    masks = torch.ones(4, 2, 16, dtype=torch.bool)  # every patch of both global crops hidden from the student
+    encoded = method.encode({"views": views, "mask": masks, "label": torch.zeros(4, dtype=torch.long)})
+    mean_patch = vit.forward_features(views[0])[:, vit.num_prefix_tokens :].mean(dim=1)
+    torch.testing.assert_close(encoded["features"], mean_patch)
+    torch.testing.assert_close(vit(views[0]), mean_patch)  # what the probe and the k-NN read in evaluation
+
+
 def test_padding_kept_out_of_attention_changes_nothing():
     """The encoder's and I-JEPA's predictor's outputs at a sample's own tokens are those of the sample alone; padding
     that attention does not skip changes them (the known-wrong variant)."""

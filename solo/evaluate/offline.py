@@ -27,6 +27,7 @@ from solo.eval.probe import topk_correct
 from solo.eval.zero_shot import class_embeddings, class_prompts
 from solo.evaluate.finetune import finetune
 from solo.loggers import Loggers
+from solo.methods import METHODS
 from solo.zoo.files import cache_dir
 from solo.zoo.pretrained import resolve
 
@@ -55,6 +56,9 @@ def _evaluate(cfg: DictConfig, run_dir: Path, env: DistEnv, device: torch.device
         say(
             f"note: {cfg.pretrained} was pretrained at {pretrained.data['image_size']}px, evaluated at data.image_size={d.image_size}"
         )
+    if cfg.pool is None:  # recorded in config.yaml and the feature cache's key as chosen
+        name = pretrained.method["name"]
+        cfg.pool = METHODS[name].target.pool if name in METHODS else "cls"
     torch.manual_seed(cfg.seed)  # random_init: the baseline's weights depend on the seed only
     backbone = pretrained.build_backbone(random_init=cfg.random_init).to(device)
     if cfg.pool == "mean":

@@ -63,6 +63,9 @@ class Method(nn.Module):
     needs_labels: ClassVar[bool] = False  # whether the loss reads the labels (supervised methods), not just the probe
     teachers: ClassVar[tuple[str, ...]] = ()  # names of submodules that the optimizer does not train
     sync_teacher_batchnorm: ClassVar[bool] = False
+    # A ViT's feature that the probes read: its class token, or "mean", its patch tokens' mean (the method's __init__
+    # sets it: solo.backbones.vit.pool_patch_tokens); main_linear.py reads the same unless told `pool=`.
+    pool: ClassVar[str] = "cls"
 
     def __init__(self, backbone: nn.Module, feature_dim: int):
         super().__init__()

@@ -14,6 +14,7 @@ from solo.backbones.vit import (
     first_positions,
     grid_shape,
     output_tokens,
+    pool_patch_tokens,
     take,
 )
 from solo.data.views.masks import BlockMask
@@ -82,11 +83,13 @@ class DINOv2(SelfDistillation):
     student's global class tokens. Every statistic is over the global batch."""
 
     local_crops = True
+    pool = "mean"  # DINOv2's linear protocol adds the patch tokens' mean; alone it probes best on the digits
     sync_teacher_batchnorm = True  # the teacher head's BatchNorms (use_bn_in_head) see the global batch
 
     def __init__(self, backbone, feature_dim: int, cfg: DINOv2Config):
         super().__init__(backbone, feature_dim)
         check_vit(backbone, self.name)
+        pool_patch_tokens(backbone)
         self.cfg = cfg
         self.head = DINOHead(
             feature_dim, cfg.proj_hidden_dim, cfg.bottleneck_dim, cfg.num_prototypes, cfg.use_bn_in_head
@@ -126,7 +129,11 @@ class DINOv2(SelfDistillation):
                 teacher_cls.append(tokens[:, 0])
                 teacher_patches.append(take(tokens[:, prefix:], positions))
         cls += [output_tokens(vit, v)[:, 0] for v in views[self.num_views :]]
-        return {"cls": cls, "patches": patches, "teacher_cls": teacher_cls, "teacher_patches": teacher_patches}
+        encoded = {"cls": cls, "patches": patches, "teacher_cls": teacher_cls, "teacher_patches": teacher_patches}
+        if self.feeds_probe:  # the probe learns on what it is evaluated on, an unmasked image, not a masked crop
+            with torch.no_grad():
+                encoded["features"] = vit.forward_head(output_tokens(vit, views[0]))
+        return encoded
 
     def joint(self, encoded: dict, batch: dict) -> dict:
         c, temperature = self.cfg, self.teacher_temperature
@@ -161,8 +168,7 @@ class DINOv2(SelfDistillation):
         weights = {"dino": 1.0, "ibot": c.ibot_weight, "koleo": c.koleo_weight}
         loss = sum(weights[name] * term for name, term in terms.items())
         self.terms = {name: term.detach() for name, term in terms.items()}  # W times this rank's share
-        features = torch.cat(encoded["cls"][: self.num_views])
-        return {"loss": loss, "features": features, "labels": batch["label"].repeat(self.num_views)}
+        return {"loss": loss, "features": encoded.get("features"), "labels": batch["label"]}
 
     def metrics(self) -> dict[str, torch.Tensor]:
         return {**super().metrics(), **self._last_terms()}

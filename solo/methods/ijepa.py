@@ -111,15 +111,16 @@ class IJEPA(Method):
     kept out of attention; the predictor; and the target encoder on the whole image. `joint` is the squared error
     between predicted and target features, averaged over every target patch of the global batch (the padding
     counted nowhere). The backbone's pooled feature becomes the mean patch token, I-JEPA's linear protocol, for the
-    online probe and the k-NN during pretraining (`main_linear.py` needs `pool=mean` for the same)."""
+    online probe and the k-NN during pretraining, and `main_linear.py`'s probes."""
 
     num_views = 1
     teachers = ("target_encoder",)
+    pool = "mean"
 
     def __init__(self, backbone, feature_dim: int, cfg: IJEPAConfig):
         super().__init__(backbone, feature_dim)
         check_vit(backbone, self.name)
-        pool_patch_tokens(backbone)  # its pooled feature, which the probe and the k-NN read: the mean patch token
+        pool_patch_tokens(backbone)
         self.cfg = cfg
         self.predictor = IJEPAPredictor(backbone.embed_dim, cfg, grid_shape(backbone))
         self.target_encoder = make_teacher(backbone)
