@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
 from PIL import Image
 from sklearn.datasets import load_digits
 from sklearn.linear_model import LogisticRegression
@@ -23,6 +24,7 @@ from solo.eval.knn import knn_accuracy, knn_logits
 from solo.eval.linear import LinearProtocol, train_linear
 from solo.eval.plots import plot_curves
 from solo.evaluate.offline import evaluate_pretrained
+from tests.test_accumulate import CASES
 from tests.test_train import REPO, TINY, metrics, run, weights
 
 
@@ -169,10 +171,6 @@ def test_random_init_and_finetune(tmp_path, monkeypatch):
 
 def test_main_linear_probes_the_feature_the_method_probed_unless_told(tmp_path):
     """I-JEPA's online probe reads the mean patch token: main_linear does too unless given pool=cls."""
-    from omegaconf import OmegaConf
-
-    from tests.test_accumulate import CASES
-
     run_dir = tmp_path / "run"
     run(CASES["ijepa_vit"], run_dir)
     common = [
