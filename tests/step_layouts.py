@@ -56,6 +56,7 @@ def main(out: str, layout: str, steps: str, *overrides: str) -> None:
             tokenizer=getattr(trainer.model.method, "tokenizer", None),
             device=device,
             masks=trainer.model.method.masks(),
+            probe_view=trainer.model.method.probe_view,
         )
         start = sum(layout[: env.rank])
         for index, batch in zip(range(int(steps)), loaders.train):

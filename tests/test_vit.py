@@ -18,9 +18,12 @@ from solo.backbones.vit import (
     run_blocks,
     sincos_positions,
 )
+from solo.data import DigitsDataset
 from solo.data.sampling.seeding import sample_seed, seeded_rng
+from solo.data.views.augment import DeviceViews, ViewRecipe
 from solo.data.views.masks import MultiBlockMask, RandomMask
-from solo.data.views.multiview import MultiViewDataset
+from solo.data.views.multiview import EvalDataset, MultiViewDataset, collate_raw
+from solo.data.views.transforms import ViewAugmentation, build_eval_transform
 from solo.errors import ConfigError
 from solo.methods.ijepa import IJEPAConfig, IJEPAPredictor
 from solo.train.trainer import build_model
@@ -98,9 +101,6 @@ class Blank:
 def test_masks_are_drawn_per_sample_whatever_the_batch():
     """A sample's mask is the same read alone or in any batch, differs between samples and epochs, and is the mask
     generator's draw in the sample's own seeded stream after its views."""
-    from solo.data.views.augment import ViewRecipe
-    from solo.data.views.transforms import ViewAugmentation
-
     generator = RandomMask(16, 0.75)
     recipe = ViewRecipe(ViewAugmentation(), 8, (0.5,) * 3, (0.5,) * 3)
     data = MultiViewDataset(Blank(), [recipe], seed=3, masks=generator)
@@ -234,31 +234,64 @@ def test_multi_block_masks_keep_their_sizes_and_leave_the_targets_out_of_the_con
         MultiBlockMask((8, 8), 4, (0.15, 0.2), (0.75, 1.5), (0.85, 1.0), min_context=60)()
 
 
-def test_ijepa_probes_the_mean_patch_token_in_training_and_evaluation():
+class Sizes:
+    """A dataset of random images of several sizes, as ImageNet's are."""
+
+    def __len__(self):
+        return 6
+
+    def __getitem__(self, index):
+        generator = torch.Generator().manual_seed(index)
+        return torch.randint(0, 256, (3, 20 + 3 * index, 30 - 2 * index), dtype=torch.uint8, generator=generator), 0
+
+
+@pytest.mark.parametrize("base, resize", [(DigitsDataset("train", 16), False), (Sizes(), True)])
+def test_the_probe_image_is_what_validation_reads_in_the_workers_and_on_the_device(base, resize):
+    """Each sample through the evaluation transform, as an EvalDataset gives it, whatever the training views."""
+    evaluation = build_eval_transform(16, (0.3,) * 3, (0.2,) * 3, resize=resize)
+    recipe = ViewRecipe(ViewAugmentation(crop_scale=[0.2, 0.5]), 16, (0.3,) * 3, (0.2,) * 3)
+    keys = [(1, 0), (1, 5), (1, 3)]
+    expected = torch.stack([EvalDataset(base, evaluation)[i]["image"] for _, i in keys])
+    workers = MultiViewDataset(base, [recipe], seed=0, probe_transform=evaluation).__getitems__(keys)
+    assert torch.equal(torch.stack([s["probe_image"] for s in workers]), expected)
+    assert not torch.allclose(torch.stack([s["views"][0] for s in workers]), expected)
+    raw = collate_raw(MultiViewDataset(base, [recipe], seed=0, raw=True).__getitems__(keys))
+    on_device = DeviceViews([recipe], pairs=False, probe_transform=evaluation)(raw, torch.device("cpu"))
+    torch.testing.assert_close(on_device["probe_image"], expected, rtol=0, atol=1e-6)
+    torch.testing.assert_close(on_device["views"][0], torch.stack([s["views"][0] for s in workers]))
+
+
+def test_ijepa_probes_the_mean_patch_token_of_the_probe_image():
     torch.manual_seed(0)
     model = build_model(compose_cfg(CASES["ijepa_vit"] + ["data.batch_size=4"]), 10)
-    vit, images = model.method.backbone.eval(), torch.randn(4, 3, 16, 16, dtype=torch.float64)
+    vit, images, probe = model.method.backbone.eval(), *torch.randn(2, 4, 3, 16, 16, dtype=torch.float64)
     model.double()
     masks = torch.stack([model.method.masks()() for _ in range(4)])
-    encoded = model.method.encode({"views": [images], "mask": masks, "label": torch.zeros(4, dtype=torch.long)})
-    mean_patch = vit.forward_features(images)[:, vit.num_prefix_tokens :].mean(dim=1)
-    torch.testing.assert_close(encoded["features"], mean_patch)
-    torch.testing.assert_close(vit(images), mean_patch)  # what the probe and the k-NN read in evaluation
+    batch = {"views": [images], "mask": masks, "probe_image": probe, "label": torch.zeros(4, dtype=torch.long)}
+    mean_patch = vit.forward_features(probe)[:, vit.num_prefix_tokens :].mean(dim=1)
+    torch.testing.assert_close(model.method.encode(batch)["features"], mean_patch)
+    torch.testing.assert_close(vit(probe), mean_patch)  # what the probe and the k-NN read in evaluation
 
 
-def test_dinov2_probes_the_mean_patch_token_of_an_unmasked_crop():
-    """Not the class tokens the loss reads, half of them of masked crops: the probe is evaluated on whole images."""
+def test_dinov2_and_mae_probe_the_probe_image_not_their_masked_crops():
+    """Not the class tokens DINOv2's loss reads, half of them of masked crops, nor MAE's training view."""
     torch.manual_seed(0)
     model = build_model(compose_cfg(DINOV2 + ["data.batch_size=4"]), 10)
     model.double()
     vit, method = model.method.backbone.eval(), model.method
     views = [torch.randn(4, 3, 16, 16, dtype=torch.float64) for _ in range(2)]
     views += [torch.randn(4, 3, 8, 8, dtype=torch.float64) for _ in range(4)]
+    probe = torch.randn(4, 3, 16, 16, dtype=torch.float64)
     masks = torch.ones(4, 2, 16, dtype=torch.bool)  # every patch of both global crops hidden from the student
-    encoded = method.encode({"views": views, "mask": masks, "label": torch.zeros(4, dtype=torch.long)})
-    mean_patch = vit.forward_features(views[0])[:, vit.num_prefix_tokens :].mean(dim=1)
-    torch.testing.assert_close(encoded["features"], mean_patch)
-    torch.testing.assert_close(vit(views[0]), mean_patch)  # what the probe and the k-NN read in evaluation
+    batch = {"views": views, "mask": masks, "probe_image": probe, "label": torch.zeros(4, dtype=torch.long)}
+    mean_patch = vit.forward_features(probe)[:, vit.num_prefix_tokens :].mean(dim=1)
+    torch.testing.assert_close(method.encode(batch)["features"], mean_patch)
+    torch.testing.assert_close(vit(probe), mean_patch)  # what the probe and the k-NN read in evaluation
+
+    mae = build_model(compose_cfg(MAE + ["data.batch_size=4"]), 10).double()
+    vit = mae.method.backbone.eval()
+    batch = {"views": views[:1], "mask": mae.method.masks()()[None].expand(4, -1), "probe_image": probe}
+    torch.testing.assert_close(mae.method.encode(batch)["features"], vit(probe))
 
 
 def test_padding_kept_out_of_attention_changes_nothing():

@@ -66,6 +66,10 @@ class Method(nn.Module):
     # A ViT's feature that the probes read: its class token, or "mean", its patch tokens' mean (the method's __init__
     # sets it: solo.backbones.vit.pool_patch_tokens); main_linear.py reads the same unless told `pool=`.
     pool: ClassVar[str] = "cls"
+    # Whether forward's "features" come from `batch["probe_image"]`, each image through the evaluation transform (the
+    # data pipeline adds it): for methods whose probe features cost a forward of their own anyway (MAE, I-JEPA,
+    # DINOv2), so that the probe learns on what it is evaluated on, not on augmented or masked views.
+    probe_view: ClassVar[bool] = False
 
     def __init__(self, backbone: nn.Module, feature_dim: int):
         super().__init__()

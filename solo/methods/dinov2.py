@@ -83,6 +83,7 @@ class DINOv2(SelfDistillation):
     student's global class tokens. Every statistic is over the global batch."""
 
     local_crops = True
+    probe_view = True
     pool = "mean"  # DINOv2's linear protocol adds the patch tokens' mean; alone it probes best on the digits
     sync_teacher_batchnorm = True  # the teacher head's BatchNorms (use_bn_in_head) see the global batch
 
@@ -130,9 +131,9 @@ class DINOv2(SelfDistillation):
                 teacher_patches.append(take(tokens[:, prefix:], positions))
         cls += [output_tokens(vit, v)[:, 0] for v in views[self.num_views :]]
         encoded = {"cls": cls, "patches": patches, "teacher_cls": teacher_cls, "teacher_patches": teacher_patches}
-        if self.feeds_probe:  # the probe learns on what it is evaluated on, an unmasked image, not a masked crop
+        if self.feeds_probe:  # the probe learns on what it is evaluated on (Method.probe_view)
             with torch.no_grad():
-                encoded["features"] = vit.forward_head(output_tokens(vit, views[0]))
+                encoded["features"] = vit.forward_head(output_tokens(vit, batch["probe_image"]))
         return encoded
 
     def joint(self, encoded: dict, batch: dict) -> dict:

@@ -113,6 +113,7 @@ class IJEPA(Method):
     counted nowhere). The backbone's pooled feature becomes the mean patch token, I-JEPA's linear protocol, for the
     online probe and the k-NN during pretraining, and `main_linear.py`'s probes."""
 
+    probe_view = True
     num_views = 1
     teachers = ("target_encoder",)
     pool = "mean"
@@ -157,9 +158,9 @@ class IJEPA(Method):
             features = F.layer_norm(features, features.shape[-1:])
             target = take(features, target_at.flatten(1, 2)).view(prediction.shape)
         encoded = {"prediction": prediction, "target": target, "valid": target_valid}
-        if self.feeds_probe:  # the probe learns what it is evaluated on: the whole image's pooled feature
+        if self.feeds_probe:  # the probe learns on what it is evaluated on (Method.probe_view)
             with torch.no_grad():
-                encoded["features"] = vit.forward_head(output_tokens(vit, images))
+                encoded["features"] = vit.forward_head(output_tokens(vit, batch["probe_image"]))
         return encoded
 
     def joint(self, encoded: dict, batch: dict) -> dict:

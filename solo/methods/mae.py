@@ -85,9 +85,10 @@ def _layer_norm(width: int, **kwargs) -> nn.LayerNorm:
 @register_method("mae", schema=MAEConfig)
 class MAE(Method):
     """One view per image. `encode` runs the encoder on the visible patches and the decoder (both per sample), and,
-    when an online probe reads them, the backbone on the whole image without a graph; `joint` is the loss: the mean
-    over every masked patch of the global batch (solo.losses.masked_patch_mse)."""
+    when an online probe reads them, the backbone on the whole image as validation sees it (`probe_view`), without
+    a graph; `joint` is the loss: the mean over every masked patch of the global batch (solo.losses.masked_patch_mse)."""
 
+    probe_view = True
     num_views = 1
 
     def __init__(self, backbone, feature_dim: int, cfg: MAEConfig):
@@ -108,9 +109,9 @@ class MAE(Method):
         vit = self.backbone
         tokens = torch.cat([prefix_tokens(vit, len(images)), keep(embed_patches(vit, images), mask, self.visible)], 1)
         encoded = {"prediction": self.decoder(run_blocks(vit, tokens), mask)}
-        if self.feeds_probe:  # the probe learns what it is evaluated on: the whole image's features
+        if self.feeds_probe:  # the probe learns on what it is evaluated on (Method.probe_view)
             with torch.no_grad():
-                encoded["features"] = vit.forward_head(output_tokens(vit, images))
+                encoded["features"] = vit.forward_head(output_tokens(vit, batch["probe_image"]))
         return encoded
 
     def joint(self, encoded: dict, batch: dict) -> dict:

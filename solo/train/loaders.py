@@ -75,11 +75,13 @@ def build_loaders(
     device: torch.device,
     zero_shot_folder: str | None = None,
     masks=None,
+    probe_view: bool = False,
 ) -> Loaders:
     """`views`: the augmentation's view recipes; `tokenizer`: for image-text pairs; `knn`: build the train_eval loader;
     `device`: the training device (pinned memory on CUDA; data.augment_on=auto makes the views there on CUDA);
     `zero_shot_folder`: an ImageFolder split to classify zero-shot (image-text methods); `masks`: the method's patch
-    mask generator (solo.data.views.masks), drawn per sample with its views."""
+    mask generator (solo.data.views.masks), drawn per sample with its views; `probe_view`: the train batches also
+    carry each image through the evaluation transform, `"probe_image"`, for the online probe to learn on."""
     entry = DATASETS[d.name]
     mean, std = entry.stats
     transforms = build_view_transforms(views, d.image_size, mean, std)
@@ -90,10 +92,13 @@ def build_loaders(
         read, min(d.check_images, len(splits.train)), skip
     )
     on_device = d.augment_on == "device" or (d.augment_on == "auto" and device.type == "cuda")
+    probe = eval_transform if probe_view else None
     if splits.pairs:
         train_set = ImageTextDataset(splits.train, transforms[0], tokenizer, seed=seed, skip_bad=skip, raw=on_device)
     else:
-        train_set = MultiViewDataset(splits.train, transforms, seed=seed, skip_bad=skip, raw=on_device, masks=masks)
+        train_set = MultiViewDataset(
+            splits.train, transforms, seed=seed, skip_bad=skip, raw=on_device, masks=masks, probe_transform=probe
+        )
     workers = loader_workers(d.num_workers)
     loader_args = dict(num_workers=workers, pin_memory=device.type == "cuda", persistent_workers=workers > 0)
     order = getattr(splits.train, "epoch_order", None)  # the dataset's own order (shards: with locality), else random
@@ -121,7 +126,9 @@ def build_loaders(
         val = sharded(EvalDataset(splits.val, eval_transform))
     if knn and val is not None and splits.num_classes:  # the k-NN's train features: no augmentation
         train_eval = sharded(EvalDataset(splits.train, eval_transform))
-    loaders = Loaders(source, val, train_eval, unreadable, DeviceViews(transforms, splits.pairs) if on_device else None)
+    loaders = Loaders(
+        source, val, train_eval, unreadable, DeviceViews(transforms, splits.pairs, probe) if on_device else None
+    )
     if zero_shot_folder:
         if not splits.pairs:
             raise ConfigError(

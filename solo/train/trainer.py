@@ -188,6 +188,7 @@ class Trainer:
             device=device,
             zero_shot_folder=t.zero_shot_folder,
             masks=model.method.masks(),
+            probe_view=model.method.probe_view and model.method.feeds_probe,
         )
         self.source = source = self.loaders.train
         if self.loaders.unreadable:

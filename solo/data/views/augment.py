@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 import random
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -233,10 +233,11 @@ def gaussian_blur(x: torch.Tensor, sigma: torch.Tensor, kernel: int) -> torch.Te
 
 class DeviceViews:
     """`data.augment_on=device`: turns a raw batch (uint8 images, each view's parameters; see
-    MultiViewDataset(raw=True)) into its views on the training device, the whole batch at once."""
+    MultiViewDataset(raw=True)) into its views on the training device, the whole batch at once; with
+    `probe_transform` (the evaluation transform), also each image as validation sees it, `"probe_image"`."""
 
-    def __init__(self, recipes: Sequence[ViewRecipe], pairs: bool):
-        self.recipes, self.pairs = list(recipes), pairs
+    def __init__(self, recipes: Sequence[ViewRecipe], pairs: bool, probe_transform: Callable | None = None):
+        self.recipes, self.pairs, self.probe_transform = list(recipes), pairs, probe_transform
 
     def __call__(self, batch: dict, device: torch.device) -> dict:
         batch = dict(batch)
@@ -247,6 +248,8 @@ class DeviceViews:
             batch["image"] = self.recipes[0].apply_batch(images, params)
         else:
             batch["views"] = [recipe.apply_batch(images, p) for recipe, p in zip(self.recipes, params)]
+        if self.probe_transform is not None:
+            batch["probe_image"] = torch.stack([self.probe_transform(image) for image in images])
         return batch
 
 

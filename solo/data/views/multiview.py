@@ -42,7 +42,9 @@ class MultiViewDataset:
     views to be made on the device.
 
     ``masks`` (a solo.data.views.masks generator) adds the sample's patch mask, ``"mask"``, drawn in the
-    sample's seeded scope after its views' (stream ``len(view_transforms)``).
+    sample's seeded scope after its views' (stream ``len(view_transforms)``). ``probe_transform`` (the evaluation
+    transform) adds ``"probe_image"``, the sample as validation sees it, for an online probe that learns on what it is
+    evaluated on (solo.methods.base.Method.probe_view); with ``raw``, solo.data.views.augment.DeviceViews makes it.
     """
 
     def __init__(
@@ -53,6 +55,7 @@ class MultiViewDataset:
         skip_bad: bool = False,
         raw: bool = False,
         masks: Callable[[], torch.Tensor] | None = None,
+        probe_transform: Callable | None = None,
     ):
         if len(view_transforms) == 0:
             raise ValueError("MultiViewDataset needs at least one view transform")
@@ -62,6 +65,7 @@ class MultiViewDataset:
         self.skip_bad = skip_bad  # unreadable images: the next readable sample (see read_or_skip)
         self.raw = raw
         self.masks = masks
+        self.probe_transform = probe_transform
 
     def __len__(self) -> int:
         return len(self.base)
@@ -75,8 +79,10 @@ class MultiViewDataset:
             return samples
         images = [sample.pop("image") for sample in samples]
         params = [sample.pop("params") for sample in samples]
-        for sample in samples:
+        for sample, image in zip(samples, images):
             sample["views"] = []
+            if self.probe_transform is not None:
+                sample["probe_image"] = self.probe_transform(image)
         for v, recipe in enumerate(self.view_transforms):
             for sample, view in zip(samples, recipe.apply_batch(images, torch.stack([p[v] for p in params]))):
                 sample["views"].append(view)
