@@ -46,9 +46,11 @@ RECIPES = {
     **{f"{m}-digits-resnet18half": f"method={m}" for m in NEW_METHODS.split()},
     # SupCon's digits default is the full-width ResNet-18 (0.961 online after 10 epochs; half width: 0.947).
     "supcon-digits-resnet18half": "method=supcon backbone=resnet18_half",
-    # The masked-image methods: their digits defaults, a 6-block ViT-Tiny on 4 px patches, 60 epochs.
+    # The masked-image methods: their digits defaults, a 6-block ViT-Tiny on 4 px patches (MAE 60 epochs, DINOv2 and
+    # I-JEPA 150).
     "mae-digits-vittiny6": "method=mae",
     "dinov2-digits-vittiny6": "method=dinov2",
+    "ijepa-digits-vittiny6": "method=ijepa",
 }
 NPROC = 2
 # |manifest - result|: re-evaluating the published file (same weights; float rounding and library versions

@@ -245,9 +245,11 @@ class Sizes:
         return torch.randint(0, 256, (3, 20 + 3 * index, 30 - 2 * index), dtype=torch.uint8, generator=generator), 0
 
 
-@pytest.mark.parametrize("base, resize", [(DigitsDataset("train", 16), False), (Sizes(), True)])
-def test_the_probe_image_is_what_validation_reads_in_the_workers_and_on_the_device(base, resize):
-    """Each sample through the evaluation transform, as an EvalDataset gives it, whatever the training views."""
+@pytest.mark.parametrize("resize", [False, True])
+def test_the_probe_image_is_what_validation_reads_in_the_workers_and_on_the_device(resize):
+    """Each sample through the evaluation transform, as an EvalDataset gives it, whatever the training views: the
+    digits (already the model's size) and images of several sizes (resized and centre-cropped)."""
+    base = Sizes() if resize else DigitsDataset("train", 16)
     evaluation = build_eval_transform(16, (0.3,) * 3, (0.2,) * 3, resize=resize)
     recipe = ViewRecipe(ViewAugmentation(crop_scale=[0.2, 0.5]), 16, (0.3,) * 3, (0.2,) * 3)
     keys = [(1, 0), (1, 5), (1, 3)]
