@@ -248,8 +248,11 @@ class DeviceViews:
             batch["image"] = self.recipes[0].apply_batch(images, params)
         else:
             batch["views"] = [recipe.apply_batch(images, p) for recipe, p in zip(self.recipes, params)]
-        if self.probe_transform is not None:
-            batch["probe_image"] = torch.stack([self.probe_transform(image) for image in images])
+        if self.probe_transform is not None:  # images of one size in one call, of several sizes one by one
+            probe = self.probe_transform
+            batch["probe_image"] = (
+                torch.stack([probe(im) for im in images]) if isinstance(images, list) else probe(images)
+            )
         return batch
 
 
