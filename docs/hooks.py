@@ -88,7 +88,9 @@ def _entry(group: str, entry, registry, folder: Path, table) -> list[str]:
     title = f"`{entry.name}`" if registered else f"Other names: `{entry.name}`"
     lines = ["", f"### {title} {{#{group}-{entry.name if registered else 'fallback'}}}", ""]
     if group == "method":
-        summary = inspect.getdoc(inspect.getmodule(entry.target)).split("\n\n")[0].replace("\n", " ")
+        # A method's module docstring, else its class's: a user's module (tests/test_extending.py) may have none.
+        doc = inspect.getdoc(inspect.getmodule(entry.target)) or inspect.getdoc(entry.target) or ""
+        summary = doc.split("\n\n")[0].replace("\n", " ")
         lines += [f"{summary} See [{entry.name}](../methods/{entry.name}.md).", ""]
     if options:
         listed = ", ".join(f"`{group}={o}`" for o in options)

@@ -174,6 +174,7 @@ def test_ijepa_masks_are_not_cut_to_the_batch(tmp_path):
     assert worst("wrong") > 1e-6 * movement
 
 
+@pytest.mark.processes
 def test_two_processes_accumulating_equal_one_process_on_the_whole_batch(tmp_path):
     base = CASES["simclr_vit"]
     pretrain(compose_cfg(base + ["data.batch_size=16"]), tmp_path / "w1")

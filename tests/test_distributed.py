@@ -14,10 +14,12 @@ from solo.distributed import gather
 from solo.distributed.env import detect, first_host, slurm_port
 from solo.errors import ConfigError
 from solo.losses import LOSSES, masked_center
-from solo.losses.check import TOLERANCE, _layouts, _reference, resolve, run_check
+from solo.losses.check import TOLERANCE, _layouts, _reference, resolve, run_check, worker_context
 from solo.methods import METHODS
 from tests.checker_user_losses import SPECS as USER_SPECS
 from tests.wrong_losses import WRONG, WRONG_SSL
+
+pytestmark = pytest.mark.processes  # gloo process groups, the checker's and its CLI's
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # solo's own entries: the test helpers imported above register theirs in the same LOSSES.
@@ -141,11 +143,11 @@ def _gather_worker(rank, world, store, sizes, queue):
 def test_gather_uneven_forward_and_reduce_scatter_backward():
     sizes = [3, 1, 2]
     world = len(sizes)
-    ctx = mp.get_context("spawn")
+    ctx = worker_context()
     queue = ctx.SimpleQueue()
     with tempfile.TemporaryDirectory() as tmp:
         mp.start_processes(
-            _gather_worker, args=(world, f"{tmp}/store", sizes, queue), nprocs=world, start_method="spawn"
+            _gather_worker, args=(world, f"{tmp}/store", sizes, queue), nprocs=world, start_method="forkserver"
         )
     out = {}
     while not queue.empty():
@@ -179,14 +181,14 @@ def test_masked_center_is_the_global_batch_mean_with_uneven_and_empty_ranks():
     scores = torch.arange(12, dtype=torch.float64).reshape(6, 2) ** 2
     valid = torch.tensor([True, True, False, True, True, False])
     sizes = [4, 0, 2]
-    ctx = mp.get_context("spawn")
+    ctx = worker_context()
     queue = ctx.SimpleQueue()
     with tempfile.TemporaryDirectory() as tmp:
         mp.start_processes(
             _masked_center_worker,
             args=(len(sizes), f"{tmp}/store", scores, valid, sizes, queue),
             nprocs=len(sizes),
-            start_method="spawn",
+            start_method="forkserver",
         )
     results = [queue.get() for _ in sizes]
     expected = 0.5 * scores[valid].mean(0)
@@ -414,11 +416,14 @@ def test_sync_batchnorm_equals_batchnorm_on_the_whole_batch(device, sizes):
     """W processes (uneven and empty shards included) give every rank exactly the gradient of one BatchNorm on the
     whole batch, and the same running statistics: solo's SyncBatchNorm on the CPU, torch's on a GPU (float64)."""
     world = len(sizes)
-    ctx = mp.get_context("spawn")
+    ctx = worker_context()
     queue = ctx.SimpleQueue()
     with tempfile.TemporaryDirectory() as tmp:
         mp.start_processes(
-            _batchnorm_worker, args=(world, f"{tmp}/store", sizes, device, queue), nprocs=world, start_method="spawn"
+            _batchnorm_worker,
+            args=(world, f"{tmp}/store", sizes, device, queue),
+            nprocs=world,
+            start_method="forkserver",
         )
     x, upstream = _batchnorm_inputs(sizes)
     x.requires_grad_()

@@ -2,6 +2,7 @@
 uneven numbers of rows or none (tests/step_layouts.py); a LARS that takes its norms on the shards does not."""
 
 import copy
+import json
 import shutil
 import subprocess
 import sys
@@ -34,16 +35,59 @@ DINOV2 = BASE + ["method=dinov2", *METHOD["dinov2"]]
 CASES = {"simclr": SIMCLR, "dino": DINO, "clip": CLIP, "mae": MAE, "dinov2": DINOV2}
 
 
-def step_layout(tmp_path, overrides: list[str], layout: list[int]) -> dict:
-    """The whole weights after STEPS steps with the global batch split over len(layout) processes as `layout`."""
-    out = tmp_path / f"{'-'.join(map(str, layout))}.pt"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    script = [str(REPO / "tests" / "step_layouts.py"), str(out), ",".join(map(str, layout)), str(STEPS), *overrides]
-    launcher = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={len(layout)}", "--standalone"]
-    env = {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO), "PATH": ""}
-    proc = subprocess.run([*launcher, *script], cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return {k: v for k, v in torch.load(out, weights_only=True).items() if v.is_floating_point()}
+WRONG_LARS = ["imports=[tests.shard_norm_lars]", "optim.name=lars_shard_norms", "trainer.strategy=fsdp"]
+VIT_ANY_SIZE = [o for o in SIMCLR if not o.startswith("backbone")] + VIT + ["+backbone.kwargs.dynamic_img_size=true"]
+VIT_FP32 = [o for o in TINY if not o.startswith("backbone")] + VIT + ["method=simclr"]
+VIT_FP64 = VIT_FP32 + ["trainer.precision=64"]
+
+
+def layout_jobs() -> dict[str, tuple[list[str], list[int]]]:
+    """Every stepped run the tests below compare, by name: (overrides, rows per rank)."""
+    jobs = {}
+    for method, overrides in CASES.items():
+        jobs[f"{method}/one"] = (overrides, [12])
+        jobs[f"{method}/fsdp-8-0-4"] = (
+            overrides + ["trainer.strategy=fsdp", "trainer.activation_checkpointing=true"],
+            [8, 0, 4],
+        )
+        jobs[f"{method}/fsdp-9-3"] = (overrides + ["trainer.strategy=fsdp"], [9, 3])
+    jobs["simclr/lars-on-shards"] = (SIMCLR + WRONG_LARS, [9, 3])
+    jobs["clip/ddp-8-0-4"] = (CLIP, [8, 0, 4])
+    jobs["clip/ddp-9-3"] = (CLIP, [9, 3])
+    jobs["vit-any-size/one"] = (VIT_ANY_SIZE, [12])
+    jobs["vit-any-size/ddp-8-0-4"] = (VIT_ANY_SIZE, [8, 0, 4])
+    jobs["vit/one"] = (VIT_FP64, [12])
+    jobs["vit/fsdp-accumulate"] = (VIT_FP64 + ["trainer.strategy=fsdp", "trainer.accumulate=2"], [6, 6])
+    jobs["vit-fp32/one"] = (VIT_FP32, [12])
+    jobs["vit-fp32/fsdp-bf16"] = (VIT_FP32 + ["trainer.strategy=fsdp", "trainer.precision=bf16"], [6, 6])
+    return jobs
+
+
+@pytest.fixture(scope="module")
+def stepped(tmp_path_factory):
+    """name -> the whole weights after STEPS steps of that job (tests/step_layouts.py), with the global batch split
+    over the ranks as its layout says: the jobs of each world size in one launch (3 launches in all)."""
+    root = tmp_path_factory.mktemp("layouts")
+    jobs, files = layout_jobs(), {}
+    for world in sorted({len(layout) for _, layout in jobs.values()}):
+        batch = [
+            [str(root / f"{name.replace('/', '_')}.pt"), layout, o]
+            for name, (o, layout) in jobs.items()
+            if len(layout) == world
+        ]
+        files |= {
+            name: root / f"{name.replace('/', '_')}.pt" for name, (_, layout) in jobs.items() if len(layout) == world
+        }
+        (root / f"jobs-{world}.json").write_text(json.dumps(batch))
+        script = [str(REPO / "tests" / "step_layouts.py"), str(root / f"jobs-{world}.json"), str(STEPS)]
+        launcher = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={world}", "--standalone"]
+        env = {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO), "PATH": ""}
+        proc = subprocess.run([*launcher, *script], cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return {
+        name: {k: v for k, v in torch.load(f, weights_only=True).items() if v.is_floating_point()}
+        for name, f in files.items()
+    }
 
 
 def worst_difference(a: dict, b: dict) -> tuple[float, str]:
@@ -53,51 +97,55 @@ def worst_difference(a: dict, b: dict) -> tuple[float, str]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("method", sorted(CASES))
-def test_fsdp_step_equals_one_process_with_uneven_and_empty_ranks(tmp_path, method):
+def test_fsdp_step_equals_one_process_with_uneven_and_empty_ranks(method, stepped):
     """3 float64 steps on 12 rows: FSDP at W = 3 ([8, 0, 4], with activation checkpointing) and at W = 2 ([9, 3]) ==
     1 process, to 1e-10 of how far the weights moved; a LARS on shard norms is not."""
-    overrides = CASES[method]
-    one = step_layout(tmp_path, overrides, [12])
-    start = weights_at_init(overrides + ["data.batch_size=12"])
+    one = stepped[f"{method}/one"]
+    start = weights_at_init(CASES[method] + ["data.batch_size=12"])
     moved = max(float((one[k] - start[k]).abs().max()) for k in start)
-    for layout, more in [([8, 0, 4], ["trainer.activation_checkpointing=true"]), ([9, 3], [])]:
-        sharded = step_layout(tmp_path, overrides + ["trainer.strategy=fsdp", *more], layout)
-        worst, name = worst_difference(one, sharded)
-        assert worst <= 1e-10 * moved, f"{method}, FSDP {layout}: {name} differs by {worst} (moved {moved})"
+    for layout in ("fsdp-8-0-4", "fsdp-9-3"):
+        worst, name = worst_difference(one, stepped[f"{method}/{layout}"])
+        assert worst <= 1e-10 * moved, f"{method}, {layout}: {name} differs by {worst} (moved {moved})"
     if method == "simclr":  # the pitfall: LARS's trust ratio from each rank's shard (tests/shard_norm_lars.py)
-        wrong = ["imports=[tests.shard_norm_lars]", "optim.name=lars_shard_norms", "trainer.strategy=fsdp"]
-        worst, name = worst_difference(one, step_layout(tmp_path / "wrong", SIMCLR + wrong, [9, 3]))
+        worst, name = worst_difference(one, stepped["simclr/lars-on-shards"])
         assert worst > 1e-6 * moved, f"LARS on shard norms gave the whole-tensor step ({name}: {worst})"
 
 
 @pytest.mark.slow
-def test_a_vit_of_any_input_size_takes_a_rank_with_no_rows(tmp_path):
+def test_clip_ddp_step_equals_one_process_with_uneven_and_empty_ranks(stepped):
+    """The whole of CLIP (image tower, text tower, logit scale) under DDP at W = 3 ([8, 0, 4]) and W = 2 ([9, 3]) ==
+    1 process, to 1e-10 of how far the weights moved; the logit scale and the text tower move."""
+    one = stepped["clip/one"]
+    start = weights_at_init(CLIP + ["data.batch_size=12"])
+    moved = {k: float((one[k] - start[k]).abs().max()) for k in start}
+    assert moved["method.log_logit_scale"] > 0 and moved["method.text_tower.token_embedding.weight"] > 0
+    for layout in ("ddp-8-0-4", "ddp-9-3"):
+        worst, name = worst_difference(one, stepped[f"clip/{layout}"])
+        assert worst <= 1e-10 * max(moved.values()), f"CLIP, {layout}: {name} differs by {worst}"
+
+
+@pytest.mark.slow
+def test_a_vit_of_any_input_size_takes_a_rank_with_no_rows(stepped):
     """SimCLR through the ViT's own forward with `dynamic_img_size`, on which timm's fails for an empty batch: DDP at
     W = 3 ([8, 0, 4]) equals one process, to 1e-10 of how far the weights moved."""
-    overrides = [o for o in SIMCLR if not o.startswith("backbone")] + VIT + ["+backbone.kwargs.dynamic_img_size=true"]
-    one = step_layout(tmp_path, overrides, [12])
-    start = weights_at_init(overrides + ["data.batch_size=12"])
+    one = stepped["vit-any-size/one"]
+    start = weights_at_init(VIT_ANY_SIZE + ["data.batch_size=12"])
     moved = max(float((one[k] - start[k]).abs().max()) for k in start)
-    worst, name = worst_difference(one, step_layout(tmp_path, overrides, [8, 0, 4]))
+    worst, name = worst_difference(one, stepped["vit-any-size/ddp-8-0-4"])
     assert worst <= 1e-10 * moved, f"[8, 0, 4]: {name} differs by {worst} (moved {moved})"
 
 
 @pytest.mark.slow
-def test_fsdp_accumulation_and_bf16_on_a_vit(tmp_path):
+def test_fsdp_accumulation_and_bf16_on_a_vit(stepped):
     """A ViT (its blocks the units, LayerNorm): FSDP at W = 2 with trainer.accumulate=2 equals one process (float64,
     1e-10); FSDP in bf16 (the blocks gathered and computed in bf16, float32 weights) stays near the float32 step."""
-    overrides = [o for o in TINY if not o.startswith("backbone")] + VIT + ["method=simclr"]
-    exact = overrides + ["trainer.precision=64"]
-    one = step_layout(tmp_path, exact, [12])
-    start = weights_at_init(exact + ["data.batch_size=12"])
+    one = stepped["vit/one"]
+    start = weights_at_init(VIT_FP64 + ["data.batch_size=12"])
     moved = max(float((one[k] - start[k]).abs().max()) for k in start)
-    worst, name = worst_difference(
-        one, step_layout(tmp_path, exact + ["trainer.strategy=fsdp", "trainer.accumulate=2"], [6, 6])
-    )
+    worst, name = worst_difference(one, stepped["vit/fsdp-accumulate"])
     assert worst <= 1e-10 * moved, f"FSDP with accumulation: {name} differs by {worst} (moved {moved})"
 
-    fp32 = step_layout(tmp_path / "fp32", overrides, [12])
-    bf16 = step_layout(tmp_path / "bf16", overrides + ["trainer.strategy=fsdp", "trainer.precision=bf16"], [6, 6])
+    fp32, bf16 = stepped["vit-fp32/one"], stepped["vit-fp32/fsdp-bf16"]
     assert all(v.dtype == torch.float32 for v in bf16.values())
     worst, name = worst_difference(fp32, bf16)
     # A CPU with native bf16 (avx512_bf16) rounds every product: 0.052 of the movement there (a BatchNorm's running

@@ -132,6 +132,7 @@ def test_tiled_cases_are_registered_next_to_their_losses():
 
 
 @pytest.mark.parametrize("world", [2, pytest.param(3, marks=pytest.mark.slow), pytest.param(4, marks=pytest.mark.slow)])
+@pytest.mark.processes
 def test_tiled_losses_exact_in_gloo_process_groups(world):
     results = run_check(TILED + EXTRA, world)
     layouts = {r.layout for r in results}

@@ -67,6 +67,24 @@ def run(overrides, run_dir, nproc=1, timeout=300):
     return out
 
 
+def many_runs(runs: dict, nproc: int = 2) -> None:
+    """Pretraining runs {run_dir: overrides} one after another in one torchrun launch (tests/many_runs.py), which pays
+    the processes' start (about 20 s of imports here) once, not once per run."""
+    root = next(iter(runs)).parent
+    (root / "runs.json").write_text(json.dumps([[str(d), o] for d, o in runs.items()]))
+    launcher = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", "--standalone"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    proc = subprocess.run(
+        [*launcher, str(REPO / "tests" / "many_runs.py"), str(root / "runs.json")],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60 * len(runs) + 60,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+
 def kill_processes_mentioning(marker: str) -> None:
     for pid in os.listdir("/proc"):
         if not pid.isdigit():
@@ -88,6 +106,37 @@ def metrics(run_dir) -> list[dict]:
     return [json.loads(line) for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]
 
 
+INVARIANCE_TEST = "test_world_size_invariance"
+
+
+def invariance_overrides(method: str, augment_on: str, precision: str) -> list[str]:
+    return TINY + [
+        f"method={method}",
+        "trainer.max_steps=3",
+        f"trainer.precision={precision}",
+        f"data.augment_on={augment_on}",
+    ]
+
+
+@pytest.fixture(scope="module")
+def invariance_runs(request, tmp_path_factory):
+    """(method, augment_on, precision) -> the run dirs of its 1 x 16 and 2 x 8 runs, for the selected cases: the
+    1-process runs in this process, the 2-process ones in one launch."""
+    selected = sorted(
+        {
+            (item.callspec.params["method"], item.callspec.params["augment_on"], item.callspec.params["precision"])
+            for item in request.session.items
+            if item.originalname == INVARIANCE_TEST
+        }
+    )
+    root = tmp_path_factory.mktemp("invariance")
+    runs = {case: (root / "-".join(case) / "w1", root / "-".join(case) / "w2") for case in selected}
+    for case, (one, _) in runs.items():
+        pretrain(compose_cfg(invariance_overrides(*case) + ["data.batch_size=16"]), one)
+    many_runs({two: invariance_overrides(*case) + ["data.batch_size=8"] for case, (_, two) in runs.items()})
+    return runs
+
+
 @pytest.mark.parametrize("precision, tolerance", [("64", 1e-10), pytest.param("32", 1e-4, marks=pytest.mark.slow)])
 @pytest.mark.parametrize(
     "method, augment_on",
@@ -97,7 +146,8 @@ def metrics(run_dir) -> list[dict]:
         pytest.param("barlow_twins", "cpu", marks=pytest.mark.slow),
     ],
 )
-def test_world_size_invariance(tmp_path, method, augment_on, precision, tolerance):
+@pytest.mark.processes
+def test_world_size_invariance(invariance_runs, method, augment_on, precision, tolerance):
     """1 process with batch 16 and 2 processes with batch 8 end with the same weights (SyncBatchNorm on), with
     the views made in the DataLoader workers or on the training device (here the CPU: the same batched code).
 
@@ -105,22 +155,15 @@ def test_world_size_invariance(tmp_path, method, augment_on, precision, toleranc
     of one step is ~3e-6 of the largest gradient; after 3 LARS steps the weights differ by < 1e-4 of
     how far training moved them.
     """
-    common = TINY + [
-        f"method={method}",
-        "trainer.max_steps=3",
-        f"trainer.precision={precision}",
-        f"data.augment_on={augment_on}",
-    ]
-    run(common + ["data.batch_size=16"], tmp_path / "w1")
-    run(common + ["data.batch_size=8"], tmp_path / "w2", nproc=2)
-    one, two = weights(tmp_path / "w1"), weights(tmp_path / "w2")
-    start = weights_at_init(common)
+    w1, w2 = invariance_runs[(method, augment_on, precision)]
+    one, two = weights(w1), weights(w2)
+    start = weights_at_init(invariance_overrides(method, augment_on, precision))
     assert one.keys() == two.keys() == start.keys()
     moved = max(float((one[k].double() - start[k].double()).abs().max()) for k in one)
     worst, name = max((float((one[k] - two[k]).abs().max()), k) for k in one)
     assert worst <= tolerance * moved, f"{name}: W=1 and W=2 differ by {worst}, training moved weights by up to {moved}"
     # The logged losses are the global-batch losses too.
-    for a, b in zip(metrics(tmp_path / "w1"), metrics(tmp_path / "w2")):
+    for a, b in zip(metrics(w1), metrics(w2)):
         if "train/loss" in a:
             assert a["train/loss"] == pytest.approx(b["train/loss"], rel=tolerance)
 
@@ -334,6 +377,7 @@ def test_bf16_autocast_with_gradient_clipping_on_cpu(tmp_path):
     )
 
 
+@pytest.mark.processes
 def test_steady_state_steps_read_nothing_on_the_host(tmp_path):
     """On a GPU every read of a tensor's value on the host stalls the queue of kernels. Recorded in 2 processes
     (tests/host_reads_probe.py): the training step reads nothing after its first call (which exchanges the ranks'

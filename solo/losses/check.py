@@ -130,17 +130,27 @@ def _worker(rank: int, world: int, store_path: str, modules, specs, seed: int, l
         destroy_process_group()
 
 
+def worker_context():
+    """The multiprocessing context for process groups on this machine: workers forked from one server process that
+    imported torch and this module once. A spawned interpreter pays for those imports (seconds) at every start; a
+    checker run starts two groups per world size, so this is most of its time. Forking from the server, not from the
+    caller, keeps whatever threads the caller started out of the workers."""
+    context = mp.get_context("forkserver")
+    context.set_forkserver_preload([__name__])  # read when the server starts: the first group of this process
+    return context
+
+
 def _run_workers(world: int, specs: list[str], seed: int, layouts: list[list[int]]) -> dict[tuple, list]:
-    """Every rank's (loss, gradients) per (spec, layout), from `world` spawned gloo processes.
+    """Every rank's (loss, gradients) per (spec, layout), from `world` gloo processes.
 
     A worker that raises ends the run with torch's ProcessRaisedException (the others are terminated).
     """
     modules = sorted({resolve(spec).target.__module__ for spec in specs})
-    queue = mp.get_context("spawn").SimpleQueue()
+    queue = worker_context().SimpleQueue()
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         args = (world, os.path.join(tmp, "store"), modules, specs, seed, layouts, queue)
-        context = mp.start_processes(_worker, args=args, nprocs=world, start_method="spawn", join=False)
+        context = mp.start_processes(_worker, args=args, nprocs=world, start_method="forkserver", join=False)
         try:
             # Read while the workers run: put() blocks once the pipe is full, so a join before
             # reading deadlocks as soon as the results outgrow the pipe's buffer (~64 KiB).
@@ -197,7 +207,7 @@ def _compare(spec: str, world: int, layout: list[int], reference: tuple[float, d
 def run_check(
     specs: list[str], world: int, seed: int = 0, uneven: bool = True, empty_rank: bool = True
 ) -> list[Result]:
-    """Check every spec at one world size (one spawned process group for all of them).
+    """Check every spec at one world size (one process group for all of them).
 
     uneven=False skips the layouts with different per-rank batch sizes (one of them with an empty rank), for losses
     that cannot take them; empty_rank=False only the one with an empty rank.
