@@ -49,6 +49,7 @@ def names_the_key(message: str, key: str) -> bool:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("key", _default_keys())
+@pytest.mark.one_process
 def test_wrong_values_train_or_name_the_key(key, tmp_path, monkeypatch):
     import huggingface_hub.constants
 

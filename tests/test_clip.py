@@ -29,6 +29,7 @@ TINY_CLIP = [
 
 
 @pytest.mark.slow
+@pytest.mark.one_process
 def test_clip_on_digits_logs_zero_shot_retrieval_and_its_logit_scale(tmp_path):
     """A smoke run of `method=clip` as it is (3 steps): what it learns is a measurement, the zoo's CLIP entry
     (`python scripts/build_zoo.py --only clip-digits-resnet18half`: zero-shot and linear accuracy)."""

@@ -205,7 +205,7 @@ def test_linear_evaluation_of_unlabelled_data_is_refused(saved, tmp_path):
         evaluate_pretrained(cfg, tmp_path / "eval")
 
 
-@pytest.mark.slow  # two launches, ~20 s; the default suite has the same check on shards (tests/test_shards.py)
+@pytest.mark.slow  # two launches, ~20 s; as tests/test_shards.py checks shards end to end
 def test_training_is_world_size_invariant_and_counts_the_broken_image(saved, tmp_path):
     """1 process x 16 and 2 processes x 8 (one DataLoader worker each, views made on the device from the encoded bytes),
     4 steps in float64: the same weights to 1e-10 of their movement; the broken image is skipped in both, counted the

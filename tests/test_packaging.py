@@ -11,6 +11,7 @@ from tests.test_train import REPO
 
 
 @pytest.mark.slow
+@pytest.mark.one_process
 def test_pip_install_gives_the_console_scripts(tmp_path):
     clone, venv, elsewhere = tmp_path / "clone", tmp_path / "venv", tmp_path / "elsewhere"
     subprocess.run(["git", "clone", "-q", str(REPO), str(clone)], check=True)

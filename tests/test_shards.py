@@ -230,8 +230,9 @@ def shard_overrides(spec, cache, batch, steps=3):
     ]
 
 
-@pytest.mark.parametrize("augment_on", ["cpu", pytest.param("device", marks=pytest.mark.slow)])
-@pytest.mark.processes
+# The readers themselves at any world size stay in the quick suite (test_zero_one_and_two_workers_...).
+@pytest.mark.slow
+@pytest.mark.parametrize("augment_on", ["cpu", "device"])
 def test_training_on_shards_is_world_size_invariant(folder, tmp_path, augment_on):
     """1 process x 16 and 2 processes x 8 on shards with a broken sample: same weights (float64), same skips logged.
     The 2 processes make their views in the workers or on the device (JPEGs decoded there, PNGs in the workers):

@@ -257,6 +257,7 @@ def test_a_checkpoint_file_of_solo_0_2_resumes_bit_identical(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.one_process
 def test_default_run_learns(tmp_path):
     """A short digits run: the online probe beats chance by far, and the outputs are all there."""
     cfg = compose_cfg(["trainer.max_epochs=2", "data.batch_size=64", "trainer.progress_bar=false"])

@@ -55,6 +55,7 @@ QUICK = ("simclr-digits-resnet18half", "clip-digits-resnet18half")
     "name",
     [e["name"] if e["name"] in QUICK else pytest.param(e["name"], marks=pytest.mark.slow) for e in read_manifest()],
 )
+@pytest.mark.one_process
 def test_main_linear_reproduces_the_manifest(name, tmp_path, monkeypatch):
     monkeypatch.setenv("SOLO_CACHE", str(tmp_path / "cache"))
     entry = solo.zoo.entry(name)
