@@ -93,9 +93,19 @@ def test_every_block_runs_or_says_why_not():
                 assert commands(body) if lang == "bash" else body.strip(), f"{where}: an empty block"
 
 
+def starts_process_groups(page: Path) -> bool:
+    return any(word in body for _, body, *_ in blocks(page) for word in ("torchrun", "losses.check", "solo-check"))
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    "page", [p for p in PAGES if any(runnable(*b) for b in blocks(p))], ids=lambda p: str(p.relative_to(REPO))
+    "page",
+    [
+        p if starts_process_groups(p) else pytest.param(p, marks=pytest.mark.one_process)
+        for p in PAGES
+        if any(runnable(*b) for b in blocks(p))
+    ],
+    ids=lambda p: str(p.relative_to(REPO)),
 )
 def test_page_commands_run(page, tmp_path):
     # The reader's own modules (imports=[...]) are found from where they work, as with `export PYTHONPATH=$PWD`.

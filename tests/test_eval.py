@@ -143,6 +143,7 @@ def test_online_knn_equals_offline_knn_and_plots_are_written(tmp_path, monkeypat
 
 
 @pytest.mark.slow
+@pytest.mark.one_process
 def test_random_init_and_finetune(tmp_path, monkeypatch):
     monkeypatch.setenv("SOLO_CACHE", str(tmp_path / "cache"))
     run_dir = tmp_path / "run"
@@ -217,6 +218,7 @@ def _main_linear(overrides, run_dir, **popen):
 
 
 @pytest.mark.slow
+@pytest.mark.one_process
 def test_finetuning_killed_and_resumed_is_bit_identical(tmp_path):
     """main_linear.py fine-tuning (float64, 64 steps) killed after a checkpoint and run again ends with the weights of
     the uninterrupted run, bit for bit; a run with another seed does not (so the comparison can fail)."""
@@ -241,6 +243,7 @@ def test_finetuning_killed_and_resumed_is_bit_identical(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.one_process
 def test_finetuning_takes_any_optimizer_and_precision(tmp_path):
     run(TINY + ["data.batch_size=8", "trainer.max_steps=2"], tmp_path / "pre")
     overrides = [
@@ -266,6 +269,7 @@ def test_plot_curves_needs_metrics(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.one_process
 def test_unlabelled_data_is_refused(tmp_path):
     (tmp_path / "data" / "train").mkdir(parents=True)
     (tmp_path / "data" / "val").mkdir(parents=True)

@@ -139,6 +139,7 @@ def test_skipped_images_are_the_same_on_every_world_size(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.one_process
 def test_ctrl_c_checkpoints_the_current_step_and_the_rerun_redoes_no_step(tmp_path):
     overrides = TINY + ["data.num_samples=256", "data.batch_size=8", "trainer.max_steps=60"]
     proc = launch(overrides, tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

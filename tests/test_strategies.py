@@ -232,6 +232,7 @@ def test_compile_falls_back_to_eager_with_one_warning_where_it_cannot_compile(tm
 
 
 @pytest.mark.slow  # compiling takes half a minute on a CPU (a ResNet's four stages: a minute)
+@pytest.mark.one_process
 def test_compiled_blocks_or_backbone_give_the_eager_step_within_float32_rounding(tmp_path):
     # A ViT (two blocks), float32 (what compile is for), compiled block by block and whole.
     common = [o for o in TINY if not o.startswith("backbone")] + VIT + ["method=simclr"]

@@ -136,7 +136,8 @@ def worker_context():
     checker run starts two groups per world size, so this is most of its time. Forking from the server, not from the
     caller, keeps whatever threads the caller started out of the workers."""
     context = mp.get_context("forkserver")
-    context.set_forkserver_preload([__name__])  # read when the server starts: the first group of this process
+    # Read when the server starts (this process's first group). By name: run as `python -m`, __name__ is "__main__".
+    context.set_forkserver_preload(["solo.losses.check"])
     return context
 
 
