@@ -378,7 +378,7 @@ def test_bf16_autocast_with_gradient_clipping_on_cpu(tmp_path):
     )
 
 
-@pytest.mark.processes
+@pytest.mark.slow  # a 2-process launch of 12 steps (18 s): the quick suite keeps under 4 min
 def test_steady_state_steps_read_nothing_on_the_host(tmp_path):
     """On a GPU every read of a tensor's value on the host stalls the queue of kernels. Recorded in 2 processes
     (tests/host_reads_probe.py): the training step reads nothing after its first call (which exchanges the ranks'
