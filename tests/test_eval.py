@@ -5,7 +5,10 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
+from contextlib import nullcontext
+from datetime import timedelta
 
 import numpy as np
 import pytest
@@ -283,3 +286,89 @@ def test_unlabelled_data_is_refused(tmp_path):
     )
     with pytest.raises(ValueError, match="needs labelled train and val splits"):
         evaluate_pretrained(cfg, tmp_path / "eval")
+
+
+def _eval_set(n: int):
+    from solo.data import EvalDataset, SyntheticDataset, build_eval_transform
+
+    return EvalDataset(
+        SyntheticDataset(n, 8, num_classes=3, split="val"),
+        build_eval_transform(8, (0.5,) * 3, (0.25,) * 3, resize=False),
+    )
+
+
+def _eval_model():
+    torch.manual_seed(0)
+    backbone = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 6, 3),
+        torch.nn.BatchNorm2d(6),
+        torch.nn.ReLU(),
+        torch.nn.AdaptiveAvgPool2d(1),
+        torch.nn.Flatten(),
+    )
+    return backbone, torch.nn.Linear(6, 3)
+
+
+def _evaluate_sharded(n: int, batch: int, strategy: str):
+    """The online probe's accuracy and the k-NN's features of an `n`-sample val set on this rank's share."""
+    import torch.distributed as dist
+    from torch.distributed.fsdp import fully_shard
+
+    from solo.data import eval_loader
+    from solo.eval.features import extract_features
+    from solo.eval.probe import evaluate
+
+    backbone, probe = _eval_model()
+    if strategy == "fsdp":  # every block's forward all-gathers its parameters: the ranks' forwards must pair up
+        for module in (backbone[0], backbone, probe):
+            fully_shard(module)
+    world, rank = (dist.get_world_size(), dist.get_rank()) if dist.is_initialized() else (1, 0)
+    loader = eval_loader(_eval_set(n), batch, rank, world)
+    accuracy = evaluate(backbone, probe, loader, torch.device("cpu"), nullcontext)
+    features, labels = extract_features(backbone, loader, torch.device("cpu"))
+    return accuracy, features, labels, len(loader)
+
+
+def _sharded_eval_worker(rank, world, store, cases, queue):
+    import torch.distributed as dist
+
+    # A collective that waits 30 s fails (gloo's default: 30 min): a mismatched count is an error, not a hang.
+    dist.init_process_group(
+        "gloo", init_method=f"file://{store}", rank=rank, world_size=world, timeout=timedelta(seconds=30)
+    )
+    for n, batch, strategy in cases:
+        accuracy, features, labels, batches = _evaluate_sharded(n, batch, strategy)
+        queue.put((rank, n, strategy, (accuracy, features.numpy(), labels.numpy(), batches)))  # tensors die with it
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def test_evaluation_of_a_split_that_does_not_divide_evenly_ends_and_counts_each_sample_once():
+    """17, 3 and 1 val samples on 2 ranks (batch 8: 2 batches against 1; a rank with 1 row; a rank with none) under
+    FSDP and DDP: every rank runs as many batches (FSDP's all-gathers pair up: no hang), and the probe's accuracy and
+    the gathered features equal one process's on the whole set. The naive shard, range(rank, N, W), gives the ranks
+    different batch counts (the hang) and an empty rank."""
+    import torch.multiprocessing as mp
+    from torch.utils.data import DataLoader
+
+    from solo.losses.check import worker_context
+
+    cases = [(n, 8, strategy) for n in (17, 3, 1) for strategy in ("fsdp", "ddp")]
+    queue = worker_context().SimpleQueue()
+    with tempfile.TemporaryDirectory() as tmp:
+        mp.start_processes(
+            _sharded_eval_worker, args=(2, f"{tmp}/store", cases, queue), nprocs=2, start_method="forkserver"
+        )
+    results = [queue.get() for _ in range(2 * len(cases))]
+    for n, batch, strategy in cases:
+        accuracy, features, labels, _ = _evaluate_sharded(n, batch, "one process")
+        ranks = [r for rank, m, s, r in results if (m, s) == (n, strategy)]
+        assert len(ranks) == 2 and ranks[0][3] == ranks[1][3]  # as many batches on each rank
+        for got_accuracy, got_features, got_labels, _ in ranks:
+            assert got_accuracy == accuracy
+            np.testing.assert_allclose(got_features, features.numpy(), rtol=1e-6, atol=1e-6)
+            assert np.array_equal(got_labels, labels.numpy()) and len(labels) == n
+    naive = {
+        n: [len(DataLoader(_eval_set(n), batch_size=8, sampler=range(r, n, 2))) for r in range(2)] for n in (17, 1)
+    }
+    assert naive == {17: [2, 1], 1: [1, 0]}

@@ -4,6 +4,7 @@ images). The names below are the public ones."""
 
 from solo.data.decode import ImageReadError
 from solo.data.sampling.seeding import sample_seed, seeded_rng
+from solo.data.sampling.source import eval_loader, real_rows
 from solo.data.sources.huggingface import HuggingFaceImages, HuggingFacePairs
 from solo.data.sources.images import (
     CIFAR10Dataset,
@@ -58,6 +59,8 @@ __all__ = [
     "ImageTextPairs",
     "ZeroShotEvalDataset",
     "digit_caption",
+    "eval_loader",
+    "real_rows",
     "EvalDataset",
     "MultiViewDataset",
     "HuggingFaceImages",

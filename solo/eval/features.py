@@ -8,6 +8,7 @@ from pathlib import Path
 
 import torch
 
+from solo.data import real_rows
 from solo.distributed import gather
 from solo.eval.mode import eval_mode
 
@@ -16,17 +17,19 @@ from solo.eval.mode import eval_mode
 def extract_features(backbone, loader, device, autocast=nullcontext) -> tuple[torch.Tensor, torch.Tensor]:
     """(features, labels) of every sample the loader's ranks see together, in dataset order, float32 on CPU.
 
-    Each rank reads its own shard; the shards are gathered (uneven sizes are fine) and put back in
-    dataset order by the samples' indices, so the result is the same on every rank and world size.
+    Each rank reads its own shard (solo.data.eval_loader: the same number of batches on every rank, whose padding
+    rows are dropped here); the shards are gathered and put back in dataset order by the samples' indices, so the
+    result is the same on every rank and world size.
     """
     dtype = next(backbone.parameters()).dtype
     feats, labels, index = [], [], []
     with eval_mode(backbone):
         for batch in loader:
+            real = real_rows(batch)
             with autocast():
-                feats.append(backbone(batch["image"].to(device, dtype, non_blocking=True)).float())
-            labels.append(batch["label"].to(device))
-            index.append(batch["index"].to(device))
+                feats.append(backbone(batch["image"].to(device, dtype, non_blocking=True))[real.to(device)].float())
+            labels.append(batch["label"][real].to(device))
+            index.append(batch["index"][real].to(device))
     order = gather(torch.cat(index)).argsort()
     return gather(torch.cat(feats))[order].cpu(), gather(torch.cat(labels))[order].cpu()
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from solo.data import real_rows
 from solo.distributed import world_size
 from solo.eval.mode import eval_mode
 
@@ -38,12 +39,12 @@ class TopkAccuracy:
 
 @torch.no_grad()
 def evaluate(backbone, probe, loader, device, autocast) -> dict:
-    """Top-1/top-5 accuracy over the whole val split, every rank's shard counted."""
+    """Top-1/top-5 accuracy over the whole val split (a solo.data.eval_loader), every rank's shard counted once."""
     dtype = next(probe.parameters()).dtype
     accuracy = TopkAccuracy()
     with eval_mode(backbone, probe):
         for batch in loader:
-            images = batch["image"].to(device, dtype, non_blocking=True)
+            images, real = batch["image"].to(device, dtype, non_blocking=True), real_rows(batch)
             with autocast():
-                accuracy.add(probe(backbone(images)), batch["label"])
+                accuracy.add(probe(backbone(images))[real.to(device)], batch["label"][real])
     return {f"val/{k}": v for k, v in accuracy.result(device).items()}

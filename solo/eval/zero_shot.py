@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from solo.data import DIGIT_TEMPLATES, digit_caption
+from solo.data import DIGIT_TEMPLATES, digit_caption, real_rows
 from solo.distributed import gather, world_size
 from solo.eval.mode import eval_mode
 from solo.eval.probe import TopkAccuracy, topk_correct
@@ -61,9 +61,10 @@ def zero_shot_accuracy(method, prompts: list[list[str]], loader, device, autocas
     with eval_mode(method):
         classifier = class_embeddings(method, prompts, method.tokenizer, device, dtype)
         for batch in loader:
+            real = real_rows(batch)
             with autocast():
-                image = method.encode_image(batch["image"].to(device, dtype, non_blocking=True))
-            accuracy.add(image.to(dtype) @ classifier.T, batch["label"])
+                image = method.encode_image(batch["image"].to(device, dtype, non_blocking=True))[real.to(device)]
+            accuracy.add(image.to(dtype) @ classifier.T, batch["label"][real])
     result = accuracy.result(device)
     return {"acc1": result["acc1"], "acc5": result["acc5"]}
 
@@ -84,12 +85,13 @@ def evaluate_image_text(method, probe, classifier, loader, device, autocast) -> 
     counts = torch.zeros(5, dtype=torch.float64)  # zero-shot top1, top5, probe top1, top5, samples
     with eval_mode(method, probe):
         for batch in loader:
-            with autocast():
+            real = real_rows(batch)
+            with autocast():  # every row through the towers (the same calls on every rank), then the padding dropped
                 features = method.image_features(batch["image"].to(device, dtype, non_blocking=True))
-                image = method.embed_features(features)
-                text = method.encode_text(batch["text"].to(device, non_blocking=True))
-                logits = probe(features).float() if probe is not None else None
-            labels = batch["label"]
+                image = method.embed_features(features)[real.to(device)]
+                text = method.encode_text(batch["text"].to(device, non_blocking=True))[real.to(device)]
+                logits = probe(features)[real.to(device)].float() if probe is not None else None
+            labels = batch["label"][real]
             if classifier is not None:
                 counts[0:2] += torch.tensor(
                     topk_correct((image.to(classifier.dtype) @ classifier.T).float().cpu(), labels)
@@ -99,7 +101,7 @@ def evaluate_image_text(method, probe, classifier, loader, device, autocast) -> 
             counts[4] += len(labels)
             images.append(image.float())
             texts.append(text.float())
-            ids.append(batch["index"].to(device))
+            ids.append(batch["index"][real].to(device))
 
     image, text, index = torch.cat(images), torch.cat(texts), torch.cat(ids)
     all_image, all_text, all_index = gather(image), gather(text), gather(index)

@@ -10,11 +10,10 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from omegaconf import DictConfig, OmegaConf
-from torch.utils.data import DataLoader
 
 from solo.backbones.vit import pool_patch_tokens
 from solo.config import check_required, plain, validate_linear
-from solo.data import DATASETS, EvalDataset, build_eval_transform, build_split
+from solo.data import DATASETS, EvalDataset, build_eval_transform, build_split, eval_loader
 from solo.data.sampling.source import loader_workers
 from solo.distributed import DistEnv
 from solo.distributed.env import process_group
@@ -143,12 +142,12 @@ class CachedFeatures:
         if hit is not None:
             log.info(f"{split} features from the cache {self.cache.path(key)}")
             return hit
-        shard = list(range(env.rank, len(base), env.world_size))
         d = self.data
-        loader = DataLoader(
+        loader = eval_loader(
             EvalDataset(base, self.transform),
-            batch_size=d.batch_size,
-            sampler=shard,
+            d.batch_size,
+            env.rank,
+            env.world_size,
             num_workers=loader_workers(d.num_workers),
         )
         x, y = extract_features(self.backbone, loader, self.device)

@@ -21,7 +21,7 @@ from solo.data import (
     build_view_transforms,
 )
 from solo.data.decode import check_images
-from solo.data.sampling.source import DataSource, MapDataSource, loader_workers
+from solo.data.sampling.source import DataSource, MapDataSource, eval_loader, loader_workers
 from solo.data.views.augment import DeviceViews
 from solo.data.views.multiview import collate_raw
 from solo.distributed import DistEnv
@@ -114,8 +114,7 @@ def build_loaders(
     )
 
     def sharded(dataset) -> DataLoader:
-        shard = list(range(env.rank, len(dataset), env.world_size))
-        return DataLoader(dataset, batch_size=d.batch_size, sampler=shard, **loader_args)
+        return eval_loader(dataset, d.batch_size, env.rank, env.world_size, **loader_args)
 
     val = train_eval = None
     if splits.val is not None and splits.pairs:  # retrieval needs no labels; zero-shot and the probe do

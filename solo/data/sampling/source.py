@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 from typing import Iterator, Protocol
 
+import torch
 from torch.utils.data import DataLoader
 
 from solo.data.sampling.sampler import GlobalBatchSampler
@@ -69,3 +70,39 @@ class MapDataSource:
 
     def load_state_dict(self, state: dict) -> None:
         self.epoch, self.batch_in_epoch = state["epoch"], state["batch_in_epoch"]
+
+
+class EvenShards:
+    """A dataset of dict samples dealt to `world_size` ranks in equal shares: rank r reads positions r, r + W, ...
+    of ceil(N / W) * W positions, those past the end repeating the last sample with `"padding": True` (the real
+    ones carry `"padding": False`). Every rank then runs the same number of batches of the same sizes, so a model
+    sharded over the ranks (FSDP) gathers its parameters as often on each, and no rank is left without rows;
+    evaluation drops the padding rows, so each sample counts once."""
+
+    def __init__(self, dataset, world_size: int):
+        self.dataset = dataset
+        self.padded_len = -(-len(dataset) // world_size) * world_size
+
+    def __getattr__(self, name: str):  # the wrapped dataset's own attributes (classes, prompts) stay visible
+        if name == "dataset":
+            raise AttributeError(name)
+        return getattr(self.dataset, name)
+
+    def __len__(self) -> int:
+        return self.padded_len
+
+    def __getitem__(self, position: int) -> dict:
+        padding = position >= len(self.dataset)
+        return self.dataset[len(self.dataset) - 1 if padding else position] | {"padding": padding}
+
+
+def real_rows(batch: dict) -> torch.Tensor:
+    """The rows of an eval_loader batch that are samples, not padding (a bool mask on the CPU)."""
+    return ~batch["padding"]
+
+
+def eval_loader(dataset, batch_size: int, rank: int, world_size: int, **loader_args) -> DataLoader:
+    """This rank's share of `dataset` (not empty), in batches of `batch_size`: as many batches, of the same sizes,
+    as every other rank's (EvenShards). Consumers keep the rows whose `"padding"` is False."""
+    shards = EvenShards(dataset, world_size)
+    return DataLoader(shards, batch_size=batch_size, sampler=range(rank, len(shards), world_size), **loader_args)
