@@ -6,6 +6,12 @@ drift from it.
   of every registry that is a config group (`solo.config.registered_groups()`: method, data, backbone, optim,
   logger), a heading and a table of its keys: type, schema default, the value its YAML option in solo/configs sets,
   the rule or choices recorded on the field (solo.schema), and the comment beside the field in the source.
+- `<!-- config-groups -->`: every option of every config group (each folder of YAML files under solo/configs/, and
+  every name registered in `solo.config.registered_groups()`), one line each: a method's module docstring's first
+  sentence, else the option's YAML file's leading comment's, else its registered class's or function's docstring's,
+  else the values the file sets.
+- `<!-- config-keys: SECTION -->`: the keys of one of the trainer's schemas (`trainer`), each linked to its row in the
+  configuration reference.
 - `<!-- zoo-table -->`: the checkpoint zoo (zoo/manifest.json) as `solo.zoo.manifest.markdown_table` renders it;
   `<!-- zoo-table: METHOD -->`: the same for that method's entries only.
 """
@@ -15,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import inspect
+import posixpath
 import re
 import typing
 from pathlib import Path
@@ -22,12 +29,18 @@ from pathlib import Path
 import yaml
 
 CONFIG_MARKER = "<!-- config-reference -->"
+GROUPS_MARKER = "<!-- config-groups -->"
+KEYS_MARKER = re.compile(r"<!-- config-keys:\s*(\w+)\s*-->")
 ZOO_MARKER = re.compile(r"<!-- zoo-table(?::\s*(\w+))?\s*-->")
 
 
 def on_page_markdown(markdown, page, config, files):
+    root = posixpath.relpath(".", posixpath.dirname(page.file.src_uri) or ".")  # the docs folder, from this page
     if CONFIG_MARKER in markdown:
         markdown = markdown.replace(CONFIG_MARKER, config_reference())
+    if GROUPS_MARKER in markdown:
+        markdown = markdown.replace(GROUPS_MARKER, config_groups(root))
+    markdown = KEYS_MARKER.sub(lambda m: config_keys(m.group(1), root), markdown)
     return ZOO_MARKER.sub(lambda m: zoo_table(m.group(1)), markdown)
 
 
@@ -39,6 +52,150 @@ def zoo_table(method: str | None) -> str:
 
     entries = [e for e in read_manifest() if method is None or e["method"] == method]
     return markdown_table(entries) if entries else f"No zoo entry yet for `{method}`."
+
+
+# --- the config groups' options ----------------------------------------------------------------------------
+
+# Groups that pretrain.yaml does not select directly: how an option of theirs is chosen.
+CHOSEN_INSIDE = {
+    "text": "CLIP's and SigLIP's text tower: `text@method.text=<option>` (default `tiny`).",
+    "trainer": "A method's digits length: its YAML lists `/trainer@_global_.trainer: epochs_<n>`; "
+    "`trainer.max_epochs=<n>` on the command line wins.",
+}
+
+
+def config_groups(root: str = ".") -> str:
+    """For each config group, how to select an option and a table of the options with a line on each. `root`: the
+    docs folder relative to the page, for the links."""
+    import solo.config as sc
+    import solo.configs
+
+    configs = Path(solo.configs.__file__).parent
+    defaults = _defaults(configs / "pretrain.yaml")
+    registries = sc.registered_groups()
+    folders = sorted(p.name for p in configs.iterdir() if p.is_dir() and p.name != "hydra" and any(p.glob("*.yaml")))
+    order = [g for g in defaults if g in folders or g in registries]  # pretrain.yaml's order, then the rest
+    order += [g for g in [*folders, *registries] if g not in order]
+    reference = f"{root}/reference/config.md"
+    out = []
+    for group in dict.fromkeys(order):
+        folder, registry = configs / group, registries.get(group)
+        yamls = {p.stem: p for p in sorted(folder.glob("*.yaml"))}
+        if group in defaults:
+            default = f"`{defaults[group]}`" if defaults[group] is not None else "none"
+            how = f"`{group}=<option>` (default {default})."
+        else:
+            how = CHOSEN_INSIDE.get(group, f"Selected inside other options (`/{group}@...` in their defaults).")
+        if registry is not None:
+            anchor = f"{reference}#{group}"
+            how += f" Registered: `{registry.describe()}`; every key: [configuration reference]({anchor})."
+        elif group == "augmentation":
+            how += f" Every key: [configuration reference]({reference}#augmentation)."
+        rows = ["| option | what |", "|---|---|"]
+        lines = {option: _option_line(group, option, path, registry, root) for option, path in yamls.items()}
+        for option, line in lines.items():
+            if list(lines.values()).count(line) > 1:  # one comment shared by several files: say what each sets
+                line = f"{line} {_sets(yamls[option])}".strip()
+            rows.append(f"| `{option}` | {_escape(line)} |")
+        if registry is not None:  # registered names that no YAML file selects: `group.name=<name>`
+            for name in registry.names():
+                selected = any(_resolves(registry, _yaml_name(p), registry[name]) for p in yamls.values())
+                if not selected:
+                    rows.append(f"| `{group}.name={name}` | {_escape(_registered_line(group, registry[name], root))} |")
+        out += [f"### `{group}` {{#group-{group}}}", "", how, "", *rows, ""]
+    return "\n".join(out)
+
+
+def config_keys(section: str, root: str = ".") -> str:
+    """The keys of one of the trainer's schemas, and a link to their table in the configuration reference."""
+    import solo.config as sc
+
+    schema = {"trainer": sc.TrainerConfig, "augmentation": sc.AugmentationConfig}[section]
+    keys = ", ".join(f"`{key}`" for key, *_ in _fields(schema, "", {}))
+    return f"{keys} (each described in the [configuration reference]({root}/reference/config.md#{section}))"
+
+
+def _option_line(group: str, option: str, path: Path, registry, root: str) -> str:
+    """One line on an option: for a method its module docstring's first sentence and its page, else the YAML's
+    leading comment's first sentence, else the registered entry's docstring's, else what the file sets."""
+    entry = None
+    if registry is not None:
+        try:
+            entry = registry[_yaml_name(path)]
+        except Exception:
+            entry = None
+    if group == "method" and entry is not None:
+        return _registered_line(group, entry, root)
+    line = _first_sentence(_leading_comment(path))
+    if not line and entry is not None:
+        line = _first_sentence(_docstring(entry.target))
+    return line or _sets(path)
+
+
+def _registered_line(group: str, entry, root: str) -> str:
+    if group == "method":
+        doc = inspect.getdoc(inspect.getmodule(entry.target)) or inspect.getdoc(entry.target) or ""
+        return f"{_first_sentence(doc)} [Page]({root}/methods/{entry.name}.md)."
+    return _first_sentence(_docstring(entry.target)) or f"Registered by `{entry.target.__module__}`."
+
+
+def _docstring(obj) -> str:
+    """Its own docstring (not a dataclass's generated signature)."""
+    doc = inspect.getdoc(obj) or ""
+    return "" if re.match(rf"{re.escape(getattr(obj, '__name__', ''))}\(", doc) else doc
+
+
+def _yaml_name(path: Path) -> str:
+    return (yaml.safe_load(path.read_text()) or {}).get("name", path.stem)
+
+
+def _leading_comment(path: Path) -> str:
+    """The comment lines a YAML file starts with (Hydra's `# @package` directive left out)."""
+    lines = []
+    for line in path.read_text().splitlines():
+        if not line.startswith("#"):
+            break
+        if not line.startswith("# @package"):
+            lines.append(line.lstrip("#").strip())
+    return " ".join(lines)
+
+
+# Abbreviations whose period ends no sentence.
+_ABBREVIATIONS = ("al", "e.g", "i.e", "sec", "cf", "vs", "approx", "eq", "fig", "no")
+
+
+def _first_sentence(text: str, limit: int = 240) -> str:
+    """The first sentence of `text` (the first paragraph, whitespace collapsed). One longer than `limit` characters
+    is cut at its first colon outside parentheses ("Barlow Twins, ResNet-50, ImageNet at 224px: ..."), else at its
+    last clause boundary before `limit`."""
+    text = " ".join(text.split("\n\n")[0].split())
+    for m in re.finditer(r"\.(?=\s+[A-Z`(\"']|$)", text):
+        word = re.search(r"([\w.]+)$", text[: m.start()])
+        if not (word and word.group(1).lower() in _ABBREVIATIONS):
+            text = text[: m.end()]
+            break
+    if len(text) <= limit:
+        return text
+    depth, bounds = 0, []  # clause boundaries outside parentheses
+    for i, char in enumerate(text[:limit]):
+        depth += {"(": 1, ")": -1}.get(char, 0)
+        if depth == 0 and text[i : i + 2] in (": ", "; ", ", "):
+            bounds.append((i, char))
+    colon = next((i for i, char in bounds if char == ":" and i >= 20), None)
+    if colon is not None:
+        return text[:colon] + ": ..."
+    cut = max((i for i, _ in bounds if i > limit // 2), default=limit)
+    return text[:cut].rstrip(" ,;:(") + " ..."
+
+
+def _sets(path: Path) -> str:
+    """What an option's YAML file sets, for a file with no comment: its top-level values."""
+    values = {k: v for k, v in (yaml.safe_load(path.read_text()) or {}).items() if k != "defaults"}
+    return "Sets " + ", ".join(f"`{k}: {_yaml(v)}`" for k, v in values.items()) + "." if values else ""
+
+
+def _escape(cell: str) -> str:
+    return cell.replace("|", "\\|").replace("<", "&lt;").replace(">", "&gt;")
 
 
 # --- the configuration reference ---------------------------------------------------------------------------

@@ -1,9 +1,11 @@
-"""The documentation's configuration reference (docs/hooks.py, generated when the site is built) names every key of
-every registered kind and of the trainer's schemas, so it cannot fall behind the code."""
+"""What docs/hooks.py generates when the site is built: the configuration reference names every key of every
+registered kind and of the trainer's schemas, getting-started's group tables every option, so neither can fall behind
+the code; numbers quoted from the zoo are the manifest's; and the site loads nothing from the network."""
 
 import dataclasses
 import importlib.util
 import re
+from pathlib import Path
 
 import solo.config as sc
 from tests.test_train import REPO
@@ -39,3 +41,29 @@ def test_the_configuration_reference_lists_every_key():
     for anchor, keys in wanted.items():
         listed = set(re.findall(r"^\| `([\w.]+)` \|", sections.get(anchor, ""), re.M))
         assert keys <= listed, f"{anchor}: the reference does not list {sorted(keys - listed)}"
+
+
+def test_the_getting_started_groups_list_every_option():
+    """getting-started's group tables (`<!-- config-groups -->`) have a row for every registered name of every
+    registry group (every method, dataset, optimizer, logger) and for every YAML option of every folder under
+    solo/configs/ (every backbone, augmentation, experiment, ...), each with a description."""
+    import solo.configs
+
+    groups = _hooks().config_groups()
+    sections = dict(re.findall(r"\{#group-(\w+)\}\n(.*?)(?=\n### |\Z)", groups, re.S))
+    rows = {
+        g: dict(re.findall(r"^\| `(?:\w+\.name=)?([\w.-]+)` \| (.*) \|$", text, re.M)) for g, text in sections.items()
+    }
+    wanted = {group: set(registry.names()) for group, registry in sc.registered_groups().items()}
+    for folder in Path(solo.configs.__file__).parent.iterdir():
+        if folder.is_dir() and folder.name != "hydra" and any(folder.glob("*.yaml")):
+            wanted.setdefault(folder.name, set()).update(p.stem for p in folder.glob("*.yaml"))
+    assert {"method", "backbone", "data", "augmentation", "optim", "logger"} <= set(wanted)
+    assert {"mae", "dinov2", "ijepa"} <= wanted["method"] and {"vit_tiny", "vit_tiny_6"} <= wanted["backbone"]
+    for group, options in wanted.items():
+        listed = rows.get(group, {})
+        assert options <= set(listed), f"`{group}`: getting-started does not list {sorted(options - set(listed))}"
+        for option in options:
+            assert len(listed[option]) > 10, f"`{group}={option}`: no description ({listed[option]!r})"
+    page = (REPO / "docs" / "getting-started.md").read_text()
+    assert "<!-- config-groups -->" in page and "| group | options |" not in page  # generated, not hand-written
