@@ -14,12 +14,16 @@ drift from it.
   configuration reference.
 - `<!-- zoo-table -->`: the checkpoint zoo (zoo/manifest.json) as `solo.zoo.manifest.markdown_table` renders it;
   `<!-- zoo-table: METHOD -->`: the same for that method's entries only.
+
+`on_files` adds MathJax (from the `django-static-mathjax` package of the `docs` extra) to the site, so
+that formulas render with no network request.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import enum
+import importlib.metadata
 import inspect
 import posixpath
 import re
@@ -42,6 +46,42 @@ def on_page_markdown(markdown, page, config, files):
         markdown = markdown.replace(GROUPS_MARKER, config_groups(root))
     markdown = KEYS_MARKER.sub(lambda m: config_keys(m.group(1), root), markdown)
     return ZOO_MARKER.sub(lambda m: zoo_table(m.group(1)), markdown)
+
+
+# --- MathJax, served from the site itself -------------------------------------------------------------------
+
+# What the site needs of MathJax 3's es5 build: the combined TeX/MathML + CommonHTML file that mkdocs.yml loads, and
+# what it loads itself on demand (CommonHTML's fonts, TeX extensions for \require and autoload, the menu and the
+# accessibility tools). The other combined builds and the SVG output are left out.
+MATHJAX_BUNDLE = "tex-mml-chtml.js"
+MATHJAX_PARTS = ("a11y", "adaptors", "input", "output/chtml", "sre", "ui")
+MATHJAX_SITE = "javascripts/mathjax"
+
+
+def mathjax_files() -> dict[str, Path]:
+    """Site path -> file of MathJax's es5 build as the django-static-mathjax package (the `docs` extra) ships it."""
+    try:
+        dist = importlib.metadata.distribution("django-static-mathjax")
+    except importlib.metadata.PackageNotFoundError:
+        raise SystemExit(
+            "the documentation renders its formulas with the MathJax that django-static-mathjax ships: "
+            'pip install -e ".[docs]"'
+        ) from None
+    es5 = Path(dist.locate_file("mathjax/static/mathjax/es5"))
+    found = {f"{MATHJAX_SITE}/{MATHJAX_BUNDLE}": es5 / MATHJAX_BUNDLE}
+    for part in MATHJAX_PARTS:
+        for path in sorted((es5 / part).rglob("*")):
+            if path.is_file():
+                found[f"{MATHJAX_SITE}/{path.relative_to(es5).as_posix()}"] = path
+    return found
+
+
+def on_files(files, config):
+    from mkdocs.structure.files import File
+
+    for uri, path in mathjax_files().items():
+        files.append(File.generated(config, uri, abs_src_path=str(path)))
+    return files
 
 
 # --- the zoo -----------------------------------------------------------------------------------------------

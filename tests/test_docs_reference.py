@@ -67,3 +67,32 @@ def test_the_getting_started_groups_list_every_option():
             assert len(listed[option]) > 10, f"`{group}={option}`: no description ({listed[option]!r})"
     page = (REPO / "docs" / "getting-started.md").read_text()
     assert "<!-- config-groups -->" in page and "| group | options |" not in page  # generated, not hand-written
+
+
+def test_the_site_makes_no_network_request(tmp_path):
+    """A page built with the site's own mkdocs.yml (theme, hooks, extra JavaScript and CSS) loads no script or style
+    sheet from http(s): MathJax comes from the `docs` extra's files, copied into the site, and the theme uses the
+    system's fonts. No page's Markdown brings in one of its own either. (One page, not the whole site: the tags at
+    stake come from mkdocs.yml and the theme, the same on every page; CI builds the whole site.)"""
+    from mkdocs.commands.build import build
+    from mkdocs.config import load_config
+
+    remote = re.compile(r"<(script|link)\b[^>]*\b(src|href)\s*=\s*[\"']?(https?:)?//", re.I)
+    for page in (REPO / "docs").rglob("*.md"):
+        assert not remote.search(page.read_text()), f"{page}: a remote script or style sheet"
+    docs = tmp_path / "docs"
+    (docs / "javascripts").mkdir(parents=True)
+    (docs / "javascripts" / "mathjax.js").write_text((REPO / "docs" / "javascripts" / "mathjax.js").read_text())
+    (docs / "index.md").write_text("# Math\n\n$$\\mathcal{L} = -\\log p$$ and $x^2$\n")
+    config = load_config(
+        str(REPO / "mkdocs.yml"), docs_dir=str(docs), site_dir=str(tmp_path / "site"), nav=["index.md"], strict=False
+    )
+    build(config)
+    html = (tmp_path / "site" / "index.html").read_text()
+    assert 'class="arithmatex"' in html
+    assert not remote.search(html), remote.search(html).group(0)
+    scripts = re.findall(r"<script\b[^>]*\bsrc=\"([^\"]+)\"", html)
+    mathjax = [s for s in scripts if s.endswith("tex-mml-chtml.js")]
+    assert mathjax and (tmp_path / "site" / mathjax[0]).is_file(), scripts
+    fonts = tmp_path / "site" / Path(mathjax[0]).parent / "output" / "chtml" / "fonts" / "woff-v2"
+    assert any(fonts.glob("*.woff")), "MathJax's CommonHTML fonts are not in the site"
