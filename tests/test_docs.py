@@ -1,7 +1,9 @@
 """The README's and the documentation's command blocks, run as a reader would: each page's ```bash and ```python
 blocks in order, in a fresh directory, with the training commands shortened (SHORT below). A block that cannot run
 on a CPU machine without downloads says why on the line before its fence (NOT_RUN); a file the reader is told to
-write (`<!-- file: path -->` before its block) is written. `pip install` and `pytest` lines are CI's own steps."""
+write (`<!-- file: path -->` before its block) is written; a block that repeats another page's commands
+(`<!-- same as: README.md -->`, the home page's quick start) runs there, and is checked to hold only commands of that
+page. `pip install` and `pytest` lines are CI's own steps."""
 
 import os
 import re
@@ -16,7 +18,7 @@ from tests.test_train import REPO
 
 PAGES = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
 NOT_RUN = ("needs a GPU", "needs external data", "needs several nodes")
-MARK = re.compile(r"<!-- (not run|file): (.+?) -->")
+MARK = re.compile(r"<!-- (not run|file|same as): (.+?) -->")
 # What each kind of command gets appended, key by key (a key the command already sets keeps its value).
 SHORT = {
     "main_pretrain.py": [
@@ -37,7 +39,11 @@ def blocks(page: Path) -> list[tuple[str, str, str | None, str | None]]:
         before = text[start : match.start()].rstrip("\n").rsplit("\n", 1)[-1]
         start = match.end()
         mark = MARK.fullmatch(before.strip())
-        reason = mark.group(2) if mark and mark.group(1) == "not run" else None
+        reason = None
+        if mark and mark.group(1) == "not run":
+            reason = mark.group(2)
+        elif mark and mark.group(1) == "same as":
+            reason = f"same as: {mark.group(2)}"
         path = mark.group(2) if mark and mark.group(1) == "file" else None
         found.append((match.group(1), match.group(2), reason, path))
     return found
@@ -84,10 +90,17 @@ def runnable(lang: str, body: str, reason: str | None, path: str | None) -> bool
 
 
 def test_every_block_runs_or_says_why_not():
-    """Parsing only (fast): each runnable block is bash or python, and each mark is one this test knows."""
+    """Parsing only (fast): each runnable block is bash or python, each mark is one this test knows, and a block
+    marked `same as: PAGE` holds only commands that a block of PAGE runs."""
     for page in PAGES:
         for lang, body, reason, path in blocks(page):
             where = f"{page.relative_to(REPO)}: ```{lang} {body.splitlines()[0] if body else ''}"
+            if reason is not None and reason.startswith("same as: "):
+                other = REPO / reason.removeprefix("same as: ")
+                ran = [words for block in blocks(other) if runnable(*block) for words in commands(block[1])]
+                missing = [shlex.join(words) for words in commands(body) if words not in ran]
+                assert commands(body) and not missing, f"{where}: {missing} not run by {other.name}'s blocks"
+                continue
             assert reason is None or reason in NOT_RUN, f"{where}: unknown reason {reason!r}; one of {NOT_RUN}"
             if runnable(lang, body, reason, path):
                 assert commands(body) if lang == "bash" else body.strip(), f"{where}: an empty block"
