@@ -141,3 +141,26 @@ def test_page_commands_run(page, tmp_path):
             continue
         result = subprocess.run(run, cwd=tmp_path, capture_output=True, text=True, timeout=900, env=env)
         assert result.returncode == 0, f"{page.name}: {run[-1]}\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+
+
+def test_lists_start_after_a_blank_line():
+    """Parsing only (fast): in the site's pages a list starts after a blank line. Python-Markdown, unlike GitHub,
+    reads a list written right under a line of a paragraph as more of the paragraph, one run-on line of dashes."""
+    item = re.compile(r"\s*([-*+]|\d+\.)\s")
+    for page in sorted((REPO / "docs").rglob("*.md")):
+        lines, inside = page.read_text().splitlines(), None  # inside a ``` fence or a $$ formula
+        for i, line in enumerate(lines):
+            fence = line.strip()
+            mark = "```" if fence.startswith("```") else "$$" if fence.startswith("$$") else None
+            if mark and not (mark == "$$" and len(fence) > 2 and fence.endswith("$$")):  # not a one-line formula
+                inside = None if inside == mark else inside or mark
+                continue
+            before = lines[i - 1] if i else ""
+            text = (
+                before.strip()
+                and not before.startswith((" ", "\t", "|", "#", "!!!", "<!--"))
+                and not item.match(before)
+            )
+            assert inside or not (item.match(line) and text), (
+                f"{page.relative_to(REPO)}:{i + 1}: a blank line before the list"
+            )
