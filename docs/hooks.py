@@ -14,6 +14,9 @@ drift from it.
   configuration reference.
 - `<!-- zoo-table -->`: the checkpoint zoo (zoo/manifest.json) as `solo.zoo.manifest.markdown_table` renders it;
   `<!-- zoo-table: METHOD -->`: the same for that method's entries only.
+- `<!-- zoo-result: ENTRY KIND[/KIND...] -->`: the top-1 accuracies of one zoo entry from the manifest, e.g.
+  `<!-- zoo-result: clip-digits-resnet18half linear/knn/zero_shot -->` gives `0.964 / 0.958 / 0.919`, so a number
+  quoted in prose or in another table is the zoo's.
 
 `on_files` adds MathJax (from the `django-static-mathjax` package of the `docs` extra) to the site, so
 that formulas render with no network request.
@@ -36,6 +39,7 @@ CONFIG_MARKER = "<!-- config-reference -->"
 GROUPS_MARKER = "<!-- config-groups -->"
 KEYS_MARKER = re.compile(r"<!-- config-keys:\s*(\w+)\s*-->")
 ZOO_MARKER = re.compile(r"<!-- zoo-table(?::\s*(\w+))?\s*-->")
+RESULT_MARKER = re.compile(r"<!-- zoo-result:\s*([\w.-]+)\s+([\w/]+)\s*-->")
 
 
 def on_page_markdown(markdown, page, config, files):
@@ -45,6 +49,7 @@ def on_page_markdown(markdown, page, config, files):
     if GROUPS_MARKER in markdown:
         markdown = markdown.replace(GROUPS_MARKER, config_groups(root))
     markdown = KEYS_MARKER.sub(lambda m: config_keys(m.group(1), root), markdown)
+    markdown = RESULT_MARKER.sub(lambda m: zoo_result(m.group(1), m.group(2)), markdown)
     return ZOO_MARKER.sub(lambda m: zoo_table(m.group(1)), markdown)
 
 
@@ -92,6 +97,19 @@ def zoo_table(method: str | None) -> str:
 
     entries = [e for e in read_manifest() if method is None or e["method"] == method]
     return markdown_table(entries) if entries else f"No zoo entry yet for `{method}`."
+
+
+def zoo_result(name: str, kinds: str) -> str:
+    """`0.964 / 0.958`: entry `name`'s top-1 for each of `kinds` (linear/knn/zero_shot), as the zoo table rounds it."""
+    from solo.zoo.manifest import read_manifest
+
+    entry = next((e for e in read_manifest() if e["name"] == name), None)
+    if entry is None:
+        raise ValueError(f"<!-- zoo-result: {name} {kinds} -->: no zoo entry {name!r} in zoo/manifest.json")
+    missing = [k for k in kinds.split("/") if k not in entry["results"]]
+    if missing:
+        raise ValueError(f"<!-- zoo-result: {name} {kinds} -->: {name} has no {missing} result")
+    return " / ".join(f"{entry['results'][k]['acc1']:.3f}" for k in kinds.split("/"))
 
 
 # --- the config groups' options ----------------------------------------------------------------------------

@@ -69,6 +69,27 @@ def test_the_getting_started_groups_list_every_option():
     assert "<!-- config-groups -->" in page and "| group | options |" not in page  # generated, not hand-written
 
 
+def test_zoo_results_quoted_in_the_docs_are_the_manifests():
+    """`<!-- zoo-result: ENTRY KINDS -->` gives the manifest's numbers as the zoo table rounds them; an unknown entry
+    or result is an error, not a blank; the methods page's digits table takes every entry's numbers from it."""
+    import pytest
+
+    from solo.zoo.manifest import read_manifest
+
+    hooks = _hooks()
+    clip = next(e for e in read_manifest() if e["name"] == "clip-digits-resnet18half")
+    expected = " / ".join(f"{clip['results'][k]['acc1']:.3f}" for k in ("linear", "knn", "zero_shot"))
+    assert hooks.zoo_result("clip-digits-resnet18half", "linear/knn/zero_shot") == expected
+    for name, kinds in (("no-such-entry", "linear"), ("simclr-digits-resnet18half", "zero_shot")):
+        with pytest.raises(ValueError, match="zoo-result"):
+            hooks.zoo_result(name, kinds)
+    methods = (REPO / "docs" / "methods" / "index.md").read_text()  # its digits table quotes every entry
+    for entry in read_manifest():
+        assert f"<!-- zoo-result: {entry['name']} linear/knn -->" in methods, (
+            f"{entry['name']}: not in methods/index.md"
+        )
+
+
 def test_the_site_makes_no_network_request(tmp_path):
     """A page built with the site's own mkdocs.yml (theme, hooks, extra JavaScript and CSS) loads no script or style
     sheet from http(s): MathJax comes from the `docs` extra's files, copied into the site, and the theme uses the
