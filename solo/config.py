@@ -10,6 +10,7 @@ registered things (datasets, optimizers, loggers) and what the method needs from
 from __future__ import annotations
 
 import importlib
+import logging
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,7 +20,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from solo.backbones import BACKBONES
+from solo.backbones import BACKBONES, SMALL_IMAGES, has_resnet_stem
 from solo.data import DATASETS, view_sizes
 from solo.data.views.transforms import ViewAugmentation
 from solo.distributed.env import detect
@@ -30,6 +31,8 @@ from solo.methods import METHODS
 from solo.optim import OPTIMIZERS
 from solo.registry import Registry
 from solo.schema import AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, PROBABILITY, check_values, choices, ruled
+
+log = logging.getLogger("solo")
 
 # 16: CUDA only, with a gradient scaler; 64: for exactness checks, not for speed.
 Precision = choices("Precision", "32", "bf16", "16", "64")
@@ -46,8 +49,10 @@ def registered_groups() -> dict[str, Registry]:
 
 @dataclass
 class AugmentationConfig:
+    # The recipe's option name; auto (augmentation/auto.yaml, the default): the method's recipe for the data.
+    name: str = "auto"
     # Each entry is one recipe; `size` and `count` make multi-crop (e.g. 2 global + 6 local crops).
-    views: List[ViewAugmentation] = field(default_factory=lambda: [ViewAugmentation(), ViewAugmentation()])
+    views: List[ViewAugmentation] = field(default_factory=list)
 
 
 @dataclass
@@ -255,14 +260,73 @@ def typed(cfg: DictConfig, schema: type, groups: tuple[str, ...]) -> DictConfig:
 
 
 def validate_pretrain(cfg: DictConfig) -> DictConfig:
-    """The composed config checked against every schema, `cfg.imports` imported first; raises ConfigError."""
+    """The composed config checked against every schema, `cfg.imports` imported first, its `auto` values chosen
+    (choose_for_the_data, which logs why); raises ConfigError."""
     import_modules(cfg.get("imports"))
     checked = typed(cfg, PretrainConfig, tuple(registered_groups()))
+    for line in choose_for_the_data(checked):
+        if detect().rank == 0:
+            log.info(line)
     method = METHODS[checked.method.name].target
     method.check_data(view_sizes(checked.augmentation.views, checked.data.image_size), DATASETS[checked.data.name])
     method.check_config(checked)
     _check_accumulation(checked, method)
     return checked
+
+
+CONFIGS = Path(__file__).parent / "configs"
+# The image side that the papers' recipes (their multi-crop local crop sizes) were written for.
+RECIPE_IMAGE_SIZE = 224
+
+
+def choose_for_the_data(cfg: DictConfig) -> list[str]:
+    """Resolve, in place, the defaults that follow the data: augmentation=auto (the method's recipe for the digits, or
+    its natural-image one, the paper's views at data.image_size) and backbone.small_stem=auto (small for images of at
+    most SMALL_IMAGES px on a ResNet stem). Returns a line per choice saying what was chosen and why."""
+    said = []
+    method, d = METHODS[cfg.method.name].target, cfg.data
+    if not cfg.augmentation.views and cfg.augmentation.name != "auto":
+        options = sorted(p.stem for p in (CONFIGS / "augmentation").glob("*.yaml"))
+        raise ConfigError(
+            f"augmentation.name={cfg.augmentation.name}: a recipe with no views; choose one with augmentation=<name> "
+            f"({', '.join(options)}), or augmentation=auto for the method's own"
+        )
+    if not cfg.augmentation.views:
+        kind = "digits" if d.name == "digits" else "natural"
+        recipe = method.augmentations[kind]
+        cfg.augmentation = recipe_views(recipe, None if kind == "digits" else d.image_size, method.local_crops)
+        said.append(
+            f"augmentation={recipe}: method={method.name}'s recipe for "
+            + ("the digits" if kind == "digits" else f"natural images (data={d.name}), at {d.image_size} px")
+            + " (augmentation=auto; augmentation=<name> chooses another)"
+        )
+    if cfg.backbone.get("small_stem") == "auto":
+        resnet = has_resnet_stem(cfg.backbone.name)
+        small = resnet and d.image_size <= SMALL_IMAGES
+        cfg.backbone.small_stem = small
+        if resnet:  # a ViT's or a ConvNeXt's stem: nothing to choose, nothing said
+            size = "at most" if small else "over"
+            said.append(
+                f"backbone.small_stem={str(small).lower()}: data.image_size={d.image_size} is {size} {SMALL_IMAGES} px "
+                "(backbone.small_stem=auto; true or false chooses)"
+            )
+    return said
+
+
+def recipe_views(name: str, image_size: int | None, local_crops: bool) -> DictConfig:
+    """The augmentation option `name` (its YAML), typed, without its local crops (views of a fixed `size`) unless
+    `local_crops`; with `image_size`, those crops' sizes (written for RECIPE_IMAGE_SIZE px) scaled to it, in multiples
+    of 8 px."""
+    recipe = OmegaConf.merge(
+        OmegaConf.structured(AugmentationConfig), OmegaConf.load(CONFIGS / "augmentation" / f"{name}.yaml")
+    )
+    if not local_crops:  # DeepClusterV2 takes the global crops of SwAV's multi-crop, as it compares two views
+        recipe.views = [view for view in recipe.views if view.size is None]
+    if image_size is not None and image_size != RECIPE_IMAGE_SIZE:
+        for view in recipe.views:
+            if view.size is not None:
+                view.size = max(8, round(view.size * image_size / RECIPE_IMAGE_SIZE / 8) * 8)
+    return recipe
 
 
 def check_required(cfg: DictConfig) -> None:

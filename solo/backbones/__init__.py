@@ -17,7 +17,7 @@ from torch import nn
 from solo.backbones.vit import is_vit, take_empty_batches
 from solo.errors import ConfigError
 from solo.registry import Registry
-from solo.schema import PROBABILITY, ruled
+from solo.schema import PROBABILITY, Rule, ruled
 
 BACKBONES = Registry("backbone", "backbone.name", group="backbone")
 
@@ -32,9 +32,17 @@ class BackboneConfig:
     pretrained: bool = False  # the library's pretrained weights (timm's, torchvision's), where it has them
 
 
+# Images up to this side (CIFAR's 32 px, STL's 96 px resized to 64, the digits) keep their resolution through a small
+# ResNet stem; larger ones (ImageNet-like, 224 px) take the standard stride-4 stem.
+SMALL_IMAGES = 64
+SMALL_STEM = Rule("must be true, false or auto", lambda v: v in (True, False, "auto"))
+
+
 @dataclass
 class TimmBackboneConfig(BackboneConfig):
-    small_stem: bool = False  # 3x3 stride-1 first conv and no max-pool, for 32px-sized images
+    # 3x3 stride-1 first conv and no max-pool, for images of CIFAR's size; auto: for images of at most SMALL_IMAGES px,
+    # on a ResNet-style stem (resolved before the run: the run's first lines say which)
+    small_stem: Any = ruled("auto", SMALL_STEM)
     drop_path_rate: float = ruled(0.0, PROBABILITY)  # stochastic depth, timm's (ViTs: rising over the blocks to this)
     kwargs: Dict[str, Any] = field(default_factory=dict)  # passed to timm.create_model (torchvision: get_model)
 
@@ -84,6 +92,8 @@ def build_backbone(cfg) -> tuple[torch.nn.Module, int]:
 
 @BACKBONES.register_fallback("any timm model, torchvision.<resnet>", schema=TimmBackboneConfig)
 def _timm_or_torchvision(cfg) -> tuple[torch.nn.Module, int]:
+    if cfg.get("small_stem") == "auto":
+        raise ValueError("backbone.small_stem=auto follows data.image_size: solo.config.validate_pretrain resolves it")
     return create_backbone(
         cfg["name"],
         small_stem=cfg.get("small_stem", False),
@@ -151,6 +161,19 @@ def create_backbone(
     if small_stem:
         _use_small_stem(model, name)
     return model, width
+
+
+def has_resnet_stem(name: str) -> bool:
+    """Whether backbone `name` starts with a ResNet stem (conv1 and a max-pool) that small_stem can replace:
+    torchvision's ResNets, and timm models whose first conv is conv1 (ResNets, ResNeXts, SE-ResNets, ResNet-D)."""
+    if name.startswith(TORCHVISION_PREFIX):
+        return True
+    import timm
+
+    if not timm.is_model(name):
+        return False
+    pretrained = timm.get_pretrained_cfg(name)
+    return pretrained is not None and str(pretrained.first_conv).split(".")[0] == "conv1"
 
 
 def _with_weights(pretrained: bool, name: str, build):

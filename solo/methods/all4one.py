@@ -48,6 +48,9 @@ class All4One(MomentumTwoViewMethod):
     "query" sequence; the teacher (backbone -> projector, EMA) fills the support set. The Transformer has no dropout
     (the paper's 0.1 would draw masks that depend on how the batch is split over processes)."""
 
+    # BYOL's asymmetric views (Barlow Twins reuses them)
+    augmentations = {"digits": "digits", "natural": "barlow_twins"}
+
     def __init__(self, backbone, feature_dim: int, cfg: All4OneConfig):
         h, d = cfg.proj_hidden_dim, cfg.proj_output_dim
         projector = mlp([feature_dim, h, h, d], last_bn=True)

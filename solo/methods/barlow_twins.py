@@ -18,6 +18,9 @@ class BarlowTwinsConfig(ExpanderConfig):
 
 @register_method("barlow_twins", schema=BarlowTwinsConfig)
 class BarlowTwins(ExpanderMethod):
+    # BYOL's asymmetric views (Barlow Twins reuses them)
+    augmentations = {"digits": "digits", "natural": "barlow_twins"}
+
     def __init__(self, backbone, feature_dim: int, cfg: BarlowTwinsConfig):
         super().__init__(backbone, feature_dim, cfg)
         self.lambd, self.scale_loss = cfg.lambd, cfg.scale_loss

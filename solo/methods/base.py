@@ -70,6 +70,9 @@ class Method(nn.Module):
     # data pipeline adds it): for methods whose probe features cost a forward of their own anyway (MAE, I-JEPA,
     # DINOv2), so that the probe learns on what it is evaluated on, not on augmented or masked views.
     probe_view: ClassVar[bool] = False
+    # The augmentation recipes (options of the `augmentation` group) that augmentation=auto, the default, chooses: one
+    # for the embedded digits, one for any other data (natural images: the paper's views at data.image_size).
+    augmentations: ClassVar[dict[str, str]] = {"digits": "digits", "natural": "simclr"}
 
     def __init__(self, backbone: nn.Module, feature_dim: int):
         super().__init__()

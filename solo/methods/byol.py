@@ -21,6 +21,9 @@ class BYOLConfig:
 
 @register_method("byol", schema=BYOLConfig)
 class BYOL(MomentumTwoViewMethod):
+    # BYOL's asymmetric views (Barlow Twins reuses them)
+    augmentations = {"digits": "digits", "natural": "barlow_twins"}
+
     def __init__(self, backbone, feature_dim: int, cfg: BYOLConfig):
         projector = mlp([feature_dim, cfg.proj_hidden_dim, cfg.proj_output_dim])
         predictor = mlp([cfg.proj_output_dim, cfg.pred_hidden_dim, cfg.proj_output_dim])

@@ -64,6 +64,8 @@ class ImageTextMethod(Method):
 
     inputs = "image_text"
     num_views = 1  # one augmented image per pair
+    # CLIP's one lightly cropped view, on any data
+    augmentations = {"digits": "clip", "natural": "clip"}
 
     def __init__(
         self, backbone, feature_dim: int, cfg: TowersConfig, init_logit_scale: float, init_bias: float | None = None

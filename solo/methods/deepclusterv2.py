@@ -33,6 +33,8 @@ class DeepClusterV2(Method):
     first epoch fills the bank and has no loss. The bank (solo.methods.memory.MemoryBank) holds the whole data set's
     embeddings on every rank; k-means splits its work over the ranks (solo.methods.memory.kmeans)."""
 
+    augmentations = {"digits": "digits", "natural": "multicrop_swav"}
+
     def __init__(self, backbone, feature_dim: int, cfg: DeepClusterV2Config):
         super().__init__(backbone, feature_dim)
         if not cfg.num_prototypes or min(cfg.num_prototypes) < 1:

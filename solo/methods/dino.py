@@ -91,6 +91,7 @@ class SelfDistillation(Method):
 
 @register_method("dino", schema=DINOConfig)
 class DINO(SelfDistillation):
+    augmentations = {"digits": "digits", "natural": "multicrop_dino"}
     sync_teacher_batchnorm = True  # the teacher's backbone BatchNorms see the global batch, as the student's
     local_crops = True
 

@@ -82,6 +82,8 @@ class DINOv2(SelfDistillation):
     each masked patch against the teacher's token at that position, averaged per image (iBOT), and KoLeo on the
     student's global class tokens. Every statistic is over the global batch."""
 
+    augmentations = {"digits": "digits_mild", "natural": "multicrop_dinov2"}
+
     local_crops = True
     probe_view = True
     pool = "mean"  # DINOv2's linear protocol adds the patch tokens' mean; alone it probes best on the digits

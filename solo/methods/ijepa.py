@@ -113,6 +113,8 @@ class IJEPA(Method):
     counted nowhere). The backbone's pooled feature becomes the mean patch token, I-JEPA's linear protocol, for the
     online probe and the k-NN during pretraining, and `main_linear.py`'s probes."""
 
+    augmentations = {"digits": "one_view_digits", "natural": "ijepa"}
+
     probe_view = True
     num_views = 1
     teachers = ("target_encoder",)

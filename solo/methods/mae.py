@@ -88,6 +88,8 @@ class MAE(Method):
     when an online probe reads them, the backbone on the whole image as validation sees it (`probe_view`), without
     a graph; `joint` is the loss: the mean over every masked patch of the global batch (solo.losses.masked_patch_mse)."""
 
+    augmentations = {"digits": "one_view_digits", "natural": "mae"}
+
     probe_view = True
     num_views = 1
 

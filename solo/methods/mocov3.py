@@ -22,6 +22,8 @@ class MoCoV3Config:
 
 @register_method("mocov3", schema=MoCoV3Config)
 class MoCoV3(MomentumTwoViewMethod):
+    augmentations = {"digits": "digits", "natural": "mocov3"}
+
     def __init__(self, backbone, feature_dim: int, cfg: MoCoV3Config):
         # MoCo v3's ViT heads: a 3-layer projector and a 2-layer predictor, both ending in BatchNorm without affine
         # (its ResNet code uses a 2-layer projector and no last BatchNorm in the predictor).

@@ -27,6 +27,9 @@ class NNBYOLConfig:
 
 @register_method("nnbyol", schema=NNBYOLConfig)
 class NNBYOL(BYOL):
+    # BYOL's asymmetric views (Barlow Twins reuses them)
+    augmentations = {"digits": "digits", "natural": "barlow_twins"}
+
     def __init__(self, backbone, feature_dim: int, cfg: NNBYOLConfig):
         super().__init__(backbone, feature_dim, cfg)
         self.support = GlobalQueue(cfg.queue_size, cfg.proj_output_dim)

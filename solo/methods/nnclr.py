@@ -25,6 +25,9 @@ class NNCLRConfig:
 
 @register_method("nnclr", schema=NNCLRConfig)
 class NNCLR(SiameseMethod):
+    # BYOL's asymmetric views (Barlow Twins reuses them)
+    augmentations = {"digits": "digits", "natural": "barlow_twins"}
+
     def __init__(self, backbone, feature_dim: int, cfg: NNCLRConfig):
         h, d = cfg.proj_hidden_dim, cfg.proj_output_dim
         super().__init__(

@@ -25,6 +25,8 @@ class Supervised(Method):
     """Cross-entropy of a linear head on one view, averaged over the global batch (solo.losses.supervised_loss).
     Validated by its own head: `val/acc1`, `val/acc5`."""
 
+    augmentations = {"digits": "digits", "natural": "supervised"}
+
     num_views = 1
     needs_labels = True
 

@@ -27,6 +27,7 @@ class SwAVConfig:
 
 @register_method("swav", schema=SwAVConfig)
 class SwAV(Method):
+    augmentations = {"digits": "digits", "natural": "multicrop_swav"}
     local_crops = True
 
     def __init__(self, backbone, feature_dim: int, cfg: SwAVConfig):

@@ -26,6 +26,9 @@ class VIbCRegConfig:
 
 @register_method("vibcreg", schema=VIbCRegConfig)
 class VIbCReg(TwoViewMethod):
+    # BYOL's asymmetric views (Barlow Twins reuses them)
+    augmentations = {"digits": "digits", "natural": "barlow_twins"}
+
     def __init__(self, backbone, feature_dim: int, cfg: VIbCRegConfig):
         super().__init__(backbone, feature_dim)
         h, d = cfg.proj_hidden_dim, cfg.proj_output_dim

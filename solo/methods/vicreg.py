@@ -21,6 +21,9 @@ class VICRegConfig(ExpanderConfig):
 
 @register_method("vicreg", schema=VICRegConfig)
 class VICReg(ExpanderMethod):
+    # BYOL's asymmetric views (Barlow Twins reuses them)
+    augmentations = {"digits": "digits", "natural": "barlow_twins"}
+
     def __init__(self, backbone, feature_dim: int, cfg: VICRegConfig):
         super().__init__(backbone, feature_dim, cfg)
         self.coeffs = (cfg.sim_coeff, cfg.std_coeff, cfg.cov_coeff)
