@@ -69,6 +69,10 @@ class TrainerConfig:
     # fsdp: free each block's gathered parameters after its forward (less memory, one more all-gather in backward)
     reshard_after_forward: bool = True
     activation_checkpointing: bool = False  # per block: each block's activations recomputed in the backward
+    # Before the first step, estimate the step's peak memory (solo.train.memory) and stop with an error naming the keys
+    # to change if it exceeds what the device has (or memory_limit_gib, GiB per process, when set).
+    memory_check: bool = True
+    memory_limit_gib: Optional[float] = ruled(None, POSITIVE)
     compile: Compile = Compile("off")  # blocks | backbone (a warning, and eager, where compilation does not work)
     resume: bool = True  # continue from <run dir>/checkpoints/last when it exists
     checkpoint_every_steps: int = ruled(0, NON_NEGATIVE)  # 0: only at epoch ends
@@ -204,6 +208,8 @@ SAFE_TO_CHANGE = (
     "trainer.strategy",
     "trainer.reshard_after_forward",
     "trainer.activation_checkpointing",
+    "trainer.memory_check",
+    "trainer.memory_limit_gib",
     "trainer.compile",
     "data.batch_size",
     "data.augment_on",

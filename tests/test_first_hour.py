@@ -228,3 +228,36 @@ def test_defaults_follow_the_data_and_an_explicit_setting_wins():
     assert compose_cfg(["backbone.small_stem=false"]).backbone.small_stem is False
     written = compose_cfg([*folder, "augmentation.views=[{crop_scale:[0.5,1.0]},{crop_scale:[0.5,1.0]}]"])
     assert [tuple(v.crop_scale) for v in written.augmentation.views] == [(0.5, 1.0)] * 2
+
+
+def test_saved_activations_are_counted_once_without_the_weights():
+    """A Linear's backward keeps its input (8 x 100 floats) and weight, ReLU's its output (8 x 50); the weight is the
+    model's, not an activation (an input that needs a gradient, as a block's inside a network, has the weight kept)."""
+    from solo.train.memory import saved_bytes
+
+    linear, x = torch.nn.Linear(100, 50), torch.randn(8, 100, requires_grad=True)
+    weights = {p.untyped_storage().data_ptr() for p in linear.parameters()}
+    assert saved_bytes(lambda: torch.relu(linear(x)), weights) == (8 * 100 + 8 * 50) * 4
+    assert saved_bytes(lambda: torch.relu(linear(x)), set()) == (8 * 100 + 8 * 50 + 100 * 50) * 4  # weights counted
+
+
+def test_a_step_that_cannot_fit_stops_before_it_with_one_line_naming_the_keys(tmp_path):
+    with pytest.raises(ConfigError) as stopped:
+        pretrain(compose_cfg(SHORT + ["trainer.memory_limit_gib=0.05"]), tmp_path / "limited")
+    message = str(stopped.value)
+    assert len(message.splitlines()) == 1 and "0.1 GiB available" not in message and "0.05" not in message
+    for key in ("data.batch_size=16", "data.image_size=16", "trainer.precision=bf16", "trainer.memory_check=false"):
+        assert key in message, message
+    assert not (tmp_path / "limited" / "checkpoints").exists()  # stopped before the first step
+    pretrain(compose_cfg(SHORT + ["trainer.memory_limit_gib=0.05", "trainer.memory_check=false"]), tmp_path / "skipped")
+    assert metrics(tmp_path / "skipped")[-1]["step"] == 4
+
+
+def test_a_killed_data_worker_is_named_with_what_to_try(tmp_path, monkeypatch):
+    """The kernel's out-of-memory killer often takes a data-loading worker: the run says so, not a torch traceback."""
+    from solo.data import MultiViewDataset
+    from solo.errors import DataError
+
+    monkeypatch.setattr(MultiViewDataset, "__getitems__", lambda self, keys: os.kill(os.getpid(), signal.SIGKILL))
+    with pytest.raises(DataError, match=r"data.num_workers=1: a data-loading worker died .* out of memory"):
+        pretrain(compose_cfg(SHORT + ["data.num_workers=1", "trainer.memory_check=false"]), tmp_path)

@@ -26,12 +26,13 @@ from solo.errors import CheckpointError, ConfigError, DataError
 from solo.loggers import Loggers
 from solo.methods import METHODS, build_method, create_method
 from solo.optim import build_optimizer, layer_decay, scaled_lr, warmup_cosine
+from solo.train import memory
 from solo.train.checkpoint import Checkpointer, ModelState, OptimizerState, RNGState
 from solo.train.distribute import checkpoint_blocks, compile_model, distribute
 from solo.train.evaluator import Evaluator
 from solo.train.loaders import build_loaders, build_splits
 from solo.train.preemption import Preemption, requeue_slurm_job
-from solo.train.step import TrainStep, merge_encoded
+from solo.train.step import TrainStep, merge_encoded, precision_context
 
 log = logging.getLogger("solo")
 
@@ -164,19 +165,6 @@ class Trainer:
         )
         if t.activation_checkpointing:
             checkpoint_blocks(model)
-        if str(t.compile) != "off":
-            compile_model(model, str(t.compile))
-        keep_local = () if model.method.sync_teacher_batchnorm else model.teachers()
-        forward = distribute(
-            model,
-            device,
-            strategy=str(t.strategy),
-            sync_batchnorm=t.sync_batchnorm,
-            keep_local=keep_local,
-            reshard_after_forward=t.reshard_after_forward,
-            precision=str(t.precision),
-        )
-
         self.loaders = build_loaders(
             splits,
             cfg.data,
@@ -199,6 +187,21 @@ class Trainer:
         self.lr = scaled_lr(cfg.optim, source.global_batch)
         self.total_steps = t.max_steps or t.max_epochs * source.steps_per_epoch
         model.method.set_schedule(source.steps_per_epoch, self.total_steps)
+        if t.memory_check:
+            self._check_memory()
+        if str(t.compile) != "off":
+            compile_model(model, str(t.compile))
+        keep_local = () if model.method.sync_teacher_batchnorm else model.teachers()
+        forward = distribute(
+            model,
+            device,
+            strategy=str(t.strategy),
+            sync_batchnorm=t.sync_batchnorm,
+            keep_local=keep_local,
+            reshard_after_forward=t.reshard_after_forward,
+            precision=str(t.precision),
+        )
+
         optimizer = build_optimizer_for(model, cfg.optim, self.lr)
         warmup_steps = min(round(cfg.optim.warmup_epochs * source.steps_per_epoch), self.total_steps)
         self.schedule = partial(
@@ -244,6 +247,25 @@ class Trainer:
         checkpoints = Checkpoints(run_dir / "checkpoints", t.keep_checkpoints, env.is_main)
         self.checkpointer = Checkpointer(checkpoints, sharded, components, info)
         self.step, self.logger, self.last_metrics = 0, None, {}
+
+    def _check_memory(self) -> None:
+        """Estimate the step's peak memory on a probe batch (solo.train.memory); stop here if it cannot fit."""
+        cfg, t = self.cfg, self.t
+        dataset = self.loaders.train.loader.dataset
+        keys = [(0, i) for i in range(min(memory.PROBE_BATCH, len(dataset)))]
+        batch = self._to_device(self.loaders.train.loader.collate_fn([dataset[k] for k in keys]))
+        found = memory.estimate(
+            self.model,
+            batch,
+            micro_batch=cfg.data.batch_size // t.accumulate,
+            optimizer=cfg.optim.name,
+            shards=self.env.world_size if t.strategy == "fsdp" else 1,
+            device=self.device,
+            autocast=precision_context(str(t.precision), self.device)[0],
+            limit_gib=t.memory_limit_gib,
+        )
+        self.say(f"memory: the step needs {found.describe()} (trainer.memory_check)")
+        memory.check_fits(found, cfg, METHODS[cfg.method.name].target.can_accumulate())
 
     def _resume(self) -> bool:
         """Restore every component from the last checkpoint when there is one (and trainer.resume); True if resumed."""
@@ -300,6 +322,14 @@ class Trainer:
         self.preemption = Preemption(list(self.t.preempt_signals), self.device)
         try:
             return self._fit()
+        except RuntimeError as e:
+            if "DataLoader worker" not in str(e):
+                raise
+            raise DataError(  # the kernel's out-of-memory killer takes the largest process: often a worker
+                f"data.num_workers={self.loaders.train.loader.num_workers}: a data-loading worker died ({e}); when the "
+                "machine runs out of memory the kernel kills one (dmesg says 'Out of memory'). Use fewer workers "
+                "(data.num_workers), a smaller data.batch_size or data.image_size, then run the same command to resume"
+            ) from None
         finally:
             self.preemption.close()
             self.checkpointer.checkpoints.wait()  # the last checkpoint is on disk when fit returns or raises
