@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import random
 import time
 import warnings
@@ -18,6 +19,7 @@ from tqdm import tqdm
 
 from solo.backbones import WHERE_BLOCKS_ARE, blocks_of, feature_width
 from solo.config import changed_keys, check_required, plain, validate_pretrain
+from solo.data.sampling.source import cores_per_process, loader_workers
 from solo.distributed import DistEnv, batch_sizes, world_size
 from solo.distributed.checkpoint import Checkpoints
 from solo.distributed.env import process_group
@@ -149,6 +151,7 @@ class Trainer:
             warnings.simplefilter("ignore")
         torch.manual_seed(t.seed)
         random.seed(t.seed)
+        self._set_threads()
         method = METHODS[cfg.method.name].target
         splits = build_splits(cfg.data, env, t.seed, pairs=method.inputs == "image_text")
         if method.needs_labels and not splits.num_classes:
@@ -247,6 +250,21 @@ class Trainer:
         checkpoints = Checkpoints(run_dir / "checkpoints", t.keep_checkpoints, env.is_main)
         self.checkpointer = Checkpointer(checkpoints, sharded, components, info)
         self.step, self.logger, self.last_metrics = 0, None, {}
+
+    def _set_threads(self) -> None:
+        """torch's intra-op threads: trainer.threads; else OMP_NUM_THREADS where the user set it (torchrun sets it to 1
+        for every job, so under torchrun it is not read); else the process's cores less its data workers (each of
+        which runs one thread), so that the two do not contend for the same cores."""
+        workers, cores = loader_workers(self.cfg.data.num_workers), cores_per_process()
+        user_set = os.environ.get("OMP_NUM_THREADS", "") if "TORCHELASTIC_RUN_ID" not in os.environ else ""
+        if self.t.threads:
+            threads, how = self.t.threads, "trainer.threads"
+        elif user_set.isdigit() and int(user_set) > 0:
+            threads, how = int(user_set), "OMP_NUM_THREADS"
+        else:
+            threads, how = max(1, cores - workers), f"{cores} cores per process less its data workers"
+        torch.set_num_threads(threads)
+        self.say(f"threads: {threads} for torch, {workers} data workers per process ({how}; trainer.threads sets it)")
 
     def _check_memory(self) -> None:
         """Estimate the step's peak memory on a probe batch (solo.train.memory); stop here if it cannot fit."""

@@ -16,12 +16,16 @@ from torch.utils.data import DataLoader
 from solo.data.sampling.sampler import GlobalBatchSampler
 
 
+def cores_per_process() -> int:
+    """This process's share of the cores it may run on: those of its CPU affinity over the processes on the node."""
+    return max(1, len(os.sched_getaffinity(0)) // int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+
+
 def loader_workers(configured: int | None) -> int:
     """data.num_workers, or when unset what the machine has: one less than its CPUs per local process, at most 8."""
     if configured is not None:
         return configured
-    per_process = len(os.sched_getaffinity(0)) // int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-    return min(8, max(0, per_process - 1))
+    return min(8, max(0, cores_per_process() - 1))
 
 
 class DataSource(Protocol):
