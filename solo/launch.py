@@ -1,0 +1,76 @@
+"""`solo-pretrain --nproc_per_node=N ...` (and `python -m solo --nproc_per_node=N ...`): the launcher flags torchrun
+takes, split from the command line; the workers started through torchrun's own Python API (torch.distributed.run),
+each running `python -m solo` with the rest of the command line, which has no launcher flag left to launch again.
+solo.cli validates the configuration before `launch` is called, so that a bad one never starts a worker."""
+
+from __future__ import annotations
+
+import os
+import signal
+import site
+import sys
+
+# torchrun's flags that `solo-pretrain` takes (either spelling, `--flag=value` or `--flag value`); any --rdzv_* too.
+VALUE_FLAGS = ("nproc_per_node", "nnodes", "node_rank", "master_addr", "master_port")
+SWITCHES = ("standalone",)
+
+
+def split_launcher_args(argv: list[str]) -> tuple[list[str], list[str]]:
+    """(torchrun's flags as `--name=value`, the rest of `argv` in its order: Hydra's overrides and flags)."""
+    launcher, rest = [], []
+    args = iter(argv)
+    for arg in args:
+        name, has_value, value = arg.partition("=")
+        flag = name[2:].replace("-", "_") if name.startswith("--") else ""
+        if flag in SWITCHES and not has_value:
+            launcher.append(f"--{flag}")
+        elif flag in VALUE_FLAGS or flag.startswith("rdzv_"):
+            if not has_value:
+                value = next(args, None)
+                if value is None:
+                    from solo.errors import ConfigError
+
+                    raise ConfigError(f"{name}: needs a value ({name}=...)")
+            launcher.append(f"--{flag}={value}")
+        else:
+            rest.append(arg)
+    return launcher, rest
+
+
+def worker_pythonpath() -> str:
+    """PYTHONPATH for the workers: this solo importable as `python -m solo` from any working directory (a checkout run
+    as `python main_pretrain.py --nproc_per_node=2 ...` is not installed)."""
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    installed = {os.path.abspath(p) for p in [*getattr(site, "getsitepackages", list)(), site.getusersitepackages()]}
+    if here not in paths and here not in installed:
+        paths.append(here)
+    return os.pathsep.join(paths)
+
+
+def launch(launcher: list[str], argv: list[str]) -> None:
+    """Start the workers as torchrun does with `launcher` flags, each running `python -m solo <argv>`; exits with the
+    workers' status. A worker that failed with solo's own error (status 2) has said why on rank 0: nothing more is
+    printed; another failure is named in one line instead of torchrun's report."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import parse_args, run
+
+    os.environ["PYTHONPATH"] = worker_pythonpath()
+    try:
+        run(parse_args([*launcher, "--module", "solo", *argv]))
+    except ChildFailedError as e:
+        failures = e.failures
+        if 0 in failures and failures[0].exitcode == 2:
+            sys.exit(2)
+        rank, failure = e.get_first_failure()
+        code = failure.exitcode
+        if code < 0:
+            name = signal.Signals(-code).name if -code in signal.valid_signals() else f"signal {-code}"
+            how, code = f"was killed by {name}", 128 - code
+        else:
+            how = f"exited with status {code}"
+        print(f"error: worker rank {rank} {how}; its output is above", file=sys.stderr)
+        sys.exit(code if 0 < code < 256 else 1)
+    except SignalException as e:  # Ctrl-C or SIGTERM to the launcher: torchrun has stopped the workers
+        sys.exit(128 + int(e.sigval))

@@ -1,0 +1,120 @@
+"""A wrong command line is one line: Hydra's composition errors (an unknown option, a wrong type, a value outside a
+choice, a key the chosen option does not have, an unknown key) read as solo's own, `error: <key>=<value>: ...` on
+stderr with exit status 2 and no traceback, through main_pretrain.py and through `solo-pretrain --nproc_per_node=2`
+(which validates before it starts any worker); under torchrun only rank 0 says it. Each case is a subprocess that
+imports torch (3-5 s): the cases of a test run at once."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from solo.cli import unparsable
+from solo.launch import split_launcher_args
+from tests.test_train import REPO, TINY
+
+# override -> what its error line says
+BAD = {
+    "method=simclrr": "error: method=simclrr: method has no option simclrr; did you mean method=simclr? (the options: ",
+    "trainer.max_epochs=ten": "error: trainer.max_epochs=ten: must be an integer",
+    "trainer.precision=8": "error: trainer.precision=8: must be one of 32, bf16, 16, 64",
+    "data.root=/x": "error: data.root=/x: data=digits has no key root (its keys: name, image_size, ",
+    "+nonsense=1": "error: +nonsense=1: the config has no key nonsense (its keys: backbone, method, data, ",
+}
+HINT = "(SOLO_DEBUG=1 shows the traceback)"
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+
+
+def run_all(commands: dict, env: dict | None = None, timeout: int = 240) -> dict:
+    """{name: argv} run at once (with `env` {name: variables} added); {name: ((stdout, stderr), exit status)}."""
+    env = env or {}
+    procs = {
+        name: subprocess.Popen(
+            argv, cwd=REPO, env={**ENV, **env.get(name, {})}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        for name, argv in commands.items()
+    }
+    return {name: (proc.communicate(timeout=timeout), proc.returncode) for name, proc in procs.items()}
+
+
+def assert_one_error_line(result, expected: str, where: str) -> None:
+    (out, err), code = result
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    assert code == 2, f"{where}: exit status {code}\n{out}\n{err}"
+    assert "Traceback" not in out + err, f"{where}:\n{out}\n{err}"
+    assert len(errors) == 1 and errors[0].startswith(expected), f"{where}: {errors}\n{err}"
+    assert [line for line in err.splitlines() if line.strip()] in ([errors[0]], [errors[0], HINT]), f"{where}:\n{err}"
+
+
+@pytest.mark.parametrize(
+    "command",
+    [["main_pretrain.py"], ["-m", "solo", "--nproc_per_node=2"]],
+    ids=["main_pretrain.py", "solo-pretrain --nproc_per_node=2"],
+)
+def test_hydra_errors_are_one_line(command, tmp_path):
+    commands = {bad: [sys.executable, *command, bad, f"hydra.run.dir={tmp_path / 'run'}"] for bad in BAD}
+    if command == ["main_pretrain.py"]:
+        commands["debug"] = [sys.executable, *command, "trainer.precision=8"]
+    results = run_all(commands, env={"debug": {"SOLO_DEBUG": "1"}})
+    for bad, expected in BAD.items():
+        assert_one_error_line(results[bad], expected, f"{' '.join(command)} {bad}")
+    assert not (tmp_path / "run").exists(), "the config is checked before Hydra makes the run directory"
+    if "debug" in results:  # SOLO_DEBUG=1 keeps the traceback
+        (_, err), code = results["debug"]
+        assert code != 0 and "Traceback" in err and "ConfigError" in err, err
+
+
+def test_main_linear_errors_are_one_line():
+    result = subprocess.run(
+        [sys.executable, "main_linear.py", "pretrained=x", "data=digitz"],
+        cwd=REPO,
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    expected = "error: data=digitz: data has no option digitz; did you mean data=digits?"
+    assert_one_error_line(((result.stdout, result.stderr), result.returncode), expected, "main_linear.py")
+
+
+@pytest.mark.slow  # 5 torchrun launches of 2 workers each
+@pytest.mark.processes
+def test_only_rank_0_reports_under_torchrun(tmp_path):
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--standalone", "main_pretrain.py"]
+    results = run_all({bad: [*launcher, bad, f"hydra.run.dir={tmp_path / 'run'}"] for bad in BAD})
+    for bad, expected in BAD.items():
+        (out, err), code = results[bad]
+        errors = [line for line in err.splitlines() if line.startswith("error:")]
+        assert code != 0 and len(errors) == 1 and errors[0].startswith(expected), f"torchrun {bad}:\n{err}"
+
+
+@pytest.mark.slow  # a 2-process run of 2 steps
+@pytest.mark.processes
+def test_solo_pretrain_starts_the_workers(tmp_path):
+    """`solo-pretrain --nproc_per_node=2` (here `python -m solo`) checks the config, then trains in 2 processes."""
+    command = [sys.executable, "-m", "solo", "--nproc_per_node=2", "--standalone", *TINY]
+    result = subprocess.run(
+        [*command, "data.batch_size=8", "trainer.max_steps=2", f"hydra.run.dir={tmp_path}"],
+        cwd=REPO,
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "world size 2, global batch 16" in result.stdout and (tmp_path / "checkpoints" / "last").exists()
+
+
+def test_launcher_flags_are_split_from_the_command_line():
+    argv = ["--nproc_per_node", "2", "method=byol", "--nnodes=1", "--standalone", "--rdzv-id=7", "--cfg", "job"]
+    assert split_launcher_args(argv) == (
+        ["--nproc_per_node=2", "--nnodes=1", "--standalone", "--rdzv_id=7"],
+        ["method=byol", "--cfg", "job"],
+    )
+    assert split_launcher_args(["method=byol"]) == ([], ["method=byol"])
+
+
+def test_an_unparsable_override_is_shown_quoted():
+    message = unparsable("data.shards=/x/{0..1}.tar", "mismatched input '{' expecting <EOF>\nSee https://hydra.cc")
+    assert message.endswith("""'data.shards="/x/{0..1}.tar"'""") and "mismatched input '{'" in message
