@@ -3,6 +3,7 @@ with the webdataset library's own reader), every global batch is the same on any
 training on shards is world-size invariant and resumes bit-identical, and damaged samples are skipped the same
 way everywhere and reported."""
 
+import shlex
 import subprocess
 import tarfile
 import time
@@ -317,3 +318,39 @@ def test_clip_trains_on_caption_shards(tmp_path, folder):
     )
     val = [m for m in metrics(run_dir) if "val/zeroshot_acc1" in m]
     assert val and 0 <= val[-1]["val/zeroshot_acc1"] <= 1 and "val/i2t_recall1" in val[-1]
+
+
+def pasted_shard_settings(tmp_path, capsys) -> list[str]:
+    """make_shards' last lines for a train and a val split (in a folder whose name a shell and Hydra both need
+    quoted), split as a shell splits them: the val line's key renamed to data.val_shards, as its reader does."""
+    words = []
+    for split, key in (("train", "data.shards"), ("val", "data.val_shards")):
+        write_folder(tmp_path / "images" / split, count=32)
+        out = tmp_path / "it's my shards" / split
+        assert (
+            make_shards(["imagefolder", str(tmp_path / "images" / split), str(out), "--samples-per-shard", "16"]) == 0
+        )
+        line = capsys.readouterr().out.splitlines()[-1]
+        assert line.startswith("'data.shards=") and line.endswith("'"), line  # one word for the shell, quoted
+        words += shlex.split(line.replace("data.shards=", f"{key}=", 1))
+    assert len(words) == 2
+    return words
+
+
+def test_the_printed_shards_setting_pastes_as_hydra_reads_it(tmp_path, capsys):
+    """The line to paste reaches Hydra as the shards' brace pattern (a bare `data.shards=/x/{00000..00001}.tar`
+    does not parse), the config validates, and the pattern reads the shards."""
+    words = pasted_shard_settings(tmp_path, capsys)
+    cfg = compose_cfg(SHARD_RUN + words + [f"data.cache_dir={tmp_path / 'cache'}"])
+    for key, split in (("shards", "train"), ("val_shards", "val")):
+        assert cfg.data[key] == f"{tmp_path}/it's my shards/{split}/{{00000..00001}}.tar"
+        assert len(ShardDataset(cfg.data[key], cache_dir=str(tmp_path / "cache"))) == 32
+
+
+@pytest.mark.slow  # one main_pretrain.py process: 1 step, with its imports
+@pytest.mark.one_process
+def test_the_printed_shards_setting_runs_main_pretrain(tmp_path, capsys):
+    words = pasted_shard_settings(tmp_path, capsys)
+    extra = [f"data.cache_dir={tmp_path / 'cache'}", "data.batch_size=8", "trainer.max_steps=1"]
+    out = run(SHARD_RUN + words + extra, tmp_path / "run")
+    assert "done: 1 steps" in out and metrics(tmp_path / "run")

@@ -8,7 +8,8 @@ a captions CSV/JSONL.
 Each sample keeps its image file's bytes as they are (`key.jpg`, `key.png`, ...), with `key.cls` (the label,
 when known) and, from a CSV, `key.txt` (the caption). Samples are written in a seeded random order: shards
 of a folder sorted by class would give batches of few classes under data=webdataset's windowed shuffle.
-Class names go to `classes.txt` beside the shards. The last line printed is the data.shards value to use.
+Class names go to `classes.txt` beside the shards. The last line printed is the data.shards setting to paste on the
+command line, quoted for the shell and for Hydra: 'data.shards="/shards/imagenet/train/{00000..01281}.tar"'.
 
 Parquet: `<out_dir>/<split>-00000-of-0000N.parquet` with the columns `image` (datasets.Image, the file's bytes),
 `label` (a ClassLabel of the folder names, or integers) and, from a CSV, `caption`, in the `datasets` library's
@@ -20,6 +21,8 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
+import shlex
 import sys
 from typing import Iterator, List, Optional, Tuple
 
@@ -105,6 +108,13 @@ def write_parquet(
     return out_dir
 
 
+def pasteable(key: str, value: str) -> str:
+    """`key=value` as one shell word that Hydra reads back as `value`: Hydra's double quotes (a brace pattern is not a
+    plain value to Hydra) inside the shell's single quotes, `'data.shards="/shards/{00000..00009}.tar"'`."""
+    escaped = re.sub(r'\\+(?="|$)', lambda m: m.group(0) * 2, value).replace('"', '\\"')
+    return shlex.quote(f'{key}="{escaped}"')
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m solo.data.make_shards", description=__doc__.split("\n")[0])
     parser.add_argument("kind", choices=["imagefolder", "csv"], help="what SOURCE is")
@@ -133,11 +143,11 @@ def main(argv: Optional[List[str]] = None) -> int:
             split = args.split or (
                 os.path.basename(os.path.normpath(args.source)) if args.kind == "imagefolder" else "train"
             )
-            setting = (
-                f"data.path='{write_parquet(samples, classes, args.out_dir, split, args.samples_per_shard, args.seed)}'"
-            )
+            path = write_parquet(samples, classes, args.out_dir, split, args.samples_per_shard, args.seed)
+            setting = pasteable("data.path", path)
         else:
-            setting = f"data.shards='{write_shards(samples, classes, args.out_dir, args.samples_per_shard, args.seed)}'"
+            pattern = write_shards(samples, classes, args.out_dir, args.samples_per_shard, args.seed)
+            setting = pasteable("data.shards", pattern)
     except SoloError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
