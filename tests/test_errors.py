@@ -11,6 +11,7 @@ import sys
 import pytest
 
 from solo.cli import unparsable
+from solo.errors import ConfigError
 from solo.launch import split_launcher_args
 from tests.test_train import REPO, TINY
 
@@ -47,6 +48,20 @@ def assert_one_error_line(result, expected: str, where: str) -> None:
     assert [line for line in err.splitlines() if line.strip()] in ([errors[0]], [errors[0], HINT]), f"{where}:\n{err}"
 
 
+def test_hydra_errors_become_config_errors_that_name_the_override():
+    """In this process (the quick suite's check): what the entry points print, before any subprocess."""
+    from solo.cli import PRETRAIN, precheck
+    from solo.config import register_configs
+
+    register_configs()
+    for bad, expected in BAD.items():
+        with pytest.raises(ConfigError) as raised:
+            precheck(PRETRAIN, [bad])
+        assert f"error: {raised.value}".startswith(expected), raised.value
+
+
+@pytest.mark.slow  # each case a subprocess that imports torch: about 25 s of the machine's time
+@pytest.mark.one_process
 @pytest.mark.parametrize(
     "command",
     [["main_pretrain.py"], ["-m", "solo", "--nproc_per_node=2"]],
@@ -65,6 +80,8 @@ def test_hydra_errors_are_one_line(command, tmp_path):
         assert code != 0 and "Traceback" in err and "ConfigError" in err, err
 
 
+@pytest.mark.slow
+@pytest.mark.one_process
 def test_main_linear_errors_are_one_line():
     result = subprocess.run(
         [sys.executable, "main_linear.py", "pretrained=x", "data=digitz"],

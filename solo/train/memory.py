@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 
-from solo.errors import ConfigError
+from solo.errors import ConfigError, SoloError
 
 GIB = 2**30
 PROBE_BATCH = 2
@@ -69,6 +69,8 @@ def activation_bytes(model, batch: dict, micro_batch: int, autocast) -> int:
         try:
             with autocast():
                 saved = saved_bytes(lambda: probe(batch), parameters)
+        except SoloError:  # a setting the step cannot run with: the user's to change, now
+            raise
         except Exception:  # a batch the method cannot take (W-MSE's whitening sub-batches): its backbone, per view
             backbone = probe.method.backbone
             with autocast():

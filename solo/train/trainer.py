@@ -341,8 +341,10 @@ class Trainer:
         try:
             return self._fit()
         except RuntimeError as e:
-            if "DataLoader worker" not in str(e):
-                raise
+            if "DataLoader worker" not in str(e) or not (
+                "killed by signal" in str(e) or "exited unexpectedly" in str(e)
+            ):
+                raise  # a worker's own exception, re-raised by torch, is the data's error (solo.cli.user_message)
             raise DataError(  # the kernel's out-of-memory killer takes the largest process: often a worker
                 f"data.num_workers={self.loaders.train.loader.num_workers}: a data-loading worker died ({e}); when the "
                 "machine runs out of memory the kernel kills one (dmesg says 'Out of memory'). Use fewer workers "
