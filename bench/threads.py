@@ -5,6 +5,10 @@ solo ran with before it chose), `OMP_NUM_THREADS=1`, and solo's choice (trainer.
 less its data workers).
 
     python bench/threads.py [--steps 33] [--repeats 2] [main_pretrain.py overrides ...]
+    python bench/threads.py --steps 15 data=synthetic data.image_size=16 data.num_samples=1024 data.num_workers=1
+
+The digits read in the main process (data.num_workers=0); the second command adds a data-loading worker beside the
+model's threads, which solo leaves at all of the process's cores on the CPU.
 
 Each configuration runs `--repeats` times, interleaved; images/s is the trainer's own figure for the steps after the
 first logging window (start-up, the first steps and the epoch-end evaluation left out), the best of the repeats.

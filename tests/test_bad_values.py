@@ -66,7 +66,15 @@ def test_wrong_values_train_or_name_the_key(key, tmp_path, monkeypatch):
 
 def test_the_sweep_covers_every_group():
     keys = _default_keys()
-    assert {k.split(".")[0] for k in keys} == {"backbone", "method", "data", "augmentation", "optim", "logger", "trainer"}
+    assert {k.split(".")[0] for k in keys} == {
+        "backbone",
+        "method",
+        "data",
+        "augmentation",
+        "optim",
+        "logger",
+        "trainer",
+    }
     assert "trainer.seed" in keys and "data.augment_on" in keys and "method.temperature" in keys
 
 

@@ -71,7 +71,7 @@ def shortened(words: list[str]) -> list[str] | None:
     elif words[0] == "python":
         words = [sys.executable, *words[1:]]
     script = next((i for i, w in enumerate(words) if w.endswith(".py")), None)
-    if script is not None:
+    if script is not None and (REPO / words[script]).exists():  # else a script the reader wrote (<!-- file: -->)
         name = words[script]
         words[script] = str(REPO / name)
         if name.startswith(("bench/", "scripts/")):

@@ -1,6 +1,7 @@
 """What a pretraining method is, and the lifecycle the trainer runs it through.
 
 A method is an nn.Module from a batch to its loss. Besides `forward`, it tells the trainer:
+
 - which of its submodules are *teachers* (`teachers`): not trained by the optimizer, updated by the
   method itself in `after_optimizer_step`, saved in checkpoints, and left out of SyncBatchNorm
   conversion unless `sync_teacher_batchnorm`;

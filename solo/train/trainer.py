@@ -253,16 +253,19 @@ class Trainer:
 
     def _set_threads(self) -> None:
         """torch's intra-op threads: trainer.threads; else OMP_NUM_THREADS where the user set it (torchrun sets it to 1
-        for every job, so under torchrun it is not read); else the process's cores less its data workers (each of
-        which runs one thread), so that the two do not contend for the same cores."""
+        for every job, so under torchrun it is not read); else the process's share of the cores: all of it on the CPU,
+        where the model computes (its data workers mostly wait: bench/threads.py), less the data workers on a GPU,
+        where the host's work is theirs."""
         workers, cores = loader_workers(self.cfg.data.num_workers), cores_per_process()
         user_set = os.environ.get("OMP_NUM_THREADS", "") if "TORCHELASTIC_RUN_ID" not in os.environ else ""
         if self.t.threads:
             threads, how = self.t.threads, "trainer.threads"
         elif user_set.isdigit() and int(user_set) > 0:
             threads, how = int(user_set), "OMP_NUM_THREADS"
+        elif self.device.type == "cpu":
+            threads, how = cores, "the process's cores, as the model computes on them"
         else:
-            threads, how = max(1, cores - workers), f"{cores} cores per process less its data workers"
+            threads, how = max(1, cores - workers), f"the process's {cores} cores less its data workers"
         torch.set_num_threads(threads)
         self.say(f"threads: {threads} for torch, {workers} data workers per process ({how}; trainer.threads sets it)")
 
