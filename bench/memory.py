@@ -65,7 +65,9 @@ def main() -> None:
         for i, (name, overrides) in enumerate(CONFIGURATIONS.items()):
             line, peak = peak_rss(overrides, args.steps, Path(tmp) / str(i))
             estimate = float(re.search(r"about ([\d.]+) GiB", line).group(1))
-            print(f"{name}: estimate {estimate:.1f} GiB, measured peak RSS {peak:.2f} GiB (estimate / peak {estimate / peak:.2f})")
+            print(
+                f"{name}: estimate {estimate:.1f} GiB, measured peak RSS {peak:.2f} GiB (estimate / peak {estimate / peak:.2f})"
+            )
             print(f"    {line}")
 
 

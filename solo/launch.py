@@ -70,6 +70,12 @@ def launch(launcher: list[str], argv: list[str]) -> None:
             how, code = f"was killed by {name}", 128 - code
         else:
             how = f"exited with status {code}"
+        if failure.exitcode == -signal.SIGKILL:  # what the kernel's out-of-memory killer sends
+            how += (
+                " (most likely the kernel's out-of-memory killer; dmesg says): a smaller data.batch_size, "
+                "data.image_size or data.num_workers, or trainer.activation_checkpointing=true, then the same command "
+                "resumes"
+            )
         print(f"error: worker rank {rank} {how}; its output is above", file=sys.stderr)
         sys.exit(code if 0 < code < 256 else 1)
     except SignalException as e:  # Ctrl-C or SIGTERM to the launcher: torchrun has stopped the workers
