@@ -60,8 +60,8 @@ class TrainerConfig:
     max_epochs: int = ruled(10, AT_LEAST_ONE)
     max_steps: Optional[int] = ruled(None, AT_LEAST_ONE)  # stop there (and set the schedule's length); None: max_epochs
     seed: int = ruled(0, NON_NEGATIVE)
-    # torch's intra-op threads per process; None: OMP_NUM_THREADS if you set it (not torchrun's 1), else the process's
-    # cores (its CPUs over the node's processes), on a GPU less its data workers
+    # torch's intra-op threads per process; None: OMP_NUM_THREADS where set (torchrun sets 1 for several processes,
+    # solo-pretrain --nproc_per_node each one's share), else the process's cores, on a GPU less its data workers
     threads: Optional[int] = ruled(None, AT_LEAST_ONE)
     # Micro-batches per step: data.batch_size is split in `accumulate` parts, the gradient stays the whole batch's.
     accumulate: int = ruled(1, AT_LEAST_ONE)

@@ -57,8 +57,11 @@ def launch(launcher: list[str], argv: list[str]) -> None:
     from torch.distributed.run import parse_args, run
 
     os.environ["PYTHONPATH"] = worker_pythonpath()
+    args = parse_args([*launcher, "--module", "solo", *argv])
+    if "OMP_NUM_THREADS" not in os.environ and str(args.nproc_per_node).isdigit():  # else torchrun's 1 per process
+        os.environ["OMP_NUM_THREADS"] = str(max(1, len(os.sched_getaffinity(0)) // int(args.nproc_per_node)))
     try:
-        run(parse_args([*launcher, "--module", "solo", *argv]))
+        run(args)
     except ChildFailedError as e:
         failures = e.failures
         if 0 in failures and failures[0].exitcode == 2:

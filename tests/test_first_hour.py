@@ -242,6 +242,8 @@ def test_saved_activations_are_counted_once_without_the_weights():
     assert saved_bytes(lambda: torch.relu(linear(x)), set()) == (8 * 100 + 8 * 50 + 100 * 50) * 4  # weights counted
 
 
+@pytest.mark.slow  # whole runs: the quick suite keeps under 4 min
+@pytest.mark.one_process
 def test_a_step_that_cannot_fit_stops_before_it_with_one_line_naming_the_keys(tmp_path):
     with pytest.raises(ConfigError) as stopped:
         pretrain(compose_cfg(SHORT + ["trainer.memory_limit_gib=0.05"]), tmp_path / "limited")
@@ -254,6 +256,8 @@ def test_a_step_that_cannot_fit_stops_before_it_with_one_line_naming_the_keys(tm
     assert metrics(tmp_path / "skipped")[-1]["step"] == 4
 
 
+@pytest.mark.slow  # whole runs: the quick suite keeps under 4 min
+@pytest.mark.one_process
 def test_a_killed_data_worker_is_named_with_what_to_try(tmp_path, monkeypatch):
     """The kernel's out-of-memory killer often takes a data-loading worker: the run says so, not a torch traceback."""
     from solo.data import MultiViewDataset
@@ -264,6 +268,8 @@ def test_a_killed_data_worker_is_named_with_what_to_try(tmp_path, monkeypatch):
         pretrain(compose_cfg(SHORT + ["data.num_workers=1", "trainer.memory_check=false"]), tmp_path)
 
 
+@pytest.mark.slow  # whole runs: the quick suite keeps under 4 min
+@pytest.mark.one_process
 def test_threads_are_the_process_share_of_the_cores(tmp_path, monkeypatch):
     cores = len(os.sched_getaffinity(0))
     try:
@@ -271,7 +277,7 @@ def test_threads_are_the_process_share_of_the_cores(tmp_path, monkeypatch):
         monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
         pretrain(compose_cfg(SHORT + ["trainer.max_steps=1", "data.num_workers=1"]), tmp_path / "auto")
         assert torch.get_num_threads() == cores  # on the CPU the model computes on all of them, beside its worker
-        monkeypatch.setenv("OMP_NUM_THREADS", "1")  # the user's own setting, outside torchrun
+        monkeypatch.setenv("OMP_NUM_THREADS", "1")  # the user's (or torchrun's) setting
         pretrain(compose_cfg(SHORT + ["trainer.max_steps=1"]), tmp_path / "omp")
         assert torch.get_num_threads() == 1
         pretrain(compose_cfg(SHORT + ["trainer.max_steps=1", "trainer.threads=3"]), tmp_path / "set")

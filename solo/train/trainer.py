@@ -252,16 +252,16 @@ class Trainer:
         self.step, self.logger, self.last_metrics = 0, None, {}
 
     def _set_threads(self) -> None:
-        """torch's intra-op threads: trainer.threads; else OMP_NUM_THREADS where the user set it (torchrun sets it to 1
-        for every job, so under torchrun it is not read); else the process's share of the cores: all of it on the CPU,
-        where the model computes (its data workers mostly wait: bench/threads.py), less the data workers on a GPU,
-        where the host's work is theirs."""
+        """torch's intra-op threads: trainer.threads; else OMP_NUM_THREADS where it is set (by you; by torchrun, 1 per
+        process when it starts several and you did not; by solo-pretrain --nproc_per_node, each process's share); else
+        the process's share of the cores: all of it on the CPU, where the model computes (its data workers mostly
+        wait: bench/threads.py), less the data workers on a GPU, where the host's work is theirs."""
         workers, cores = loader_workers(self.cfg.data.num_workers), cores_per_process()
-        user_set = os.environ.get("OMP_NUM_THREADS", "") if "TORCHELASTIC_RUN_ID" not in os.environ else ""
+        environment = os.environ.get("OMP_NUM_THREADS", "")
         if self.t.threads:
             threads, how = self.t.threads, "trainer.threads"
-        elif user_set.isdigit() and int(user_set) > 0:
-            threads, how = int(user_set), "OMP_NUM_THREADS"
+        elif environment.isdigit() and int(environment) > 0:
+            threads, how = int(environment), "OMP_NUM_THREADS"
         elif self.device.type == "cpu":
             threads, how = cores, "the process's cores, as the model computes on them"
         else:
