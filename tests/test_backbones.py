@@ -50,3 +50,64 @@ def test_non_resnet_torchvision_rejected():
 def test_small_stem_on_vit_rejected():
     with pytest.raises(ValueError, match="small_stem.*patch_size"):
         create_backbone("test_vit", small_stem=True)
+
+
+def test_stochastic_depth_and_dropout_draw_per_sample_whoever_computes_it():
+    """A sample's mask depends on (seed, step, sample, module, call, view) only: the same sample among other samples,
+    alone, or as the other part of a micro-batch gets the same mask; another step, seed or sample another one. The
+    drop rate is the one asked for, and kept rows are scaled by 1 / keep as timm's."""
+    from solo.backbones import build_backbone
+    from solo.backbones.stochastic import Dropout, DropPath, drawn_per_sample, samples
+
+    vit, _ = build_backbone(
+        {"name": "test_vit", "drop_path_rate": 0.5, "small_stem": False, "kwargs": {"img_size": 16}}
+    )
+    assert any(isinstance(m, DropPath) for m in vit.modules())
+    drop, dropout = DropPath(0.3), Dropout(0.4)
+    drop.key, dropout.key = 11, 12
+    x = torch.ones(2000, 3, dtype=torch.float64)
+    index = torch.arange(1000)
+
+    def masks(module, index, seed=0, step=5, rows=None):
+        with drawn_per_sample(seed, step), samples(index):
+            return module(x[: 2 * len(index)] if rows is None else x[:rows])  # two views of each sample
+
+    whole = masks(drop, index)
+    assert set(whole.unique().tolist()) == {0.0, 1 / 0.7}
+    assert abs(float((whole == 0).double().mean()) - 0.3) < 0.03
+    # Sample 7 in a batch of 1000, alone, and second in a micro-batch: its two views' masks are the same.
+    for part in (torch.tensor([7]), torch.tensor([900, 7, 3])):
+        got = masks(drop, part).view(2, len(part), 3)
+        assert torch.equal(got[:, (part == 7).nonzero().item()], whole.view(2, 1000, 3)[:, 7])
+    for other in ({"step": 6}, {"seed": 1}):
+        assert not torch.equal(masks(drop, index, **other), whole)
+    assert not torch.equal(whole[:1000], whole[1000:])  # each view its own
+    elements = masks(dropout, index)
+    assert abs(float((elements == 0).double().mean()) - 0.4) < 0.02
+    assert torch.equal(masks(dropout, index[7:9]), elements.view(2, 1000, 3)[:, 7:9].reshape(4, 3))
+    with pytest.raises(RuntimeError, match="whole views"):
+        masks(drop, index[:10], rows=25)
+    drop.eval()
+    assert torch.equal(masks(drop, index), x)
+
+
+def test_a_teacher_is_built_without_stochastic_depth():
+    from solo.backbones import build_backbone
+    from solo.backbones.stochastic import DropPath
+    from solo.methods.base import make_teacher
+
+    vit, _ = build_backbone(
+        {"name": "test_vit", "drop_path_rate": 0.5, "small_stem": False, "kwargs": {"img_size": 16}}
+    )
+    teacher = make_teacher(vit)
+    student = [m.drop_prob for m in vit.modules() if isinstance(m, DropPath)]
+    assert len(student) > 1 and all(p > 0 for p in student)
+    assert [m.drop_prob for m in teacher.modules() if isinstance(m, DropPath)] == [0.0] * len(student)
+
+
+def test_attention_dropout_which_cannot_be_drawn_per_sample_is_refused():
+    from solo.backbones import build_backbone
+    from solo.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="attn_drop_rate"):
+        build_backbone({"name": "test_vit", "small_stem": False, "kwargs": {"img_size": 16, "attn_drop_rate": 0.1}})

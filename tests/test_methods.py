@@ -108,11 +108,15 @@ METHOD = {
 STEPS = 6
 
 
+def method_overrides(method: str) -> list[str]:
+    """A tiny float64 run of `method` (any registered one: those without an entry in METHOD take small heads)."""
+    settings = METHOD.get(method, HEADS)
+    base = BASE if "data=digits" not in settings else [o for o in BASE if o in TINY_FILES or o not in TINY]
+    return base + [f"method={method}", *settings]
+
+
 def overrides(method: str, batch: int) -> list[str]:
-    base = BASE if "data=digits" not in METHOD[method] else [o for o in BASE if o in TINY_FILES or o not in TINY]
-    return base + [
-        f"method={method}",
-        *METHOD[method],
+    return method_overrides(method) + [
         f"data.batch_size={batch}",
         f"trainer.max_steps={STEPS}",
         "trainer.checkpoint_every_steps=1",

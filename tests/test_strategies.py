@@ -14,25 +14,36 @@ from torch.distributed._composable import checkpoint
 
 from solo.distributed.checkpoint import read_checkpoint
 from solo.errors import ConfigError
+from solo.methods import METHODS
 from solo.train.checkpoint import OptimizerState
 from solo.train.distribute import blocks, checkpoint_blocks
 from solo.train.step import precision_context
 from solo.train.trainer import build_model
 from tests.test_accumulate import VIT
 from tests.test_clip import TINY_CLIP
-from tests.test_methods import BASE, METHOD
+from tests.test_methods import method_overrides
 from tests.test_train import REPO, TINY, compose_cfg, kill_processes_mentioning, launch, run, weights, weights_at_init
 
 STEPS = 3
 SIMCLR = TINY + ["method=simclr", "trainer.precision=64"]  # LARS, BatchNorm in the backbone and the projector
-# EMA teacher, multi-crop, centre, frozen last layer, and a gradient clip that binds
-DINO = BASE + ["method=dino", *METHOD["dino"], "optim.grad_clip=0.3"]
-CLIP = TINY_CLIP + ["trainer.precision=64"]  # two towers and the logit scale
-# ViTs whose patch embedding, tokens and blocks a masked-image method calls one by one: MAE's (and its decoder);
-# DINOv2's student, its EMA teacher, and multi-crop through the same units
-MAE = BASE + ["method=mae", *METHOD["mae"]]
-DINOV2 = BASE + ["method=dinov2", *METHOD["dinov2"]]
-CASES = {"simclr": SIMCLR, "dino": DINO, "clip": CLIP, "mae": MAE, "dinov2": DINOV2}
+# Every registered method as tests/test_methods.py trains it, with: for DINO, a gradient clip that binds; CLIP's two
+# towers and logit scale in float64; DeepClusterV2 on 24 samples, so that its k-means (after the first epoch's 2 steps)
+# gives step 3 a loss; W-MSE whitening the whole batch. Among them, ViTs whose patch embedding, tokens and blocks a masked-image method calls one by one
+# (MAE's, I-JEPA's, DINOv2's student and its EMA teacher with multi-crop through the same units).
+CASES = {method: method_overrides(method) for method in METHODS.names()} | {
+    "simclr": SIMCLR,
+    "dino": method_overrides("dino") + ["optim.grad_clip=0.3"],
+    "clip": TINY_CLIP + ["trainer.precision=64"],
+    "deepclusterv2": method_overrides("deepclusterv2") + ["data.num_samples=24"],
+    "wmse": method_overrides("wmse") + ["method.whitening_size=12"],  # one sub-batch, the whole of the 12 rows
+}
+# Stochastic depth in the ViT of MAE and DINOv2 (its student: the teacher has none); and the known-wrong variant,
+# timm's DropPath drawing from torch's generator (tests/shared_generator_drop_path.py).
+DROP_PATH = {m: method_overrides(m) + ["backbone.drop_path_rate=0.2"] for m in ("mae", "dinov2")}
+SHARED_DROP_PATH = DROP_PATH["mae"] + [
+    "imports=[tests.shared_generator_drop_path]",
+    "backbone.name=test_vit_shared_drop_path",
+]
 
 
 WRONG_LARS = ["imports=[tests.shard_norm_lars]", "optim.name=lars_shard_norms", "trainer.strategy=fsdp"]
@@ -52,8 +63,17 @@ def layout_jobs() -> dict[str, tuple[list[str], list[int]]]:
         )
         jobs[f"{method}/fsdp-9-3"] = (overrides + ["trainer.strategy=fsdp"], [9, 3])
     jobs["simclr/lars-on-shards"] = (SIMCLR + WRONG_LARS, [9, 3])
-    jobs["clip/ddp-8-0-4"] = (CLIP, [8, 0, 4])
-    jobs["clip/ddp-9-3"] = (CLIP, [9, 3])
+    jobs["clip/ddp-8-0-4"] = (CASES["clip"], [8, 0, 4])
+    jobs["clip/ddp-9-3"] = (CASES["clip"], [9, 3])
+    for method, overrides in DROP_PATH.items():
+        jobs[f"{method}-drop-path/one"] = (overrides, [16])
+        jobs[f"{method}-drop-path/none"] = (method_overrides(method), [16])
+        jobs[f"{method}-drop-path/ddp-8-8"] = (overrides, [8, 8])
+        jobs[f"{method}-drop-path/accumulate"] = (overrides + ["trainer.accumulate=2"], [8, 8])
+        checkpointed = ["trainer.strategy=fsdp", "trainer.activation_checkpointing=true"]
+        jobs[f"{method}-drop-path/fsdp-checkpointed-12-4"] = (overrides + checkpointed, [12, 4])
+    jobs["shared-drop-path/one"] = (SHARED_DROP_PATH, [16])
+    jobs["shared-drop-path/ddp-8-8"] = (SHARED_DROP_PATH, [8, 8])
     jobs["vit-any-size/one"] = (VIT_ANY_SIZE, [12])
     jobs["vit-any-size/ddp-8-0-4"] = (VIT_ANY_SIZE, [8, 0, 4])
     jobs["vit/one"] = (VIT_FP64, [12])
@@ -112,11 +132,31 @@ def test_fsdp_step_equals_one_process_with_uneven_and_empty_ranks(method, steppe
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("method", sorted(DROP_PATH))
+def test_stochastic_depth_draws_per_sample_at_any_world_size_and_micro_batching(method, stepped):
+    """backbone.drop_path_rate=0.2, 3 float64 steps of 16 rows: 2 processes of 8 rows, the same with
+    trainer.accumulate=2, and FSDP with activation checkpointing on [12, 4] rows (the blocks run again in the backward)
+    == 1 process, to 1e-10 of how far the weights moved. The masks matter: without stochastic depth the step differs.
+    timm's DropPath, drawing from torch's generator row after row, does not give 1 process's step."""
+    one = stepped[f"{method}-drop-path/one"]
+    start = weights_at_init(DROP_PATH[method] + ["data.batch_size=16"])
+    moved = max(float((one[k] - start[k]).abs().max()) for k in start)
+    for layout in ("ddp-8-8", "accumulate", "fsdp-checkpointed-12-4"):
+        worst, name = worst_difference(one, stepped[f"{method}-drop-path/{layout}"])
+        assert worst <= 1e-10 * moved, f"{method}, {layout}: {name} differs by {worst} (moved {moved})"
+    worst, name = worst_difference(one, stepped[f"{method}-drop-path/none"])
+    assert worst > 1e-3 * moved, f"{method}: stochastic depth left the step as it was ({name}: {worst})"
+    if method == "mae":
+        worst, name = worst_difference(stepped["shared-drop-path/one"], stepped["shared-drop-path/ddp-8-8"])
+        assert worst > 1e-3 * moved, f"timm's DropPath gave 1 process's step at W = 2 ({name}: {worst})"
+
+
+@pytest.mark.slow
 def test_clip_ddp_step_equals_one_process_with_uneven_and_empty_ranks(stepped):
     """The whole of CLIP (image tower, text tower, logit scale) under DDP at W = 3 ([8, 0, 4]) and W = 2 ([9, 3]) ==
     1 process, to 1e-10 of how far the weights moved; the logit scale and the text tower move."""
     one = stepped["clip/one"]
-    start = weights_at_init(CLIP + ["data.batch_size=12"])
+    start = weights_at_init(CASES["clip"] + ["data.batch_size=12"])
     moved = {k: float((one[k] - start[k]).abs().max()) for k in start}
     assert moved["method.log_logit_scale"] > 0 and moved["method.text_tower.token_embedding.weight"] > 0
     for layout in ("ddp-8-0-4", "ddp-9-3"):
@@ -169,7 +209,7 @@ def test_killed_under_fsdp_at_w2_resumes_under_ddp_at_w3_as_if_never_stopped(tmp
     """DINO (teacher, centre, multi-crop), float64, global batch 12: FSDP at W = 2 killed after step 3 and resumed by
     DDP at W = 3 ends with the weights of one uninterrupted process (1e-10); resumed by FSDP at W = 2, bit-identical to
     the uninterrupted FSDP W = 2 run."""
-    common = DINO + ["trainer.max_steps=6", "trainer.checkpoint_every_steps=1", "trainer.keep_checkpoints=10"]
+    common = CASES["dino"] + ["trainer.max_steps=6", "trainer.checkpoint_every_steps=1", "trainer.keep_checkpoints=10"]
     fsdp = common + ["trainer.strategy=fsdp", "data.batch_size=6"]
     run(common + ["data.batch_size=12"], tmp_path / "one")
     run(fsdp, tmp_path / "fsdp", nproc=2)

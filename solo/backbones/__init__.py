@@ -14,6 +14,7 @@ import torch
 import torchvision
 from torch import nn
 
+from solo.backbones.stochastic import drawn_per_sample_modules
 from solo.backbones.vit import is_vit, take_empty_batches
 from solo.errors import ConfigError
 from solo.registry import Registry
@@ -86,8 +87,10 @@ def register_backbone(name: str, *, schema: type = BackboneConfig):
 
 
 def build_backbone(cfg) -> tuple[torch.nn.Module, int]:
-    """The backbone of a `backbone` config (a mapping with `name`) and its feature width."""
-    return BACKBONES[cfg["name"]].target(cfg)
+    """The backbone of a `backbone` config (a mapping with `name`) and its feature width; its stochastic depth and
+    dropout drawn per sample (solo.backbones.stochastic)."""
+    model, width = BACKBONES[cfg["name"]].target(cfg)
+    return drawn_per_sample_modules(model, f"backbone.name={cfg['name']}"), width
 
 
 @BACKBONES.register_fallback("any timm model, torchvision.<resnet>", schema=TimmBackboneConfig)

@@ -26,6 +26,7 @@ import torch
 import torch.nn as nn
 from torch.distributed.tensor import DTensor
 
+from solo.backbones.stochastic import without_randomness
 from solo.errors import ConfigError
 from solo.optim import param_groups
 from solo.registry import Registry
@@ -171,8 +172,9 @@ class Method(nn.Module):
 
 
 def make_teacher(module: nn.Module) -> nn.Module:
-    """A copy of `module` that no optimizer trains: the start of an EMA teacher."""
-    teacher = copy.deepcopy(module)
+    """A copy of `module` that no optimizer trains, with no stochastic depth or dropout (as the references' teachers
+    are built): the start of an EMA teacher."""
+    teacher = without_randomness(copy.deepcopy(module))
     teacher.requires_grad_(False)
     return teacher
 

@@ -97,7 +97,7 @@ class IJEPAPredictor(nn.Module):
         x, mask = torch.cat([x, queries], dim=1), attends[:, None, None, :]
         for block in self.blocks:
             x = block(x, attn_mask=mask)
-        return self.project(self.norm(x[:, -t:])).view(b, m, t, -1)
+        return self.project(self.norm(x[:, -t:])).unflatten(0, (b, m))  # not view(b, m, t, -1): b may be 0
 
 
 def _layer_norm(width: int, **kwargs) -> nn.LayerNorm:
@@ -146,7 +146,7 @@ class IJEPA(Method):
         context_at = first_positions(masks[:, 0], generator.most_context)
         context_valid = masks[:, 0].gather(1, context_at)
         targets = masks[:, 1:]
-        target_at = first_positions(targets.flatten(0, 1), generator.most_target).view(*targets.shape[:2], -1)
+        target_at = first_positions(targets.flatten(0, 1), generator.most_target).unflatten(0, targets.shape[:2])
         target_valid = targets.gather(2, target_at)
 
         prefix = prefix_tokens(vit, len(images))

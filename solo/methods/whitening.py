@@ -42,7 +42,7 @@ class IterNorm(nn.Module):
         else:
             mean, whitening = self.running_mean, self.running_whitening
         grouped = (x32 - mean).view(len(x), self.groups, self.width)
-        y = torch.einsum("gcd,ngd->ngc", whitening.to(x32.dtype), grouped).reshape(len(x), -1)
+        y = torch.einsum("gcd,ngd->ngc", whitening.to(x32.dtype), grouped).flatten(1)  # not reshape(n, -1): n may be 0
         return (y * self.weight + self.bias).to(x.dtype)
 
     def _batch_statistics(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

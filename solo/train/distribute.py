@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import inspect
 import warnings
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
+from functools import partial
 
 import torch
 import torch.distributed as dist
@@ -26,6 +27,7 @@ from torch.distributed._composable import checkpoint
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
 
 from solo.backbones import WHERE_BLOCKS_ARE, blocks_of
+from solo.backbones.stochastic import recorded_and_replayed
 from solo.backbones.vit import is_vit, parts_called_apart
 from solo.distributed import world_size
 from solo.distributed.batchnorm import convert_sync_batchnorm
@@ -97,7 +99,19 @@ def checkpoint_blocks(model: nn.Module) -> None:
     backward (the same random state, so dropout and drop-path draw the same). The second forward must leave no
     trace: BatchNorm's running statistics would otherwise be updated twice."""
     for block in blocks(model):
-        checkpoint(block, context_fn=lambda block=block: (nullcontext(), kept_buffers(block)))
+        checkpoint(block, context_fn=partial(_recomputed_alike, block))
+
+
+def _recomputed_alike(block: nn.Module) -> tuple:
+    """(forward's, recomputation's) contexts: the per-sample draws replayed, the buffers left as they were."""
+    record, replay = recorded_and_replayed()
+
+    @contextmanager
+    def recompute():
+        with replay, kept_buffers(block):
+            yield
+
+    return record, recompute()
 
 
 @contextmanager

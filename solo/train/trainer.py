@@ -18,7 +18,9 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
 from solo.backbones import WHERE_BLOCKS_ARE, blocks_of, feature_width
+from solo.backbones.stochastic import samples
 from solo.config import changed_keys, check_required, plain, validate_pretrain
+from solo.data.sampling.seeding import sample_seed
 from solo.data.sampling.source import cores_per_process, loader_workers
 from solo.distributed import DistEnv, batch_sizes, world_size
 from solo.distributed.checkpoint import Checkpoints
@@ -58,8 +60,10 @@ class PretrainModel(nn.Module):
         batch's `encoded` (the method's encode output), or with `encoded` of all micro-batches but the `last`,
         which is encoded here, with its graph (see solo.train.step)."""
         if last is not None:
-            encoded = merge_encoded([encoded, self.method.encode(last)])
-        out = self.method(batch) if encoded is None else self.method.joint(encoded, batch)
+            with samples(last["index"]):
+                encoded = merge_encoded([encoded, self.method.encode(last)])
+        with samples(batch["index"]):
+            out = self.method(batch) if encoded is None else self.method.joint(encoded, batch)
         if self.probe is not None:
             logits = self.probe(out["features"].detach())  # the probe must not shape the representation
             # The mean over the global batch (W times this rank's share, as the losses): exact for uneven ranks.
@@ -71,7 +75,8 @@ class PretrainModel(nn.Module):
         return out
 
     def encode(self, batch: dict) -> dict:
-        return self.method.encode(batch)
+        with samples(batch["index"]):
+            return self.method.encode(batch)
 
     def clipped_parameters(self):
         return self.method.parameters()  # the probe's gradients are its own: optim.grad_clip leaves them alone
@@ -161,6 +166,10 @@ class Trainer:
             )
         self.model = model = build_model(cfg, splits.num_classes if t.probe else None, backbone)
         model.method.set_data(len(splits.train))
+        # The model is built alike on every rank; from here each rank draws its own stream, so that randomness left
+        # rank-local never repeats another rank's draws (the step's own are per sample: solo.backbones.stochastic).
+        torch.manual_seed(sample_seed(t.seed, 0, env.rank, 0))
+        random.seed(sample_seed(t.seed, 0, env.rank, 1))
         self.channels_last = t.channels_last and device.type == "cuda"
         self.dtype = torch.float64 if t.precision == "64" else torch.float32
         model.to(
@@ -225,6 +234,7 @@ class Trainer:
             total_steps=self.total_steps,
             grad_clip=cfg.optim.grad_clip,
             accumulate=t.accumulate,
+            seed=t.seed,
             weight_decay=None
             if cfg.optim.weight_decay_end is None
             else partial(
