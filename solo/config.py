@@ -30,7 +30,7 @@ from solo.loggers import LOGGERS
 from solo.methods import METHODS
 from solo.optim import OPTIMIZERS
 from solo.registry import Registry
-from solo.schema import AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, PROBABILITY, check_values, choices, ruled
+from solo.schema import AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, PROBABILITY, Rule, check_values, choices, ruled
 
 log = logging.getLogger("solo")
 
@@ -40,6 +40,17 @@ Precision = choices("Precision", "32", "bf16", "16", "64")
 Strategy = choices("Strategy", "ddp", "fsdp")
 # torch.compile: off; each block of each tower (blocks); or the whole image backbone as one graph (backbone).
 Compile = choices("Compile", "off", "blocks", "backbone")
+
+# trainer.resume and finetune.resume. auto: from the newest intact checkpoint (a warning names the damaged ones
+# newer than it); strict: a damaged newest checkpoint stops the run; never: a fresh start, and a checkpoint in the run
+# directory is an error. true and false, their values before, are auto and never.
+RESUME_POLICIES = {"auto": "auto", "strict": "strict", "never": "never", "true": "auto", "false": "never"}
+RESUME = Rule("must be auto, strict or never (true: auto, false: never)", lambda v: str(v).lower() in RESUME_POLICIES)
+
+
+def resume_policy(value) -> str:
+    """auto, strict or never, for a value of trainer.resume (or finetune.resume)."""
+    return RESUME_POLICIES[str(value).lower()]
 
 
 def registered_groups() -> dict[str, Registry]:
@@ -77,7 +88,9 @@ class TrainerConfig:
     memory_check: bool = True
     memory_limit_gib: Optional[float] = ruled(None, POSITIVE)
     compile: Compile = Compile("off")  # blocks | backbone (a warning, and eager, where compilation does not work)
-    resume: bool = True  # continue from <run dir>/checkpoints/last when it exists
+    # auto: continue from the newest intact checkpoint in <run dir>/checkpoints (a warning names newer damaged ones);
+    # strict: stop when the newest is damaged; never: start afresh (a checkpoint there is an error); true/false: auto/never
+    resume: str = ruled("auto", RESUME)
     checkpoint_every_steps: int = ruled(0, NON_NEGATIVE)  # 0: only at epoch ends
     # Finish the step, checkpoint, (under SLURM) requeue, exit; a second SIGINT (Ctrl-C) exits at once.
     preempt_signals: List[str] = field(default_factory=lambda: ["SIGUSR1", "SIGTERM", "SIGINT"])
@@ -129,7 +142,7 @@ class FinetuneConfig:
     accumulate: int = ruled(1, AT_LEAST_ONE)
     crop_scale: List[float] = field(default_factory=lambda: [0.4, 1.0])
     hflip_prob: float = ruled(0.0, PROBABILITY)
-    resume: bool = True  # continue from <run dir>/finetune/checkpoints/last when it exists
+    resume: str = ruled("auto", RESUME)  # as trainer.resume, in <run dir>/finetune/checkpoints
     checkpoint_every_steps: int = ruled(0, NON_NEGATIVE)  # 0: at epoch ends
     log_every_steps: int = ruled(10, AT_LEAST_ONE)
 

@@ -67,9 +67,9 @@ def run(overrides, run_dir, nproc=1, timeout=300):
     return out
 
 
-def many_runs(runs: dict, nproc: int = 2) -> None:
+def many_runs(runs: dict, nproc: int = 2) -> subprocess.CompletedProcess:
     """Pretraining runs {run_dir: overrides} one after another in one torchrun launch (tests/many_runs.py), which pays
-    the processes' start (about 20 s of imports here) once, not once per run."""
+    the processes' start (about 20 s of imports here) once, not once per run; the launch, with its output."""
     root = next(iter(runs)).parent
     (root / "runs.json").write_text(json.dumps([[str(d), o] for d, o in runs.items()]))
     launcher = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", "--standalone"]
@@ -83,6 +83,7 @@ def many_runs(runs: dict, nproc: int = 2) -> None:
         timeout=60 * len(runs) + 60,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc
 
 
 def kill_processes_mentioning(marker: str) -> None:

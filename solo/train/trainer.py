@@ -19,7 +19,7 @@ from tqdm import tqdm
 
 from solo.backbones import WHERE_BLOCKS_ARE, blocks_of, feature_width
 from solo.backbones.stochastic import samples
-from solo.config import changed_keys, check_required, plain, validate_pretrain
+from solo.config import changed_keys, check_required, plain, resume_policy, validate_pretrain
 from solo.data.sampling.seeding import sample_seed
 from solo.data.sampling.source import cores_per_process, loader_workers
 from solo.distributed import DistEnv, batch_sizes, world_size
@@ -255,10 +255,11 @@ class Trainer:
             autocast=self.train_step.autocast,
         )
         sharded = {"model": ModelState(model), "optimizer": OptimizerState(model, optimizer)}
-        components = {"scaler": self.train_step, "data": source, "rng": RNGState()}
+        components = {"scaler": self.train_step, "data": source}
         info = {"global_batch": source.global_batch, "config": plain(cfg)}
         checkpoints = Checkpoints(run_dir / "checkpoints", t.keep_checkpoints, env.is_main)
-        self.checkpointer = Checkpointer(checkpoints, sharded, components, info)
+        generators = RNGState(device, env.rank, t.seed)
+        self.checkpointer = Checkpointer(checkpoints, sharded, generators, components, info)
         self.step, self.logger, self.last_metrics = 0, None, {}
 
     def _set_threads(self) -> None:
@@ -299,14 +300,34 @@ class Trainer:
         memory.check_fits(found, cfg, METHODS[cfg.method.name].target.can_accumulate())
 
     def _resume(self) -> bool:
-        """Restore every component from the last checkpoint when there is one (and trainer.resume); True if resumed."""
-        last = self.checkpointer.checkpoints.find_last()
-        if not self.t.resume:
-            if last is not None:
+        """Restore every component from the newest intact checkpoint, as trainer.resume says (solo.config.resume_policy);
+        True if resumed. Rank 0 verifies the checkpoints and tells the others which one to read."""
+        given = f"trainer.resume={str(self.t.resume).lower()}"
+        policy = resume_policy(self.t.resume)
+        found = self.checkpointer.checkpoints.find()
+        if policy == "never":
+            existing = found.intact or next((path for path, _ in found.damaged), None)
+            if existing is not None:
                 raise CheckpointError(
-                    f"{last} exists and trainer.resume=false: choose a new hydra.run.dir or delete {self.run_dir}"
+                    f"{existing} exists and {given}: choose a new hydra.run.dir or delete {self.run_dir}"
                 )
             return False
+        if found.damaged:
+            if found.intact is None:
+                raise CheckpointError(
+                    f"{found.describe_damage()}; no older checkpoint is intact: start a new run (hydra.run.dir=...)"
+                )
+            if policy == "strict":
+                raise CheckpointError(
+                    f"{given}: {found.describe_damage()}; the newest intact checkpoint is {found.intact}: set "
+                    "trainer.resume=auto to resume from it"
+                )
+            if self.env.is_main:
+                log.warning(
+                    f"warning: {found.describe_damage()}; resuming from {found.intact}, the newest intact checkpoint "
+                    "(trainer.resume=auto; strict stops instead)"
+                )
+        last = found.intact
         if last is None:
             return False
         try:
@@ -314,7 +335,7 @@ class Trainer:
         except Exception as e:
             raise CheckpointError(
                 f"cannot load checkpoint {last}: {e}. Delete it to fall back to an older step-* checkpoint in "
-                f"{last.parent}, or set trainer.resume=false with a new hydra.run.dir"
+                f"{last.parent}, or set trainer.resume=never with a new hydra.run.dir"
             ) from None
         check_resumable(state, self.cfg, self.source.global_batch, self.run_dir)
         self.step = self.checkpointer.restore(last, state)

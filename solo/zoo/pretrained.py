@@ -3,26 +3,39 @@ checkpoint (a step's directory, or a .pt file of solo 0.2) or a pretraining run 
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import torch
 
-from solo.distributed.checkpoint import SMALL_STATE, last_checkpoint
-from solo.errors import NotFound, require
+from solo.distributed.checkpoint import find_checkpoints, is_checkpoint
+from solo.distributed.env import rank
+from solo.errors import CheckpointError, NotFound, require
 from solo.zoo.files import entry_file
 from solo.zoo.manifest import find_entry, read_manifest
 from solo.zoo.weights import Pretrained, read_training_checkpoint, read_weights
 
+log = logging.getLogger("solo")
+
 
 def resolve(source: str | Path, *, cache: str | Path | None = None, offline: bool | None = None) -> Pretrained:
+    """A run directory gives its newest intact checkpoint (a warning names the damaged ones newer than it; the files
+    of a finished run do not change, so every rank that resolves it reads the same); a checkpoint named on its own must
+    be intact (solo.distributed.checkpoint.damage)."""
     path = Path(source)
-    if (path / SMALL_STATE).exists():  # a checkpoint's directory
+    if is_checkpoint(path):
         return read_training_checkpoint(path)
     if path.is_dir():
-        last = last_checkpoint(path / "checkpoints")
-        if last is None:
+        found = find_checkpoints(path / "checkpoints")
+        if found.intact is None:
+            if found.damaged:
+                raise CheckpointError(f"pretrained={source}: {found.describe_damage()}; no older checkpoint is intact")
             raise NotFound(f"{path} is a directory without checkpoints/last: is it a pretraining run directory?")
-        return read_training_checkpoint(last)
+        if found.damaged and rank() == 0:
+            log.warning(
+                f"warning: {found.describe_damage()}; pretrained={source} reads {found.intact}, the newest intact one"
+            )
+        return read_training_checkpoint(found.intact)
     if path.suffix == ".safetensors":
         return read_weights(path)
     if path.suffix == ".pt":
