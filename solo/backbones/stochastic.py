@@ -63,7 +63,7 @@ def drawn_per_sample(seed: int, step: int):
 
 
 @contextmanager
-def samples(index: torch.Tensor):
+def samples(index: torch.Tensor | None):
     """A forward on the samples `index` (the batch's "index": dataset indices), its own count of calls per module:
     a micro-batch's forward draws as the same rows' part of the whole batch's. Outside `drawn_per_sample`, nothing."""
     global _active
@@ -107,9 +107,14 @@ def recorded_and_replayed() -> tuple:
 def uniforms(module: nn.Module, rows: int, per_row: int, device: torch.device) -> torch.Tensor:
     """(rows, per_row) float64 uniforms in [0, 1) for `module`'s call on `rows` rows: per sample in a forward of the
     trainer's, else from torch's generator."""
-    if _active is None or _active.index is None:
+    if _active is None:
         return torch.rand(rows, per_row, dtype=torch.float64, device=device)
     index = _active.index
+    if index is None:
+        raise RuntimeError(
+            f"{type(module).__name__} draws per sample, and the batch has no 'index' (each row's sample index, which "
+            "solo's data sources give): add it to the batch"
+        )
     n = len(index)
     if (n == 0 and rows) or (n and rows % n):
         raise RuntimeError(

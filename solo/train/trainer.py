@@ -60,9 +60,9 @@ class PretrainModel(nn.Module):
         batch's `encoded` (the method's encode output), or with `encoded` of all micro-batches but the `last`,
         which is encoded here, with its graph (see solo.train.step)."""
         if last is not None:
-            with samples(last["index"]):
+            with samples(last.get("index")):
                 encoded = merge_encoded([encoded, self.method.encode(last)])
-        with samples(batch["index"]):
+        with samples(batch.get("index")):
             out = self.method(batch) if encoded is None else self.method.joint(encoded, batch)
         if self.probe is not None:
             logits = self.probe(out["features"].detach())  # the probe must not shape the representation
@@ -75,7 +75,7 @@ class PretrainModel(nn.Module):
         return out
 
     def encode(self, batch: dict) -> dict:
-        with samples(batch["index"]):
+        with samples(batch.get("index")):
             return self.method.encode(batch)
 
     def clipped_parameters(self):
