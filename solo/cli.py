@@ -321,8 +321,9 @@ def pretrain_main() -> None:
     """Pretrain a backbone: `torchrun --nproc_per_node=N main_pretrain.py method=simclr [key=value ...]`, or
     `solo-pretrain --nproc_per_node=N method=simclr [key=value ...]`, which validates the config once, then starts the
     workers (torchrun's --nnodes, --node_rank, --master_addr, --master_port, --rdzv_* and --standalone are passed on)."""
-    from solo.launch import launch, split_launcher_args
+    from solo.launch import die_with_launcher, launch, split_launcher_args
 
+    die_with_launcher()  # first: a worker whose launcher dies while it imports stops too
     launcher, argv = friendly_errors(split_launcher_args)(sys.argv[1:])
     if launcher and not shows_only(argv):
         if "TORCHELASTIC_RUN_ID" in os.environ:  # a worker of torchrun: one launch is enough
@@ -357,6 +358,9 @@ def raise_config_error(message: str) -> None:
 
 def linear_main() -> None:
     """Evaluate pretrained weights: `python main_linear.py pretrained=<zoo name | file | run dir> [data=...]`."""
+    from solo.launch import die_with_launcher
+
+    die_with_launcher()
     from solo.evaluate.offline import evaluate_pretrained
 
     _hydra_entry_point(LINEAR, evaluate_pretrained)

@@ -1,4 +1,5 @@
-"""Jobs that stop early lose nothing: preemption signals, elastic restarts, two-node launches, killed writes."""
+"""Jobs that stop early lose nothing: preemption signals, elastic restarts, two-node launches, killed writes; a killed
+launcher takes its workers with it, and a second launch into a live run directory stops."""
 
 import os
 import signal
@@ -12,7 +13,8 @@ import pytest
 import torch
 
 from solo.distributed.checkpoint import read_checkpoint
-from tests.test_train import REPO, TINY, launch, metrics, run, weights
+from tests.test_one_job import _alive
+from tests.test_train import REPO, TINY, kill_processes_mentioning, launch, metrics, run, weights
 
 pytestmark = pytest.mark.slow  # launches and restarts of 2-process jobs: minutes; `pytest -m slow`
 
@@ -199,3 +201,88 @@ def test_srun_style_launch_without_torchrun_matches_torchrun(tmp_path, uninterru
     assert all(p.returncode == 0 for p in procs), outs
     assert "world size 2" in outs[0]
     _assert_same(uninterrupted, weights(run_dir))
+
+
+def _children(pid: int) -> list[int]:
+    """The PIDs of `pid`'s children (read before it dies: after, they are init's)."""
+    children = []
+    for child in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            stat = Path(f"/proc/{child}/stat").read_text()
+        except (FileNotFoundError, PermissionError):
+            continue
+        if int(stat.rpartition(")")[2].split()[1]) == pid:
+            children.append(int(child))
+    return children
+
+
+def _published(checkpoints: Path) -> tuple[int, str]:
+    """(the newest step-* checkpoint's step, where `last` points)."""
+    steps = [int(p.name.removeprefix("step-")) for p in checkpoints.glob("step-*")]
+    return max(steps), os.readlink(checkpoints / "last")
+
+
+def test_workers_die_with_their_launcher_and_write_no_checkpoint_after(tmp_path):
+    """SIGKILL to torchrun alone, as a dying node or the out-of-memory killer would (its workers are in sessions of
+    their own): no worker lives 30 s later, and none publishes a checkpoint after the kill but the one it may have been
+    writing then. Every checkpoint left is complete, and `last` one of them."""
+    run_dir, every = tmp_path / "orphans", 2
+    overrides = COMMON + ["trainer.max_steps=100000", f"trainer.checkpoint_every_steps={every}"]  # long: mid-run
+    proc = launch(overrides, run_dir, nproc=2, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    checkpoints = run_dir / "checkpoints"
+    try:
+        _wait_for(checkpoints / f"step-{2 * every:09d}", proc)
+        workers = _children(proc.pid)
+        assert len(workers) == 2, workers
+        at_kill, _ = _published(checkpoints)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+        time.sleep(2)
+        after_kill = _published(checkpoints)
+        deadline = time.time() + 28
+        while any(map(_alive, workers)) and time.time() < deadline:
+            time.sleep(0.1)
+        alive, (newest, last) = [p for p in workers if _alive(p)], _published(checkpoints)
+        assert not alive and newest <= at_kill + every and (newest, last) == after_kill, (
+            f"{len(alive)} workers alive 30 s after their launcher was killed; newest checkpoint at the kill: step "
+            f"{at_kill}, 2 s after: {after_kill}, now: {(newest, last)}"
+        )
+    finally:
+        kill_processes_mentioning(str(run_dir))
+    for step in checkpoints.glob("step-*"):
+        assert {".metadata", "trainer.pt"} <= {p.name for p in step.iterdir()}, step
+    assert read_checkpoint(checkpoints / "last")["step"] == int(last.removeprefix("step-"))
+
+
+def test_a_second_launch_into_a_live_run_stops_with_one_line_and_the_first_ends_as_if_alone(tmp_path, uninterrupted):
+    """The same `solo-pretrain --nproc_per_node=2` command twice: the second starts while the first trains (its
+    workers held stopped meanwhile, so that it is mid-run however long the second takes to start) and stops with one
+    `error:` line naming the first's rank 0 (exit status 2, no traceback); the first ends as if alone."""
+    run_dir = tmp_path / "twice"
+    command = [sys.executable, "-m", "solo", "--nproc_per_node=2", "--standalone", *COMMON, f"hydra.run.dir={run_dir}"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    with open(tmp_path / "first.log", "w") as log:
+        first = subprocess.Popen(command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+    workers = []
+    try:
+        _wait_for(run_dir / "checkpoints" / "step-000000005", first)
+        workers = _children(first.pid)
+        rank0 = next(p for p in workers if b"\0RANK=0\0" in b"\0" + Path(f"/proc/{p}/environ").read_bytes())
+        for pid in workers:
+            os.kill(pid, signal.SIGSTOP)
+        assert first.poll() is None, "the first run must be mid-run"
+        second = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    finally:
+        for pid in workers:
+            os.kill(pid, signal.SIGCONT)
+    assert first.wait(timeout=300) == 0, (tmp_path / "first.log").read_text()
+    output = second.stdout + second.stderr
+    errors = [line for line in output.splitlines() if line.startswith("error:")]
+    assert second.returncode == 2 and "Traceback" not in output and len(errors) == 1, output
+    assert errors[0].startswith(
+        f"error: hydra.run.dir={run_dir}: another job is running in this directory (pid {rank0} on host "
+        f"{socket.gethostname()}, rank 0 of 2 processes"
+    ), output
+    _assert_same(uninterrupted, weights(run_dir))
+    steps = [m["step"] for m in metrics(run_dir) if "train/loss" in m]
+    assert steps == list(range(1, 49)), "the second launch wrote no metrics"

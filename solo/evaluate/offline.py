@@ -17,6 +17,7 @@ from solo.data import DATASETS, EvalDataset, build_eval_transform, build_split, 
 from solo.data.sampling.source import loader_workers
 from solo.distributed import DistEnv
 from solo.distributed.env import process_group
+from solo.distributed.run_dir import hold_run_dir
 from solo.errors import ConfigError
 from solo.eval.features import FeatureCache, extract_features, state_fingerprint
 from solo.eval.knn import knn_accuracy
@@ -37,7 +38,7 @@ def evaluate_pretrained(cfg: DictConfig, run_dir: str | Path) -> dict:
     """Evaluate cfg.pretrained on cfg.data; returns (and writes to <run_dir>/summary.json) the results."""
     cfg = validate_linear(cfg)
     check_required(cfg)
-    with process_group() as (env, device):
+    with process_group() as (env, device), hold_run_dir(run_dir):  # its fine-tuning's <run dir>/finetune included
         return _evaluate(cfg, Path(run_dir), env, device)
 
 

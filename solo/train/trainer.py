@@ -25,6 +25,7 @@ from solo.data.sampling.source import cores_per_process, loader_workers
 from solo.distributed import DistEnv, batch_sizes, world_size
 from solo.distributed.checkpoint import Checkpoints
 from solo.distributed.env import process_group
+from solo.distributed.run_dir import hold_run_dir
 from solo.dtypes import full_precision
 from solo.errors import CheckpointError, ConfigError, DataError
 from solo.loggers import Loggers
@@ -138,7 +139,7 @@ def pretrain(cfg: DictConfig, run_dir: str | Path) -> dict:
     """Run (or resume) the pretraining described by `cfg` in `run_dir`; returns the last metrics."""
     cfg = validate_pretrain(cfg)
     check_required(cfg)
-    with process_group() as (env, device):
+    with process_group() as (env, device), hold_run_dir(run_dir):  # before the run writes into run_dir
         return Trainer(cfg, Path(run_dir), env, device).fit()
 
 
