@@ -50,7 +50,8 @@ RECIPES = {
     # I-JEPA 150).
     "mae-digits-vittiny6": "method=mae",
     "dinov2-digits-vittiny6": "method=dinov2",
-    "ijepa-digits-vittiny6": "method=ijepa",
+    # Trained with the squared error, before smooth L1 (the official code's) became I-JEPA's default.
+    "ijepa-digits-vittiny6": "method=ijepa method.loss=mse",
 }
 NPROC = 2
 # |manifest - result|: re-evaluating the published file (same weights; float rounding and library versions

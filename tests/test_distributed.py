@@ -35,7 +35,6 @@ def test_every_methods_loss_is_registered_with_the_checker():
         "nnsiam": "simsiam",
         "all4one": "all4one_feature",
         "dinov2": "ibot",  # and koleo; its class-token loss is dino's
-        "ijepa": "mae",  # a mean over the global batch's target patches, MAE's masked_patch_mse
     }
     assert {own_names.get(m, m) for m in methods} | {"koleo"} <= set(BUILTIN)
     assert all(name.removesuffix("_tiled") in set(BUILTIN) for name in BUILTIN)  # a tiled loss beside its untiled one
@@ -93,6 +92,8 @@ WRONG_SSL_OF = {
     "swav_sinkhorn_local_batch_times_world": "swav",
     "koleo_per_rank_neighbours": "koleo",
     "ibot_mean_of_rank_means": "ibot",
+    "ijepa_mean_of_rank_means": "ijepa",
+    "deepclusterv2_mean_of_rank_means": "deepclusterv2",
 }
 
 

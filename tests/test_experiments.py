@@ -416,6 +416,7 @@ EXPECTED = {
         "method.min_context_patches": 10,
         "method.base_momentum": 0.996,
         "method.final_momentum": 1.0,
+        "method.loss": "smooth_l1",  # the official code's F.smooth_l1_loss
         "optim.name": "adamw",
         "optim.lr": 1.0e-3,
         "optim.lr_scaling": "none",

@@ -2,7 +2,7 @@
 
 Used to show that the gradient checker rejects them: a check that cannot fail proves nothing. Then the
 wrong variants of the self-supervised losses (VICReg, SigLIP, DINO, SwAV, MoCo v3, BYOL, SupCon, NNCLR, W-MSE,
-VIbCReg) that popular
+VIbCReg, I-JEPA, DeepClusterV2) that popular
 implementations ship (WRONG_SSL). At the end, two losses for the checker's error paths: one that raises
 on one rank, one that ignores its scalar.
 """
@@ -297,7 +297,7 @@ def vibcreg_per_gpu_statistics(z1, z2):
         return F.relu(1 - std).mean(), (correlation - torch.diag(torch.diagonal(correlation))).pow(2).mean()
 
     (std1, cov1), (std2, cov2) = terms(z1), terms(z2)
-    return 25 * F.mse_loss(z1, z2) + 25 * (std1 + std2) / 2 + 200 * (cov1 + cov2)
+    return 25 * F.mse_loss(z1, z2) + 25 * (std1 + std2) + 200 * (cov1 + cov2)
 
 
 def mae_mean_of_rank_means(z1, z2):
@@ -311,6 +311,32 @@ def mae_mean_of_rank_means(z1, z2):
         return (error * mask).sum() / mask.sum()
 
     return local(z1, z2) + local(z2, z1)
+
+
+def ijepa_mean_of_rank_means(z1, z2):
+    """I-JEPA's smooth L1 as the official code takes it: the mean over this rank's target patches (its
+    F.smooth_l1_loss), then averaged over ranks."""
+
+    def local(prediction, target):
+        prediction, target = prediction.reshape(len(prediction), 2, 2), target.reshape(len(target), 2, 2)
+        mask = torch.sin(100 * target[..., 0].detach()) > 0
+        return F.smooth_l1_loss(prediction[mask], target.detach()[mask], beta=0.3)
+
+    return local(z1, z2) + local(z2, z1)
+
+
+def deepclusterv2_mean_of_rank_means(z1, z2):
+    """DeepClusterV2 as solo-learn and SwAV take it: each clustering's mean over this rank's assigned rows (their
+    F.cross_entropy with an ignore_index), then averaged over ranks."""
+
+    def clusters(other):
+        other = other.detach()
+        return other.argmax(dim=1).masked_fill(torch.sin(100 * other[:, 0]) > 0.59, -1)
+
+    return (
+        F.cross_entropy(z1 / 0.1, clusters(z2), ignore_index=-1)
+        + F.cross_entropy(z2 / 0.1, clusters(z1), ignore_index=-1)
+    ) / 2
 
 
 WRONG_SSL = [
@@ -332,6 +358,8 @@ WRONG_SSL = [
         "swav_sinkhorn_local_batch_times_world",  # only wrong with uneven per-rank batches
         "koleo_per_rank_neighbours",
         "ibot_mean_of_rank_means",  # only wrong with uneven per-rank batches
+        "ijepa_mean_of_rank_means",
+        "deepclusterv2_mean_of_rank_means",
     )
 ]
 

@@ -4,7 +4,7 @@ from solo.losses._checks import NonFiniteError
 from solo.losses.barlow_twins import all4one_feature_loss, barlow_twins_loss
 from solo.losses.contrastive import clip_loss, nnclr_loss, nt_xent_loss, supcon_loss
 from solo.losses.koleo import koleo_loss
-from solo.losses.masked import masked_patch_mse, normalised_patches
+from solo.losses.masked import masked_patch_mse, masked_patch_smooth_l1, normalised_patches
 from solo.losses.registry import LOSSES
 from solo.losses.regression import byol_loss, moco_queue_loss, mocov3_loss, ressl_loss, simsiam_loss
 from solo.losses.self_distillation import (
@@ -39,6 +39,7 @@ __all__ = [
     "koleo_loss",
     "masked_center",
     "masked_patch_mse",
+    "masked_patch_smooth_l1",
     "moco_queue_loss",
     "mocov3_loss",
     "nnclr_loss",

@@ -1,4 +1,4 @@
-"""Losses over masked patches (MAE): a mean over every masked patch of the global batch.
+"""Losses over masked patches (MAE's, I-JEPA's): a mean over every masked patch of the global batch.
 
 The usual implementation takes each rank's mean over its own masked patches and lets DDP average the ranks: the
 global mean only when every rank holds as many masked patches, which uneven or empty ranks (and masks whose size
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 
 from solo.distributed import world_size
 from solo.dtypes import full_precision
@@ -25,13 +26,32 @@ def masked_count(mask: torch.Tensor) -> torch.Tensor:
     return count.clamp_min(1)
 
 
+def _masked_patch_mean(error: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """The mean of the per-patch `error` (B, N) over the patches where `mask` is True, over the global batch: W / M
+    times this rank's sum."""
+    total = (error * mask).sum()
+    return total * (world_size() / masked_count(mask)).to(total.dtype)
+
+
 def masked_patch_mse(prediction: torch.Tensor, target: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """MAE (He et al., 2022): the squared error per pixel of each patch, averaged within the patch, then averaged over
     every masked patch of the global batch. `prediction`, `target`: (B, N, P); `mask`: (B, N), True where hidden."""
     with torch.autocast(prediction.device.type, enabled=False):
         error = (full_precision(prediction) - full_precision(target.detach())).pow(2).mean(dim=-1)
-        total = (error * mask).sum()
-        return total * (world_size() / masked_count(mask)).to(total.dtype)
+        return _masked_patch_mean(error, mask)
+
+
+def masked_patch_smooth_l1(
+    prediction: torch.Tensor, target: torch.Tensor, mask: torch.Tensor, beta: float = 1.0
+) -> torch.Tensor:
+    """I-JEPA's loss as the official code computes it (`F.smooth_l1_loss(z, h)`: beta 1, the mean over every element):
+    the smooth-L1 error per feature (0.5 x^2 / beta below beta, |x| - 0.5 beta above), averaged within the patch, then
+    averaged over every masked patch of the global batch (the official code's mean is its GPU batch's). Shapes as
+    masked_patch_mse's."""
+    with torch.autocast(prediction.device.type, enabled=False):
+        pred, tgt = full_precision(prediction), full_precision(target.detach())
+        error = F.smooth_l1_loss(pred, tgt, reduction="none", beta=beta).mean(dim=-1)
+        return _masked_patch_mean(error, mask)
 
 
 def normalised_patches(patches: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
@@ -51,3 +71,13 @@ def _check_mask(target: torch.Tensor) -> torch.Tensor:
 def mae_check(z1: torch.Tensor, z2: torch.Tensor) -> torch.Tensor:
     a, b = z1.reshape(len(z1), 2, 2), z2.reshape(len(z2), 2, 2)
     return masked_patch_mse(a, b, _check_mask(b)) + masked_patch_mse(b, a, _check_mask(a))
+
+
+@LOSSES.register("ijepa")
+def ijepa_check(z1: torch.Tensor, z2: torch.Tensor) -> torch.Tensor:
+    # As mae's case, with a beta that puts about half of the errors on each side of smooth-L1's bend.
+    def loss(prediction, target):
+        return masked_patch_smooth_l1(prediction, target, _check_mask(target), beta=0.3)
+
+    a, b = z1.reshape(len(z1), 2, 2), z2.reshape(len(z2), 2, 2)
+    return loss(a, b) + loss(b, a)

@@ -237,17 +237,22 @@ CHECK_CENTER = (0.3, -0.2, 0.1, 0.5)  # a non-zero start, so that the checked ce
 
 
 def deepcluster_loss(scores: list[torch.Tensor], assignments: list[torch.Tensor], temperature: float) -> torch.Tensor:
-    """DeepClusterV2 (Caron et al., 2020): for each clustering h, the cross-entropy of `scores[h]` (rows' similarities
-    to its centroids) divided by `temperature` against `assignments[h]` (each row's cluster; -1: none yet, no loss),
-    summed over the rows and divided by the global number of rows, then averaged over the clusterings."""
+    """DeepClusterV2 (Caron et al., 2020), as SwAV's main_deepclusterv2.py computes it: for each clustering h, the mean
+    over the rows that have a cluster (`assignments[h]`, -1: none yet) of the cross-entropy of `scores[h]` (the rows'
+    similarities to its centroids) divided by `temperature` against their cluster; then the average over the
+    clusterings. The mean is over the assigned rows of the GLOBAL batch: each clustering's count is all-reduced (a
+    device tensor, no host read) and each rank returns W / count times its sum. A clustering without an assigned row
+    in the global batch contributes 0 and no gradient (the references' mean over no row is NaN)."""
     check_positive(temperature, "temperature")
     with torch.autocast(scores[0].device.type, enabled=False):
-        total = sum(batch_sizes(scores[0].shape[0], scores[0].device))
-        loss_sum = sum(
-            F.cross_entropy(full_precision(s) / temperature, a, ignore_index=-1, reduction="sum")
-            for s, a in zip(scores, assignments)
+        sums = torch.stack(
+            [
+                F.cross_entropy(full_precision(s) / temperature, a, ignore_index=-1, reduction="sum")
+                for s, a in zip(scores, assignments)
+            ]
         )
-        return loss_sum * (world_size() / (total * len(scores)))
+        assigned = all_reduce(torch.stack([(a != -1).sum() for a in assignments]).to(torch.float64)).clamp_min(1)
+        return (sums / assigned.to(sums.dtype)).sum() * (world_size() / len(scores))
 
 
 @LOSSES.register("dino")
@@ -278,6 +283,10 @@ def swav_check(z1: torch.Tensor, z2: torch.Tensor) -> torch.Tensor:
 
 @LOSSES.register("deepclusterv2")
 def deepclusterv2_check(z1: torch.Tensor, z2: torch.Tensor) -> torch.Tensor:
-    # Two clusterings: each tower's rows scored against the other tower's argmax, the second with cluster 0 unassigned.
-    second = z1.detach().argmax(dim=1)
-    return deepcluster_loss([z1, z2], [z2.detach().argmax(dim=1), second.masked_fill(second == 0, -1)], 0.1)
+    # Two clusterings: each tower's rows scored against the other tower's argmax, about 30% of the rows unassigned (-1)
+    # by a pseudo-random function of the other tower's row, so a rank may hold none, some or all of them.
+    def clusters(other: torch.Tensor) -> torch.Tensor:
+        other = other.detach()
+        return other.argmax(dim=1).masked_fill(torch.sin(100 * other[:, 0]) > 0.59, -1)
+
+    return deepcluster_loss([z1, z2], [clusters(z2), clusters(z1)], 0.1)

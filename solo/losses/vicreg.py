@@ -77,16 +77,17 @@ def _variance_and_normalised_covariance(z: torch.Tensor, n: int) -> tuple[torch.
 def vibcreg_loss(
     z1: torch.Tensor, z2: torch.Tensor, sim_coeff: float = 25.0, std_coeff: float = 25.0, cov_coeff: float = 200.0
 ) -> torch.Tensor:
-    """VIbCReg (Lee and Aune, 2021): VICReg's invariance and variance terms, and a normalised covariance term
-    (the mean squared off-diagonal correlation, the two branches summed) that does not grow with the width.
-    Every statistic is the global batch's, as in vicreg_loss."""
+    """VIbCReg (Lee and Aune, 2021), as the authors' code (ML4ITS/vibcreg) computes it: VICReg's invariance term, the
+    two branches' variance hinges SUMMED (VICReg averages them), and a normalised covariance term (per branch the mean
+    over the D x D entries of the squared off-diagonal correlations, the two branches summed) that does not grow with
+    the width. Every statistic is the global batch's, as in vicreg_loss."""
     _check(z1, z2, sim_coeff, std_coeff, cov_coeff)
     with torch.autocast(z1.device.type, enabled=False):
         z1, z2 = full_precision(z1), full_precision(z2)
         n, invariance = _global_size_and_invariance(z1, z2, "vibcreg_loss")
         std1, cov1 = _variance_and_normalised_covariance(z1, n)
         std2, cov2 = _variance_and_normalised_covariance(z2, n)
-        return sim_coeff * invariance + std_coeff * (std1 + std2) / 2 + cov_coeff * (cov1 + cov2)
+        return sim_coeff * invariance + std_coeff * (std1 + std2) + cov_coeff * (cov1 + cov2)
 
 
 @LOSSES.register("vicreg")  # a case for the gradient checker (python -m solo.losses.check)

@@ -23,9 +23,12 @@ from solo.backbones.vit import (
     take,
 )
 from solo.data.views.masks import MultiBlockMask
-from solo.losses import masked_patch_mse
+from solo.losses import masked_patch_mse, masked_patch_smooth_l1
 from solo.methods.base import Method, ema_update, make_teacher, register_method
-from solo.schema import AT_LEAST_ONE, DECAY, FRACTION, POSITIVE, PROBABILITY, ruled
+from solo.schema import AT_LEAST_ONE, DECAY, FRACTION, POSITIVE, PROBABILITY, choices, ruled
+
+# The error between predicted and target features: the official code's smooth L1 (beta 1), or the paper's L2.
+PatchLoss = choices("PatchLoss", "smooth_l1", "mse")
 
 
 @dataclass
@@ -44,6 +47,7 @@ class IJEPAConfig:
     min_context_patches: int = ruled(10, AT_LEAST_ONE)  # fewer left beside the targets: the masks are drawn again
     base_momentum: float = ruled(0.996, PROBABILITY)  # the target encoder's share in its EMA update, at the start
     final_momentum: float = ruled(1.0, PROBABILITY)  # ... and at the end (a linear schedule, as I-JEPA's)
+    loss: PatchLoss = PatchLoss("smooth_l1")  # smooth_l1 (the official code's) or mse (the paper's L2)
 
     def validate(self) -> None:
         for low, high in [("target_scale", "scale"), ("target_aspect", "aspect"), ("context_scale", "scale")]:
@@ -108,10 +112,11 @@ def _layer_norm(width: int, **kwargs) -> nn.LayerNorm:
 class IJEPA(Method):
     """One view per image and its masks (solo.data.views.masks.MultiBlockMask: a context and target blocks, drawn per
     sample). `encode` runs the encoder on the context patches, padded to the most a context can hold, the padding
-    kept out of attention; the predictor; and the target encoder on the whole image. `joint` is the squared error
-    between predicted and target features, averaged over every target patch of the global batch (the padding
-    counted nowhere). The backbone's pooled feature becomes the mean patch token, I-JEPA's linear protocol, for the
-    online probe and the k-NN during pretraining, and `main_linear.py`'s probes."""
+    kept out of attention; the predictor; and the target encoder on the whole image. `joint` is the error between
+    predicted and target features (method.loss: smooth L1 as the official code, or the squared error), averaged over
+    the features and over every target patch of the global batch (the padding counted nowhere). The backbone's pooled
+    feature becomes the mean patch token, I-JEPA's linear protocol, for the online probe and the k-NN during
+    pretraining, and `main_linear.py`'s probes."""
 
     augmentations = {"digits": "one_view_digits", "natural": "ijepa"}
 
@@ -128,6 +133,7 @@ class IJEPA(Method):
         self.predictor = IJEPAPredictor(backbone.embed_dim, cfg, grid_shape(backbone))
         self.target_encoder = make_teacher(backbone)
         self.momentum = cfg.base_momentum
+        self.patch_loss = masked_patch_mse if cfg.loss == "mse" else masked_patch_smooth_l1
 
     def masks(self) -> MultiBlockMask:
         c = self.cfg
@@ -166,7 +172,7 @@ class IJEPA(Method):
         return encoded
 
     def joint(self, encoded: dict, batch: dict) -> dict:
-        loss = masked_patch_mse(
+        loss = self.patch_loss(
             encoded["prediction"].flatten(0, 1), encoded["target"].flatten(0, 1), encoded["valid"].flatten(0, 1)
         )
         return {"loss": loss, "features": encoded.get("features"), "labels": batch["label"]}

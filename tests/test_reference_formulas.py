@@ -1,0 +1,165 @@
+"""VIbCReg's, DeepClusterV2's and I-JEPA's losses against hand-written references of the formulas their authors' code
+computes (ML4ITS/vibcreg, SwAV's main_deepclusterv2.py, facebookresearch/ijepa), each with the variant solo used to
+compute, which they must reject. Their exactness under DDP is the checker's (tests/test_distributed.py)."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from solo.losses import deepcluster_loss, masked_patch_mse, masked_patch_smooth_l1, vibcreg_loss
+from solo.train.trainer import build_model
+from tests.test_accumulate import CASES
+from tests.test_train import compose_cfg
+
+
+def _generator(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+# --- VIbCReg ---------------------------------------------------------------------------------------------------------
+
+
+def _vibcreg_terms(z1, z2):
+    """The authors' three terms: MSE; per branch mean(relu(1 - sqrt(unbiased var + 1e-4))), the two ADDED; per branch
+    the mean over all D x D entries of the squared correlation matrix with its diagonal zeroed, the two added."""
+
+    def hinge(z):
+        return sum(max(0.0, 1 - math.sqrt(float(z[:, j].var()) + 1e-4)) for j in range(z.shape[1])) / z.shape[1]
+
+    def decorrelation(z):
+        d = z.shape[1]
+        rho = torch.corrcoef(z.T)  # the covariance over the product of the standard deviations: the N - 1 cancels
+        return sum(float(rho[i, j]) ** 2 for i in range(d) for j in range(d) if i != j) / d**2
+
+    invariance = sum(float(a - b) ** 2 for a, b in zip(z1.flatten(), z2.flatten())) / z1.numel()
+    return invariance, hinge(z1) + hinge(z2), decorrelation(z1) + decorrelation(z2)
+
+
+def test_vibcreg_adds_both_branches_variance_hinges_as_the_authors_code():
+    g = _generator(0)
+    z1 = 0.5 * torch.randn(9, 6, generator=g, dtype=torch.float64)  # std < 1: the hinges are active
+    z2 = z1 + 0.3 * torch.randn(9, 6, generator=g, dtype=torch.float64)
+    invariance, variance, covariance = _vibcreg_terms(z1, z2)
+    assert variance > 0.5
+    assert float(vibcreg_loss(z1, z2, 1.0, 0.0, 0.0)) == pytest.approx(invariance, rel=1e-12)
+    assert float(vibcreg_loss(z1, z2, 0.0, 1.0, 0.0)) == pytest.approx(variance, rel=1e-12)
+    assert float(vibcreg_loss(z1, z2, 0.0, 0.0, 1.0)) == pytest.approx(covariance, rel=1e-12)
+    expected = 25 * invariance + 25 * variance + 200 * covariance  # the authors' defaults, also solo's
+    got = float(vibcreg_loss(z1, z2))
+    assert got == pytest.approx(expected, rel=1e-12)
+    averaged = 25 * invariance + 25 * variance / 2 + 200 * covariance  # what solo computed before: VICReg's mean
+    assert abs(got - averaged) > 1e-3 * abs(expected)
+
+
+# --- DeepClusterV2 ---------------------------------------------------------------------------------------------------
+
+
+def _deepcluster_case(n=20, k=5, unassigned=6):
+    """Two clusterings' scores of n rows, each with `unassigned` rows (30%) labelled -1, not the same rows."""
+    g = _generator(1)
+    scores = [torch.randn(n, k, generator=g, dtype=torch.float64, requires_grad=True) for _ in range(2)]
+    assignments = []
+    for _ in range(2):
+        a = torch.randint(0, k, (n,), generator=g)
+        a[torch.randperm(n, generator=g)[:unassigned]] = -1
+        assignments.append(a)
+    return scores, assignments
+
+
+def _per_row_cross_entropy(scores, cluster, temperature):
+    logits = [float(s) / temperature for s in scores.detach()]
+    top = max(logits)
+    return top + math.log(sum(math.exp(x - top) for x in logits)) - logits[cluster]
+
+
+def test_deepclusterv2_is_the_mean_over_the_assigned_rows():
+    scores, assignments = _deepcluster_case()
+    t = 0.1
+    per_clustering, all_rows = [], []
+    for s, a in zip(scores, assignments):
+        terms = [_per_row_cross_entropy(s[r], int(a[r]), t) for r in range(len(a)) if a[r] != -1]
+        assert len(terms) == 14
+        per_clustering.append(sum(terms) / len(terms))  # SwAV's and solo-learn's mean over the rows with a cluster
+        all_rows.append(sum(terms) / len(a))  # what solo computed before: over every row
+    got = deepcluster_loss(scores, assignments, t)
+    assert got.item() == pytest.approx(sum(per_clustering) / 2, rel=1e-12)
+    assert abs(got.item() - sum(all_rows) / 2) > 0.2 * got.item()
+
+    # The same with the references' own reduction: each clustering's mean cross-entropy, ignoring -1.
+    reference = sum(F.cross_entropy(s / t, a, ignore_index=-1) for s, a in zip(scores, assignments)) / 2
+    got.backward()
+    grads = [s.grad.clone() for s in scores]
+    for s in scores:
+        s.grad = None
+    reference.backward()
+    for s, a, g in zip(scores, assignments, grads):
+        torch.testing.assert_close(g, s.grad, rtol=1e-12, atol=1e-15)
+        assert not g[a == -1].any()  # an unassigned row takes no gradient
+
+
+def test_deepclusterv2_without_assigned_rows_is_zero_not_nan():
+    """Before the first k-means no row has a cluster: the references' mean over no row is NaN; here the loss is 0 and
+    so is its gradient. A clustering without an assigned row adds 0 beside the others' means."""
+    scores, assignments = _deepcluster_case()
+    none = [torch.full_like(a, -1) for a in assignments]
+    loss = deepcluster_loss(scores, none, 0.1)
+    assert math.isnan(F.cross_entropy(scores[0], none[0], ignore_index=-1).item())
+    assert loss.item() == 0.0
+    loss.backward()
+    assert all(not s.grad.any() for s in scores)
+
+    half = deepcluster_loss(scores, [assignments[0], none[1]], 0.1)
+    assert half.item() == pytest.approx(deepcluster_loss(scores[:1], assignments[:1], 0.1).item() / 2, rel=1e-12)
+
+
+# --- I-JEPA ----------------------------------------------------------------------------------------------------------
+
+
+def _patch_case(b=5, n=6, d=4):
+    """Predictions and targets of b samples x n patches x d features, errors on both sides of smooth-L1's bend at 1,
+    and masks holding 0 to 5 patches per sample."""
+    g = _generator(2)
+    prediction = 1.5 * torch.randn(b, n, d, generator=g, dtype=torch.float64)
+    target = torch.randn(b, n, d, generator=g, dtype=torch.float64)
+    mask = torch.rand(b, n, generator=g) < torch.linspace(0, 0.9, b)[:, None]
+    mask[1, :] = True
+    mask[0, :] = False
+    return prediction, target, mask
+
+
+def _smooth_l1(x: float, beta: float = 1.0) -> float:
+    return 0.5 * x * x / beta if abs(x) < beta else abs(x) - 0.5 * beta
+
+
+def test_ijepa_smooth_l1_is_the_official_codes_mean_over_every_target_feature():
+    prediction, target, mask = _patch_case()
+    chosen = [(i, j) for i in range(mask.shape[0]) for j in range(mask.shape[1]) if mask[i, j]]
+    errors = [float(prediction[i, j, k] - target[i, j, k]) for i, j in chosen for k in range(prediction.shape[2])]
+    assert min(map(abs, errors)) < 1 < max(map(abs, errors))  # both sides of the bend
+    expected = sum(map(_smooth_l1, errors)) / len(errors)
+    got = float(masked_patch_smooth_l1(prediction, target, mask))
+    assert got == pytest.approx(expected, rel=1e-12)
+    # The official code's call on the target patches stacked: F.smooth_l1_loss(z, h), beta 1, mean over elements.
+    assert got == pytest.approx(float(F.smooth_l1_loss(prediction[mask], target[mask])), rel=1e-12)
+    squared = sum(e * e for e in errors) / len(errors)  # what solo computed before
+    assert float(masked_patch_mse(prediction, target, mask)) == pytest.approx(squared, rel=1e-12)
+    assert abs(got - squared) > 0.1 * got
+
+
+@pytest.mark.parametrize("loss", ["smooth_l1", "mse", None])
+def test_ijepa_method_loss_picks_the_error_smooth_l1_by_default(loss):
+    overrides = CASES["ijepa_vit"] + ([f"method.loss={loss}"] if loss else [])
+    cfg = compose_cfg(overrides)
+    method = build_model(cfg, 10).method
+    g = _generator(3)
+    prediction, target = (torch.randn(2, 4, 3, 8, generator=g, dtype=torch.float64) for _ in range(2))
+    prediction = 2 * prediction
+    valid = torch.rand(2, 4, 3, generator=g) < 0.7
+    encoded = {"prediction": prediction, "target": target, "valid": valid}
+    got = float(method.joint(encoded, {"label": torch.zeros(2, dtype=torch.long)})["loss"])
+    errors = (prediction - target)[valid].flatten().tolist()
+    per_error = (lambda e: e * e) if loss == "mse" else _smooth_l1
+    assert got == pytest.approx(sum(map(per_error, errors)) / len(errors), rel=1e-12)
+    assert cfg.method.loss == (loss or "smooth_l1")
