@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import List, Optional
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
 
@@ -114,27 +115,65 @@ def layer_decay(groups: list[dict], backbone: nn.Module, blocks: list[nn.Module]
     return out
 
 
+def whole_squared_norms(parts: list[torch.Tensor], of: list[torch.Tensor]) -> list[torch.Tensor]:
+    """The squared norm of each whole tensor of `of`, from `parts`: each one's local tensor, or a tensor computed from
+    it element by element. A plain tensor is whole on every rank: its part's own. FSDP's shards (DTensors placed
+    Shard) split the whole: their parts' squares summed over the ranks, in one all-reduce for all of them.
+    One launch for the norms of each dtype (torch._foreach_norm), no host read."""
+    if not parts:
+        return []
+    squares = list(torch.stack(torch._foreach_norm(parts)).square().unbind())
+    groups: dict = {}  # process group -> positions of the shards reduced over it (FSDP's: one)
+    for i, t in enumerate(of):
+        if isinstance(t, DTensor):
+            if not all(placement.is_shard() for placement in t.placements):
+                raise ValueError(f"a DTensor placed {t.placements}: its local parts are not shards of the whole")
+            groups.setdefault(t.device_mesh.get_group(), []).append(i)
+    for group, positions in groups.items():
+        summed = torch.stack([squares[i] for i in positions])
+        dist.all_reduce(summed, group=group)
+        for i, value in zip(positions, summed.unbind()):
+            squares[i] = value
+    return squares
+
+
+def local(t: torch.Tensor) -> torch.Tensor:
+    """This rank's part of `t`: a DTensor's local tensor (sharing its storage), a plain tensor itself."""
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
 @torch.no_grad()
 def clip_grad_norm(params, max_norm: float) -> torch.Tensor:
     """Scale the gradients of `params` so their global norm is at most `max_norm`; returns the norm before.
     Parameters may be FSDP shards (DTensors: their norms are the whole tensors') and whole tensors together,
-    which torch's clip_grad_norm_ cannot mix."""
+    which torch's clip_grad_norm_ cannot mix. One all-reduce for all the shards (none without), the scale applied
+    by one foreach multiply per dtype, on the device (no host read)."""
     grads = [p.grad for p in params if p.grad is not None]
     if not grads:
         return torch.zeros(())
-    norms = [torch.linalg.vector_norm(g) for g in grads]
-    total = torch.linalg.vector_norm(torch.stack([n.full_tensor() if isinstance(n, DTensor) else n for n in norms]))
+    parts = [local(g) for g in grads]
+    total = torch.stack(whole_squared_norms(parts, grads)).sum().sqrt()
     scale = torch.clamp(max_norm / (total + 1e-6), max=1.0)  # torch's rule, on the device: no host read
-    for g in grads:
-        (g.to_local() if isinstance(g, DTensor) else g).mul_(scale)
+    for same_dtype in by_dtype(parts):
+        torch._foreach_mul_(same_dtype, scale.to(same_dtype[0].dtype))
     return total
+
+
+def by_dtype(tensors: list[torch.Tensor]) -> list[list[torch.Tensor]]:
+    found: dict = {}
+    for t in tensors:
+        found.setdefault(t.dtype, []).append(t)
+    return list(found.values())
 
 
 class LARS(torch.optim.Optimizer):
     """SGD with momentum + layer-wise adaptive rate scaling (You et al. 2017, as used by SimCLR/Barlow Twins):
     for each parameter not excluded: g <- g + wd * w;  trust = eta * ||w|| / ||g||  (1.0 when either norm is 0);
     g <- trust * g;  then heavy-ball momentum buf = momentum * buf + g;  w <- w - lr * buf.
-    Groups with lars_exclude=True: plain SGD with momentum and their own weight_decay (normally 0)."""
+    Groups with lars_exclude=True: plain SGD with momentum and their own weight_decay (normally 0).
+
+    The norms are the whole tensors' under FSDP too: every norm of a step from one all-reduce of the shards'
+    squares (whole_squared_norms); the arithmetic in foreach calls over the local tensors."""
 
     def __init__(self, params, lr, momentum=0.9, weight_decay=0.0, eta=0.02):
         if lr < 0.0:
@@ -155,37 +194,92 @@ class LARS(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
 
+        stepped = []  # (group, parameters, their local weights, local gradients with weight decay)
         for group in self.param_groups:
-            lr, momentum, wd, eta = group["lr"], group["momentum"], group["weight_decay"], group["eta"]
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                if p.grad.is_sparse:
-                    raise RuntimeError("LARS does not support sparse gradients")
-                g = p.grad
-                if wd != 0:
-                    g = g.add(p, alpha=wd)
-                if not group["lars_exclude"]:
-                    w_norm = torch.linalg.vector_norm(p)
-                    g_norm = torch.linalg.vector_norm(g)
-                    # torch.where keeps this on-device (no .item() sync); a zero norm means a fresh
-                    # zero-initialised layer or no signal, where the ratio is meaningless.
-                    one = torch.ones_like(w_norm)
-                    trust = torch.where((w_norm > 0) & (g_norm > 0), eta * w_norm / g_norm, one)
-                    g = g.mul(trust)
+            params = [p for p in group["params"] if p.grad is not None]
+            if not params:
+                continue
+            if any(p.grad.is_sparse for p in params):
+                raise RuntimeError("LARS does not support sparse gradients")
+            weights, grads = [local(p) for p in params], [local(p.grad) for p in params]
+            if group["weight_decay"] != 0:
+                grads = torch._foreach_add(grads, weights, alpha=group["weight_decay"])
+            stepped.append((group, params, weights, grads))
+
+        adapted = [s for s in stepped if not s[0]["lars_exclude"]]
+        params = [p for _, ps, _, _ in adapted for p in ps]
+        norms = whole_squared_norms(
+            [w for _, _, ws, _ in adapted for w in ws] + [g for _, _, _, gs in adapted for g in gs], params + params
+        )
+        w_norms, g_norms = iter(norms[: len(params)]), iter(norms[len(params) :])
+        for group, params, weights, grads in stepped:
+            if not group["lars_exclude"]:
+                w_norm = torch.stack([next(w_norms) for _ in params]).sqrt()
+                g_norm = torch.stack([next(g_norms) for _ in params]).sqrt()
+                # torch.where keeps this on-device (no host read); a zero norm means a fresh zero-initialised
+                # layer or no signal, where the ratio is meaningless.
+                trust = torch.where((w_norm > 0) & (g_norm > 0), group["eta"] * w_norm / g_norm, 1.0)
+                grads = torch._foreach_mul(grads, list(trust.unbind()))
+            buffers = []
+            for p in params:
                 state = self.state[p]
                 if "momentum_buffer" not in state:
                     # buf starts at zero so the first update is exactly lr * g (matches torch SGD).
                     state["momentum_buffer"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                buf = state["momentum_buffer"]
-                buf.mul_(momentum).add_(g)
-                p.add_(buf, alpha=-lr)
+                buffers.append(local(state["momentum_buffer"]))
+            torch._foreach_mul_(buffers, group["momentum"])
+            torch._foreach_add_(buffers, grads)
+            torch._foreach_add_(weights, buffers, alpha=-group["lr"])
         return loss
+
+
+class ShardsApart:
+    """A torch optimizer whose step runs FSDP's shards (DTensors) and the parameters FSDP leaves whole (a ViT's
+    tokens, solo.train.distribute) of each group as two groups: a foreach or fused kernel takes a list of one kind."""
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        groups = self.param_groups
+        self.param_groups = [
+            {**group, "params": kind}
+            for group in groups
+            for kind in ([p for p in group["params"] if isinstance(p, DTensor) is sharded] for sharded in (True, False))
+            if kind
+        ]
+        try:
+            return super().step(closure)
+        finally:
+            self.param_groups = groups
+
+
+class SGD(ShardsApart, torch.optim.SGD):
+    """torch's SGD, with FSDP's shards and whole parameters apart in its step."""
+
+
+class AdamW(ShardsApart, torch.optim.AdamW):
+    """torch's AdamW, with FSDP's shards and whole parameters apart in its step."""
+
+
+def kernels(groups: list[dict], *, fused_shards: bool) -> dict:
+    """torch's quickest step for the parameters of `groups`: {"fused": True} where a fused kernel takes every one (its
+    device type and a floating dtype; FSDP's shards only where DTensor shards the kernel, `fused_shards`), else
+    {"foreach": True}. A fused AdamW keeps its step counts on the device: its step reads nothing on the host."""
+    from torch.utils._foreach_utils import _get_fused_kernels_supported_devices  # what torch's own check uses
+
+    devices = _get_fused_kernels_supported_devices()
+    fused = all(
+        p.device.type in devices and p.is_floating_point() and (fused_shards or not isinstance(p, DTensor))
+        for group in groups
+        for p in group["params"]
+    )
+    return {"fused": True} if fused else {"foreach": True}
 
 
 @OPTIMIZERS.register("sgd", schema=SGDConfig)
 def _sgd(groups, cfg: SGDConfig, lr: float):
-    return torch.optim.SGD(groups, lr=lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
+    # DTensor has no sharding rule for the fused SGD kernel (torch 2.11 to 2.14): shards take the foreach one.
+    fast = kernels(groups, fused_shards=False)
+    return SGD(groups, lr=lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay, **fast)
 
 
 @OPTIMIZERS.register("lars", schema=LARSConfig)
@@ -195,7 +289,8 @@ def _lars(groups, cfg: LARSConfig, lr: float):
 
 @OPTIMIZERS.register("adamw", schema=AdamWConfig)
 def _adamw(groups, cfg: AdamWConfig, lr: float):
-    return torch.optim.AdamW(groups, lr=lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay)
+    fast = kernels(groups, fused_shards=True)
+    return AdamW(groups, lr=lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay, **fast)
 
 
 def build_optimizer(cfg, groups: list[dict], lr: float) -> torch.optim.Optimizer:

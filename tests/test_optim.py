@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from solo.optim import LARS, OPTIMIZERS, build_optimizer, param_groups, warmup_cosine
+from solo.optim import LARS, OPTIMIZERS, SGD, AdamW, build_optimizer, clip_grad_norm, param_groups, warmup_cosine
 
 
 def _param(values):
@@ -94,12 +94,114 @@ def test_lars_skips_params_without_grad_and_supports_closure():
     assert frozen not in opt.state
 
 
+def _lars_by_hand(weights: list, grads: list, buffers: list, groups: list[dict]) -> None:
+    """One LARS step parameter by parameter, as the paper writes it (You et al. 2017); `groups` index the lists."""
+    for group in groups:
+        for i in group["at"]:
+            if grads[i] is None:
+                continue
+            g = grads[i] + group["weight_decay"] * weights[i]
+            if not group["lars_exclude"]:
+                w_norm, g_norm = weights[i].norm(), g.norm()
+                if w_norm > 0 and g_norm > 0:
+                    g = g * (group["eta"] * w_norm / g_norm)
+            buffers[i] = group["momentum"] * buffers[i] + g
+            weights[i] = weights[i] - group["lr"] * buffers[i]
+
+
+def test_lars_equals_lars_written_by_hand_parameter_by_parameter():
+    """Three float64 steps of an adapted group (weight decay, a zero-initialised weight: trust 1, a parameter with no
+    gradient) and an excluded one (its own weight decay, momentum and lr) == the per-parameter loop, to 1e-14 of how
+    far the weights moved; the trust ratio matters (without it, the step differs)."""
+    torch.manual_seed(0)
+    shapes = [(4, 3), (5,), (2, 2), (3,), (6, 2)]
+    start = [torch.randn(s, dtype=torch.float64) for s in shapes]
+    start[2].zero_()
+    settings = [
+        dict(at=[0, 2, 4], lars_exclude=False, weight_decay=0.1, eta=0.02, momentum=0.9, lr=0.5),
+        dict(at=[1, 3], lars_exclude=True, weight_decay=0.05, eta=0.02, momentum=0.8, lr=0.3),
+    ]
+    params = [nn.Parameter(w.clone()) for w in start]
+    groups = [{**{k: v for k, v in s.items() if k != "at"}, "params": [params[i] for i in s["at"]]} for s in settings]
+    optimizer = LARS(groups, lr=1.0)
+    steps = [[torch.randn(s, dtype=torch.float64) for s in shapes] for _ in range(3)]
+    for grads in steps:
+        grads[4] = None
+        for p, g in zip(params, grads):
+            p.grad = g
+        optimizer.step()
+
+    def by_hand(groups: list[dict]) -> list[torch.Tensor]:
+        weights, buffers = [w.clone() for w in start], [torch.zeros_like(w) for w in start]
+        for grads in steps:
+            _lars_by_hand(weights, grads, buffers, groups)
+        return weights
+
+    weights = by_hand(settings)
+    moved = max(float((w - w0).abs().max()) for w, w0 in zip(weights, start))
+    assert moved > 0.1 and torch.equal(params[4].data, start[4])
+    for p, w in zip(params, weights):
+        torch.testing.assert_close(p.data, w, rtol=0, atol=1e-14 * moved)
+    plain = by_hand([dict(s, lars_exclude=True) for s in settings])  # momentum SGD: no trust ratio
+    assert float((params[0].data - plain[0]).abs().max()) > 0.1 * moved
+
+
 @pytest.mark.parametrize(
     "kwargs", [dict(lr=-1.0), dict(lr=0.1, momentum=-0.1), dict(lr=0.1, weight_decay=-1.0), dict(lr=0.1, eta=0.0)]
 )
 def test_lars_rejects_bad_hyperparameters(kwargs):
     with pytest.raises(ValueError):
         LARS([_param([1.0])], **kwargs)
+
+
+# ---------------------------------------------------------------- gradient clipping, host reads
+
+
+def test_clip_grad_norm_of_whole_gradients_in_two_dtypes_on_the_device_and_with_no_collective():
+    """One process (as under DDP: whole gradients), float64 and float32 gradients and a parameter with none: scaled to
+    the global norm max_norm, the norm of all their elements written by hand; no collective, no host read. Under
+    max_norm they are left as they were."""
+    from torch.distributed.tensor.debug import CommDebugMode
+
+    from solo.train.host_reads import HostReads
+
+    torch.manual_seed(0)
+    dtypes = [torch.float64, torch.float32, torch.float64, torch.float32]
+    params = [nn.Parameter(torch.randn(3 + i, dtype=dtype)) for i, dtype in enumerate(dtypes)]
+    grads = [torch.randn_like(p) for p in params[:3]]
+    for p, g in zip(params, grads):
+        p.grad = g.clone()
+    want = math.sqrt(sum(float(g.double().square().sum()) for g in grads))
+    with CommDebugMode() as comms, HostReads() as reads:
+        total = clip_grad_norm(params, 0.5)
+    assert comms.get_total_counts() == 0 and not reads.found, reads.found
+    # float32 gradients' norms are float32's: to its rounding
+    assert total.dtype == torch.float64 and float(total) == pytest.approx(want, rel=1e-7)
+    for p, g in zip(params, grads):
+        tight = {"rtol": 1e-14, "atol": 0} if g.dtype == torch.float64 else {}
+        torch.testing.assert_close(p.grad, (g.double() * 0.5 / (total + 1e-6)).to(g.dtype), **tight)
+    assert params[3].grad is None
+    clipped = [p.grad.clone() for p in params[:3]]
+    clip_grad_norm(params, 2 * want)
+    assert all(torch.equal(p.grad, g) for p, g in zip(params, clipped))
+
+
+def test_adamw_steps_with_no_host_read():
+    """solo's AdamW (fused) keeps its step counts on the device: a step reads no tensor on the host (on a GPU, each
+    read stalls the queue). torch's default AdamW on the CPU reads each parameter's count."""
+    from solo.train.host_reads import HostReads
+
+    for optimizer_of, reads_expected in (
+        (lambda ps: build_optimizer(OPTIMIZERS.config("adamw"), [{"params": ps}], lr=0.1), False),
+        (lambda ps: torch.optim.AdamW(ps, lr=0.1), True),
+    ):
+        model = _small_model()
+        optimizer = optimizer_of(list(model.parameters()))
+        model(torch.randn(2, 3, 8, 8)).sum().backward()
+        optimizer.step()
+        with HostReads() as reads:
+            optimizer.step()
+        assert bool(reads.found) == reads_expected, reads.found
 
 
 # ---------------------------------------------------------------- param_groups
@@ -196,7 +298,7 @@ def test_warmup_cosine_no_warmup_and_bad_args():
 # ---------------------------------------------------------------- build_optimizer
 
 
-@pytest.mark.parametrize("name, cls", [("sgd", torch.optim.SGD), ("lars", LARS), ("adamw", torch.optim.AdamW)])
+@pytest.mark.parametrize("name, cls", [("sgd", SGD), ("lars", LARS), ("adamw", AdamW)])
 def test_build_optimizer(name, cls):
     model = _small_model()
     groups = param_groups(model, 1e-4)
@@ -215,6 +317,8 @@ def test_build_optimizer(name, cls):
         assert decay["momentum"] == 0.8
     if name == "lars":
         assert decay["eta"] == 0.01
+    else:  # torch's fused kernel: float32 on the CPU has one
+        assert decay["fused"] is True and not decay["foreach"]
 
     # the caller's group dicts are not filled in with this optimizer's defaults
     assert set(groups[0]) == {"params", "weight_decay", "lars_exclude"}

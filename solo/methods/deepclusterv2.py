@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from solo.errors import ConfigError, DataError
 from solo.losses import deepcluster_loss
-from solo.methods.base import Method, mlp, register_method
+from solo.methods.base import Method, mlp, register_method, through
 from solo.methods.memory import MemoryBank, kmeans
 from solo.schema import AT_LEAST_ONE, POSITIVE, ruled
 
@@ -59,7 +59,7 @@ class DeepClusterV2(Method):
         )
 
     def encode(self, batch: dict) -> dict:
-        return {"features": [self.backbone(v) for v in batch["views"]]}
+        return {"features": through(self.backbone, batch["views"])}
 
     def joint(self, encoded: dict, batch: dict) -> dict:
         features = encoded["features"]

@@ -10,7 +10,15 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from solo.losses import dino_center, dino_loss
-from solo.methods.base import Method, cosine_momentum, ema_update, make_teacher, register_method, with_group_settings
+from solo.methods.base import (
+    Method,
+    cosine_momentum,
+    ema_update,
+    make_teacher,
+    register_method,
+    through,
+    with_group_settings,
+)
 from solo.schema import AT_LEAST_ONE, MOMENTUM, NON_NEGATIVE, POSITIVE, PROBABILITY, ruled
 
 
@@ -110,8 +118,8 @@ class DINO(SelfDistillation):
     def encode(self, batch: dict) -> dict:
         views = batch["views"]
         with torch.no_grad():
-            teacher = [self.teacher[0](v) for v in views[: self.num_views]]  # the global crops only
-        return {"features": [self.backbone(v) for v in views], "teacher": teacher}
+            teacher = through(self.teacher[0], views[: self.num_views])  # the global crops only
+        return {"features": through(self.backbone, views), "teacher": teacher}
 
     def joint(self, encoded: dict, batch: dict) -> dict:
         student = [self.head(f) for f in encoded["features"]]

@@ -5,6 +5,7 @@ Transformer. Without KoLeo (`method.koleo_weight=0`) it is iBOT with DINOv2's ce
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 import torch.nn as nn
@@ -29,7 +30,7 @@ from solo.losses import (
     masked_center,
     sinkhorn,
 )
-from solo.methods.base import make_teacher, register_method
+from solo.methods.base import make_teacher, register_method, through
 from solo.methods.dino import DINOHead, SelfDistillation, teacher_temperature
 from solo.schema import AT_LEAST_ONE, FRACTION, MOMENTUM, NON_NEGATIVE, POSITIVE, PROBABILITY, choices, ruled
 
@@ -119,19 +120,18 @@ class DINOv2(SelfDistillation):
                 "method=dinov2 runs the smaller local crops through the ViT: set backbone.kwargs.dynamic_img_size=true "
                 "(timm then resizes its position embeddings to each crop)"
             )
-        hidden = self.masks().hidden
+        hidden, crops, crop_masks = self.masks().hidden, views[: self.num_views], list(masks.unbind(1))
+        student = through(vit, crops, crop_masks, forward=lambda x, mask: output_tokens(vit, x, mask, self.mask_token))
+        with torch.no_grad():
+            teacher = through(self.teacher[0], crops, forward=partial(output_tokens, self.teacher[0]))
         cls, patches, teacher_cls, teacher_patches = [], [], [], []
-        for g in range(self.num_views):
-            mask = masks[:, g]
+        for tokens, teacher_tokens, mask in zip(student, teacher, crop_masks):
             positions = first_positions(mask, hidden)  # the masked patches first: iBOT's candidates
-            tokens = output_tokens(vit, views[g], mask, self.mask_token)
             cls.append(tokens[:, 0])
             patches.append(take(tokens[:, prefix:], positions))
-            with torch.no_grad():
-                tokens = output_tokens(self.teacher[0], views[g])
-                teacher_cls.append(tokens[:, 0])
-                teacher_patches.append(take(tokens[:, prefix:], positions))
-        cls += [output_tokens(vit, v)[:, 0] for v in views[self.num_views :]]
+            teacher_cls.append(teacher_tokens[:, 0])
+            teacher_patches.append(take(teacher_tokens[:, prefix:], positions))
+        cls += [tokens[:, 0] for tokens in through(vit, views[self.num_views :], forward=partial(output_tokens, vit))]
         encoded = {"cls": cls, "patches": patches, "teacher_cls": teacher_cls, "teacher_patches": teacher_patches}
         if self.feeds_probe:  # the probe learns on what it is evaluated on (Method.probe_view)
             with torch.no_grad():

@@ -81,8 +81,15 @@ def distribute(
         # GradCache's passes call encode, not forward: it must gather the root's parameters too.
         register_fsdp_forward_method(model, "encode")
         return model
+    # Gradients as views of DDP's buckets: reduced in place, no second copy of them kept. Not static_graph: DDP counts
+    # the gradient hooks of its first step's window as the graph, and GradCache's passes past the wrapper in that
+    # window (trainer.accumulate > 1) would leave the parameters they reach unreduced from the second step on;
+    # without find_unused_parameters DDP already orders its buckets as the gradients come after the first step.
     return nn.parallel.DistributedDataParallel(
-        model, device_ids=[device] if device.type == "cuda" else None, **NO_BUFFER_SYNC
+        model,
+        device_ids=[device] if device.type == "cuda" else None,
+        gradient_as_bucket_view=True,
+        **NO_BUFFER_SYNC,
     )
 
 
