@@ -19,7 +19,10 @@ from solo.losses import (
     sinkhorn,
     swav_loss,
     vicreg_loss,
+    whiten,
 )
+from solo.losses._checks import host_reads_deferred
+from solo.train.host_reads import HostReads
 
 
 def _pairs(n=6, d=5, seed=0):
@@ -333,3 +336,16 @@ def _x(n=4, k=3):
 def test_bad_input_to_the_self_supervised_losses_is_a_clear_error(call, message):
     with pytest.raises(ValueError, match=message):
         call()
+
+
+def test_whitening_a_covariance_that_is_not_positive_definite():
+    """A constant embedding column makes the covariance singular, exactly: outside the training step a ValueError
+    that says what to change; inside it (host_reads_deferred) NaN rows, hence a non-finite loss, which the step
+    records without a host read (solo.train.step), where torch.linalg.cholesky would read (tests/test_host_reads.py)."""
+    x = torch.randn(6, 3, dtype=torch.float64)
+    x[:, 2] = 5.0
+    with pytest.raises(ValueError, match=r"leading minor of order 3 is not.*method\.whitening_eps"):
+        whiten(x, 0.0)
+    with host_reads_deferred(), HostReads() as reads:
+        whitened = whiten(x, 0.0)
+    assert whitened.isnan().all() and not reads.found, reads.report()

@@ -1,9 +1,10 @@
 """Input validation shared by the losses: fail with the name and value of what is wrong.
 
-Checks of values (finite features, a positive tensor temperature) read the tensor on the host: on a GPU
-each is a synchronisation that stalls the queue of kernels. The training step runs the losses inside
-`host_reads_deferred()`, where those checks are skipped; it watches the loss itself for non-finite values
-asynchronously instead (solo.train.step). Shape and dtype checks need no read and always run.
+Checks of values (finite features, a positive tensor temperature, a covariance that whitening can factor) read
+the tensor on the host: on a GPU each is a synchronisation that stalls the queue of kernels. The training step runs
+the losses inside `host_reads_deferred()`, where those checks are skipped (so are the text tower's checks of its
+token ids: solo.text.encoder); it watches the loss itself for non-finite values asynchronously instead
+(solo.train.step). Shape and dtype checks need no read and always run.
 """
 
 from __future__ import annotations
@@ -14,16 +15,19 @@ from contextvars import ContextVar
 
 import torch
 
+from solo.text.encoder import token_checks_deferred
+
 # False inside host_reads_deferred: scoped to the block (and thread), not the process.
 _value_checks: ContextVar[bool] = ContextVar("solo_loss_value_checks", default=True)
 
 
 @contextmanager
 def host_reads_deferred():
-    """Skip the losses' checks of tensor values (see above) inside the block."""
+    """Skip the losses' checks of tensor values, and the text tower's (see above), inside the block."""
     token = _value_checks.set(False)
     try:
-        yield
+        with token_checks_deferred():
+            yield
     finally:
         _value_checks.reset(token)
 

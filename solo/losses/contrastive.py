@@ -29,6 +29,12 @@ def _global_rows(n_local: int, device: torch.device) -> tuple[list[int], torch.T
     return sizes, torch.arange(offset, offset + n_local, device=device)
 
 
+def _is_column(index: torch.Tensor, columns: int) -> torch.Tensor:
+    """(len(index), columns) bool: row i is True at column index[i] only. F.one_hot would give the same, but it
+    checks the indices' range on the host (a synchronisation on a GPU)."""
+    return index[:, None] == torch.arange(columns, device=index.device)
+
+
 def _check_tile(tile: int | str | None) -> None:
     if tile is not None:
         resolve_tile(tile, 1, 1, torch.float32)  # raises on anything but a positive int or "auto"
@@ -60,7 +66,7 @@ def nt_xent_loss(
         logits = anchors @ candidates.T / temperature
         self_index = torch.cat([rows, rows + total])
         positive_index = torch.cat([rows + total, rows])
-        is_self = F.one_hot(self_index, 2 * total).bool()
+        is_self = _is_column(self_index, 2 * total)
         logits = logits.masked_fill(is_self, float("-inf"))
         loss_sum = F.cross_entropy(logits, positive_index, reduction="sum")
         return loss_sum * (world_size() / (2 * total))
@@ -150,7 +156,7 @@ def supcon_loss(z1: torch.Tensor, z2: torch.Tensor, labels: torch.Tensor, temper
         total = sum(sizes)
         candidates = torch.cat([gather(z1, sizes), gather(z2, sizes)])
         all_labels = gather(labels, sizes).repeat(2)
-        is_self = F.one_hot(torch.cat([rows, rows + total]), 2 * total).bool()
+        is_self = _is_column(torch.cat([rows, rows + total]), 2 * total)
         logits = (torch.cat([z1, z2]) @ candidates.T / temperature).masked_fill(is_self, float("-inf"))
         log_prob = logits - logits.logsumexp(dim=1, keepdim=True)
         positive = (labels.repeat(2)[:, None] == all_labels[None, :]) & ~is_self

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from solo.distributed import gather, world_size
 from solo.dtypes import full_precision
 from solo.losses._checks import check_pair, check_positive, checks_values
-from solo.losses.contrastive import _global_rows
+from solo.losses.contrastive import _global_rows, _is_column
 from solo.losses.registry import LOSSES
 
 
@@ -46,7 +46,7 @@ def siglip_loss(
         sizes, rows = _global_rows(image.shape[0], image.device)
         total = sum(sizes)
         logits = scale * image @ gather(text, sizes).T + bias
-        labels = 2 * F.one_hot(rows, total).to(logits.dtype) - 1
+        labels = 2 * _is_column(rows, total).to(logits.dtype) - 1
         loss_sum = -F.logsigmoid(labels * logits).sum()
         return loss_sum * (world_size() / total)
 

@@ -78,22 +78,15 @@ def _exp_floor(dtype: torch.dtype) -> float:
     return float(math.ceil(math.log(torch.finfo(dtype).tiny)))
 
 
-def _excluded_by_tile(exclude: torch.Tensor | None, tile: int, n_tiles: int) -> list:
-    """Per tile, the (rows, columns within the tile) of its excluded entries, or None where it has none.
-
-    Bucketed once, with one device-to-host copy (the counts), rather than searched in every tile.
-    """
-    if exclude is None:
-        return [None] * n_tiles
-    which = torch.div(exclude, tile, rounding_mode="floor")
-    rows = torch.argsort(which, stable=True)
-    counts = torch.bincount(which, minlength=n_tiles).tolist()
-    out, begin = [], 0
-    for index, count in enumerate(counts):
-        mine = rows[begin : begin + count]
-        out.append((mine, exclude[mine] - index * tile) if count else None)
-        begin += count
-    return out
+def _set_excluded(block: torch.Tensor, exclude: torch.Tensor, start: int, value: float) -> None:
+    """block[i, exclude[i] - start] = value for every row i whose excluded column lies in this tile (the block's
+    columns are candidates start, start + 1, ...), in place and on the device: which rows that is depends on the
+    values of `exclude`, so every row's entry at its (clamped) column is written, its own value kept where its
+    excluded column lies in another tile. O(n) memory, no (n, tile) mask, and no host read (on a GPU, a sync)."""
+    width = block.shape[1]
+    column = (exclude - start).clamp_(0, width - 1)[:, None]
+    inside = ((exclude >= start) & (exclude < start + width))[:, None]
+    block.scatter_(1, column, torch.where(inside, value, block.gather(1, column)))
 
 
 def _block(buffer: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
@@ -114,21 +107,20 @@ class _TiledLogSumExp(torch.autograd.Function):
             row_dtype = _row_dtype(a)
             lse = a.new_full((n,), float("-inf"), dtype=row_dtype)
             floor = _exp_floor(a.dtype)
-            excluded_by_tile = _excluded_by_tile(exclude, tile, -(-total // tile))
-            for start, excluded in zip(range(0, total, tile), excluded_by_tile):
+            for start in range(0, total, tile):
                 width = min(tile, total - start)
                 logits = _block(buffer, n, width)
                 # Scaling the (width, D) candidate tile is cheaper than scaling the (n, width) logits.
                 torch.mm(a, (c[start : start + width] * scale).T, out=logits)
-                if excluded is not None:
-                    logits[excluded] = float("-inf")  # out of the row's maximum
+                if exclude is not None:
+                    _set_excluded(logits, exclude, start, float("-inf"))  # out of the row's maximum
                 # Online log-sum-exp: this tile's, by max-shift, merged into the running one. A row whose
                 # only column here is excluded has max -inf: shifted by 0 instead, its sum is 0, lse -inf.
                 peak = logits.amax(dim=1)
                 peak = torch.where(torch.isinf(peak), torch.zeros_like(peak), peak)
                 logits.sub_(peak[:, None]).clamp_(min=floor).exp_()
-                if excluded is not None:
-                    logits[excluded] = 0.0  # exactly out of the sum, not exp(floor)
+                if exclude is not None:
+                    _set_excluded(logits, exclude, start, 0.0)  # exactly out of the sum, not exp(floor)
                 tile_sum = logits.sum(dim=1)
                 lse = torch.logaddexp(lse, tile_sum.to(row_dtype).log_().add_(peak))
         ctx.tile, ctx.shared = tile, shared
@@ -149,22 +141,21 @@ class _TiledLogSumExp(torch.autograd.Function):
             row_factor = (grad_lse.to(lse.dtype) * torch.exp(lse_rounded.to(lse.dtype) - lse)).to(a.dtype)
             buffer = a.new_empty(n * min(tile, total))
             floor = _exp_floor(a.dtype)
-            excluded_by_tile = _excluded_by_tile(exclude, tile, -(-total // tile))
             # G = W @ C, accumulated over tiles: dA = s * G and ds = sum_i <A[i], G[i]>. With A and C one
             # tensor, its whole gradient s * (G + W.T @ A) accumulates in G: no second (N, D) buffer and
             # no sum of two by autograd; ds is then half of sum_i <A[i], G[i]> (both terms give ds).
             shared = ctx.shared
             g_acc = a.new_zeros(a.shape) if (need_a or need_s or (shared and need_c)) else None
             grad_c = a.new_empty(c.shape) if need_c and not shared else None
-            for start, excluded in zip(range(0, total, tile), excluded_by_tile):
+            for start in range(0, total, tile):
                 width = min(tile, total - start)
                 c_tile = c[start : start + width]
                 weights = _block(buffer, n, width)
                 torch.mm(a, (c_tile * scale).T, out=weights)  # the forward's logits, recomputed
                 # Softmax weights times the incoming gradient, in place: W = g * exp(logits - lse).
                 weights.sub_(lse_rounded[:, None]).clamp_(min=floor).exp_().mul_(row_factor[:, None])
-                if excluded is not None:
-                    weights[excluded] = 0.0
+                if exclude is not None:
+                    _set_excluded(weights, exclude, start, 0.0)
                 if g_acc is not None:
                     g_acc.addmm_(weights, c_tile)
                 if shared:
@@ -175,9 +166,10 @@ class _TiledLogSumExp(torch.autograd.Function):
                 grad_c.mul_(scale)
             grad_s = None
             if need_s:
-                grad_s = sum((a[i : i + _ROW_CHUNK] * g_acc[i : i + _ROW_CHUNK]).sum() for i in range(0, n, _ROW_CHUNK))
-                grad_s = torch.as_tensor(grad_s / 2 if shared else grad_s, dtype=a.dtype, device=a.device)
-                grad_s = grad_s.reshape(scale.shape)
+                # Started from a device zero: a rank with no rows gives one without a host-to-device copy.
+                chunks = ((a[i : i + _ROW_CHUNK] * g_acc[i : i + _ROW_CHUNK]).sum() for i in range(0, n, _ROW_CHUNK))
+                grad_s = sum(chunks, a.new_zeros(()))
+                grad_s = (grad_s / 2 if shared else grad_s).reshape(scale.shape)
             grad_a = g_acc.mul_(scale) if (need_a or (shared and need_c)) else None
         # Shared: grad_a is already the whole gradient of the one tensor (autograd adds None as zero).
         return grad_a, None if shared else grad_c, grad_s, None, None
@@ -214,7 +206,8 @@ def tiled_logsumexp(
             raise ValueError(f"scale must be a number or a 1-element tensor, got shape {tuple(scale.shape)}")
         scale = scale.reshape(()).to(anchors.dtype)  # differentiable: the gradient returns in scale's dtype
     else:
-        scale = torch.tensor(float(scale), dtype=anchors.dtype, device=anchors.device)
+        # torch.full, not torch.tensor: on a GPU, torch.tensor copies from the host and waits for the queue.
+        scale = torch.full((), float(scale), dtype=anchors.dtype, device=anchors.device)
     if exclude is not None:
         exclude = exclude.to(device=anchors.device, dtype=torch.long)
         if exclude.shape != (anchors.shape[0],):

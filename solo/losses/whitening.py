@@ -8,17 +8,28 @@ import torch.nn.functional as F
 
 from solo.distributed import batch_sizes, gather
 from solo.dtypes import full_precision
-from solo.losses._checks import check_non_negative, check_pair
+from solo.losses._checks import check_non_negative, check_pair, checks_values
 from solo.losses.registry import LOSSES
 
 
 def whiten(x: torch.Tensor, eps: float) -> torch.Tensor:
     """The rows of `x` (m, d) centred and whitened: times the inverse of the Cholesky factor of their covariance
-    (unbiased), shrunk towards the identity by `eps` (W-MSE's Whitening2d, with its shrinkage)."""
+    (unbiased), shrunk towards the identity by `eps` (W-MSE's Whitening2d, with its shrinkage).
+
+    A covariance that is not positive definite raises ValueError; in the training step (host_reads_deferred), where
+    reading whether the factorisation failed would stall a GPU, it makes the whitened rows NaN instead, hence the
+    loss, which the step records and the trainer reports when it next logs (solo.train.step)."""
     centred = x - x.mean(dim=0)
     covariance = centred.T @ centred / (x.shape[0] - 1)
     eye = torch.eye(x.shape[1], dtype=x.dtype, device=x.device)
-    factor = torch.linalg.cholesky((1 - eps) * covariance + eps * eye)
+    factor, info = torch.linalg.cholesky_ex((1 - eps) * covariance + eps * eye)
+    if checks_values() and info:
+        raise ValueError(
+            f"whitening {x.shape[0]} rows of width {x.shape[1]}: their covariance is not positive definite (its "
+            f"leading minor of order {int(info)} is not): the rows are (nearly) linearly dependent; shrink it "
+            "towards the identity with eps > 0 (method.whitening_eps) or whiten more rows (method.whitening_size)"
+        )
+    factor = torch.where(info == 0, factor, torch.nan)
     return torch.linalg.solve_triangular(factor, centred.T, upper=False).T
 
 

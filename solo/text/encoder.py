@@ -2,10 +2,28 @@
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+from contextvars import ContextVar
+
 import torch
 from torch import nn
 
 from solo.text.tokenizer import EOT
+
+# False inside token_checks_deferred: scoped to the block (and thread), not the process.
+_token_checks: ContextVar[bool] = ContextVar("solo_text_token_checks", default=True)
+
+
+@contextmanager
+def token_checks_deferred():
+    """Skip TextTransformer's checks of the token ids' values inside the block: they read the ids on the host, on a
+    GPU a synchronisation. The training step skips them (solo.losses._checks.host_reads_deferred), where the ids
+    come from the tower's own tokenizer, which makes every row as the checks want it."""
+    token = _token_checks.set(False)
+    try:
+        yield
+    finally:
+        _token_checks.reset(token)
 
 
 class TextTransformer(nn.Module):
@@ -15,7 +33,8 @@ class TextTransformer(nn.Module):
     `tokens` is (batch, length) with length <= context_length, laid out as the tokenizer makes it:
     SOT, bytes, EOT, then padding. Everything after the first EOT is ignored, whatever its ids:
     causal=True because no position before the EOT can see it, causal=False because it is masked out
-    as keys. So the output does not depend on how much padding follows.
+    as keys. So the output does not depend on how much padding follows. Ids out of the vocabulary and rows
+    without an EOT raise ValueError, except inside token_checks_deferred (the training step).
     """
 
     def __init__(
@@ -52,14 +71,15 @@ class TextTransformer(nn.Module):
         nn.init.normal_(self.token_embedding.weight, std=0.02)
         nn.init.normal_(self.positional_embedding, std=0.01)
 
-    def _eot_index(self, tokens: torch.Tensor) -> torch.Tensor:
-        is_eot = tokens == EOT
-        missing = ~is_eot.any(dim=1)
+    def _check_ids(self, tokens: torch.Tensor) -> None:
+        if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= self.vocab_size):
+            raise ValueError(
+                f"token ids must lie in [0, {self.vocab_size}), got range [{int(tokens.min())}, {int(tokens.max())}]"
+            )
+        missing = ~(tokens == EOT).any(dim=1)
         if missing.any():
             row = int(missing.nonzero()[0, 0])
             raise ValueError(f"row {row} has no end-of-text token (id {EOT})")
-        # First EOT per row; tokens.argmax would find the largest id, and EOT=2 is one of the smallest.
-        return is_eot.int().argmax(dim=1)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         if tokens.dim() != 2:
@@ -69,11 +89,10 @@ class TextTransformer(nn.Module):
         length = tokens.shape[1]
         if length > self.context_length:
             raise ValueError(f"sequence length {length} exceeds context_length {self.context_length}")
-        if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= self.vocab_size):
-            raise ValueError(
-                f"token ids must lie in [0, {self.vocab_size}), got range [{int(tokens.min())}, {int(tokens.max())}]"
-            )
-        eot = self._eot_index(tokens)
+        if _token_checks.get():
+            self._check_ids(tokens)
+        # First EOT per row; tokens.argmax would find the largest id, and EOT=2 is one of the smallest.
+        eot = (tokens == EOT).int().argmax(dim=1)
 
         x = self.token_embedding(tokens) + self.positional_embedding[:length]
         positions = torch.arange(length, device=tokens.device)
