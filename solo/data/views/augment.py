@@ -92,6 +92,7 @@ class ViewRecipe:
     def __init__(self, aug, size: int, mean: Sequence[float], std: Sequence[float]):
         self.aug, self.size = aug, size
         self.mean, self.std = [float(m) for m in mean], [float(s) for s in std]
+        self._on_device: dict = {}  # device -> (mean, std) tensors
         self.kernel = blur_kernel_size(size)
         # Operations whose recipe can change nothing are left out of both paths.
         self.jitter_ops = [i for i, op in enumerate(JITTER) if getattr(aug, op) > 0] if aug.jitter_prob > 0 else []
@@ -140,8 +141,15 @@ class ViewRecipe:
         if self.aug.blur_prob > 0:
             x = on_rows(x, rows("blur"), lambda x, r: gaussian_blur(x, p[r, AT["sigma"]], self.kernel))
         x = on_rows(x, rows("solarize"), solarize)
-        mean, std = (torch.tensor(v, device=x.device).view(1, 3, 1, 1) for v in (self.mean, self.std))
+        mean, std = self._normalisation(x.device)
         return (x - mean) / std
+
+    def _normalisation(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """The mean and std as (1, 3, 1, 1) tensors on `device`, sent there once: a copy from the host each step
+        would wait for the device's queue of kernels."""
+        if device not in self._on_device:
+            self._on_device[device] = tuple(torch.tensor(v).view(1, 3, 1, 1).to(device) for v in (self.mean, self.std))
+        return self._on_device[device]
 
     def _jitter(self, x: torch.Tensor, p: torch.Tensor, jittered: list[int]) -> torch.Tensor:
         """ColorJitter on the `jittered` samples, each sample's operations in its own order: at position k, each
