@@ -12,42 +12,31 @@ from __future__ import annotations
 import atexit
 import json
 import os
-import threading
-
-import torch
 
 from solo.train import trainer as trainer_module
+from solo.train.host_reads import HostReads
 from solo.train.preemption import Preemption
 from solo.train.step import TrainStep
 
-READS = ("item", "tolist", "__bool__", "__float__", "__int__", "numpy", "cpu")
-events: list = []
 where: list = []  # the stack of regions entered: [(region, step)]
-
-
-def _recording(name, original):
-    def read(self, *args, **kwargs):
-        # The training thread's reads: the checkpoint writer's thread reads its own host copies meanwhile.
-        if where and threading.current_thread() is threading.main_thread():
-            events.append({"region": where[-1][0], "step": where[-1][1], "read": name})
-        return original(self, *args, **kwargs)
-
-    return read
+events: list = []
 
 
 def _region(region, original, step_of):
     def call(self, *args, **kwargs):
+        # The training thread's reads (solo.train.host_reads): the checkpoint writer's thread reads its own host
+        # copies meanwhile, and a mode is per thread.
         where.append((region, step_of(self, *args)))
         try:
-            return original(self, *args, **kwargs)
+            with HostReads() as reads:
+                return original(self, *args, **kwargs)
         finally:
-            where.pop()
+            step = where.pop()[1]
+            events.extend({"region": region, "step": step, "read": f"{what} at {at}"} for what, at in reads.found)
 
     return call
 
 
-for _name in READS:
-    setattr(torch.Tensor, _name, _recording(_name, getattr(torch.Tensor, _name)))
 _step, _add, _to_device, _requested = (
     TrainStep.__call__,
     trainer_module.MetricsWindow.add,
