@@ -2,6 +2,7 @@
 """Views/s of the augmentation pipeline alone: JPEG files -> two SimCLR views of 224 px, per worker (one thread).
 
     python bench/data.py                                   # solo's CPU and device paths, torchvision, a profile
+    python bench/data.py --workers 8                       # + both paths through solo's loader with 8 workers
     python bench/data.py --solo-learn-venv .bench/solo-learn-venv --solo-learn .bench/solo-learn   # + solo-learn's
     python bench/data.py --device cuda                     # the device path on the GPU
 
@@ -15,6 +16,9 @@ Rows (each reads the same `--images` JPEG files of `--image-size` px from disk, 
   RandomGrayscale, GaussianBlur(23) in RandomApply, to float, Normalize), the same probabilities and strengths.
 - solo-learn (with --solo-learn-venv): its own pipeline (`build_transform_pipeline`, PIL transforms) and image
   loader, run by that environment's python.
+- with --workers W: both of solo's paths end to end through its loader (the global-batch sampler and a DataLoader
+  with W workers, a second pass over the images timed): the CPU path's views made by the workers, the device
+  path's by DeviceViews on the device as the workers' raw batches arrive.
 Then a profile of solo's CPU path: the time per view of each stage, on the same images.
 """
 
@@ -36,6 +40,7 @@ sys.path.insert(0, str(REPO))
 from solo.data import ImageFolderDataset, MultiViewDataset  # noqa: E402
 from solo.data.decode import raw_image  # noqa: E402
 from solo.data.sampling.seeding import seeded_rng  # noqa: E402
+from solo.data.sampling.source import MapDataSource  # noqa: E402
 from solo.data.views import augment  # noqa: E402
 from solo.data.views.multiview import collate_raw  # noqa: E402
 from solo.data.views.transforms import ViewAugmentation, build_view_transform  # noqa: E402
@@ -96,21 +101,35 @@ def batches(count: int, batch: int) -> list[list[tuple[int, int]]]:
     return [keys[i : i + batch] for i in range(0, count, batch)]
 
 
-def solo_cpu(dataset: MultiViewDataset, batch: int) -> float:
+def solo_datasets(folder: Path, view_size: int) -> tuple[MultiViewDataset, MultiViewDataset]:
+    """solo's two SimCLR views of `view_size` px of the ImageFolder train split at `folder`: the CPU path's dataset
+    (data.augment_on=cpu) and the device path's raw one (data.augment_on=device)."""
+    recipes = [build_view_transform(SIMCLR, view_size, MEAN, STD) for _ in range(2)]
+    images = ImageFolderDataset(str(folder), "train")
+    cpu, raw = (MultiViewDataset(images, recipes, seed=0, raw=r) for r in (False, True))
+    return cpu, raw
+
+
+def solo_cpu(dataset: MultiViewDataset, batch: int, count: int | None = None) -> float:
     """What a DataLoader worker does for a batch (MultiViewDataset.__getitems__): read each file, decode it, draw
-    each view's parameters, make each view of the whole batch at once."""
+    each view's parameters, make each view of the whole batch at once; over the first `count` images (all)."""
+    count = count or len(dataset)
     start = time.perf_counter()
-    for keys in batches(len(dataset), batch):
+    for keys in batches(count, batch):
         dataset.__getitems__(keys)
-    return rate(2 * len(dataset), time.perf_counter() - start)
+    return rate(2 * count, time.perf_counter() - start)
 
 
-def solo_device(dataset: MultiViewDataset, batch: int, device: torch.device) -> tuple[float, float]:
+def solo_device(
+    dataset: MultiViewDataset, batch: int, device: torch.device, count: int | None = None
+) -> tuple[float, float]:
     """(views/s of the worker's share: read, JPEG header, parameters, collate; views/s of the device's share:
-    DeviceViews, the decode and the views of the batch), for a raw MultiViewDataset."""
+    DeviceViews, the decode and the views of the batch), for a raw MultiViewDataset; over the first `count`
+    images (all)."""
+    count = count or len(dataset)
     make_views = augment.DeviceViews(dataset.view_transforms, pairs=False)
     worker, on_device = 0.0, 0.0
-    for keys in batches(len(dataset), batch):
+    for keys in batches(count, batch):
         start = time.perf_counter()
         raw = collate_raw(dataset.__getitems__(keys))
         worker += time.perf_counter() - start
@@ -119,16 +138,51 @@ def solo_device(dataset: MultiViewDataset, batch: int, device: torch.device) -> 
         if device.type == "cuda":
             torch.cuda.synchronize()
         on_device += time.perf_counter() - start
-    return rate(2 * len(dataset), worker), rate(2 * len(dataset), on_device)
+    return rate(2 * count, worker), rate(2 * count, on_device)
 
 
-def torchvision_pipeline(paths) -> float:
+def solo_loader(dataset: MultiViewDataset, batch: int, workers: int, device: torch.device) -> float:
+    """Views/s of solo's loader over `dataset` with `workers` DataLoader workers, the second of two passes (the
+    workers started): the views made by the workers, or for a raw dataset by DeviceViews on `device`."""
+    raw = dataset.raw
+    source = MapDataSource(
+        dataset,
+        batch,
+        0,
+        1,
+        seed=0,
+        num_workers=workers,
+        persistent_workers=workers > 0,
+        pin_memory=device.type == "cuda",
+        **({"collate_fn": collate_raw} if raw else {}),
+    )
+    make_views = augment.DeviceViews(dataset.view_transforms, pairs=False) if raw else None
+    for epoch in range(2):
+        source.set_epoch(epoch)
+        start = time.perf_counter()
+        for batch_read in source:
+            if make_views:
+                make_views(batch_read, device)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+    seconds = time.perf_counter() - start
+    stop_workers(source)
+    return rate(2 * source.steps_per_epoch * batch, seconds)
+
+
+def stop_workers(source: MapDataSource) -> None:
+    """End the loader's persistent workers now (left to the garbage collector, each took 5 s to stop)."""
+    if getattr(source.loader, "_iterator", None) is not None:
+        source.loader._iterator._shutdown_workers()
+
+
+def torchvision_pipeline(paths, view_size: int) -> float:
     from torchvision.transforms import v2
 
     a = SIMCLR
     transform = v2.Compose(
         [
-            v2.RandomResizedCrop(224, scale=tuple(a.crop_scale), antialias=True),
+            v2.RandomResizedCrop(view_size, scale=tuple(a.crop_scale), antialias=True),
             v2.RandomHorizontalFlip(a.hflip_prob),
             v2.RandomApply([v2.ColorJitter(a.brightness, a.contrast, a.saturation, a.hue)], p=a.jitter_prob),
             v2.RandomGrayscale(a.grayscale_prob),
@@ -192,7 +246,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--images", type=int, default=256)
     parser.add_argument("--image-size", type=int, default=300, help="height; width is 4/3 of it")
+    parser.add_argument("--view-size", type=int, default=224)
     parser.add_argument("--batch", type=int, default=64, help="samples per batch (a worker's, or the device's)")
+    parser.add_argument("--workers", type=int, default=0, help="> 0: also both paths through a loader with as many")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--folder", type=Path, default=REPO / ".bench" / "views", help="where the JPEGs are written")
     parser.add_argument("--solo-learn-venv", type=Path)
@@ -200,13 +256,11 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)  # one DataLoader worker
     paths = make_images(args.folder, args.images, args.image_size)
-    recipes = [build_view_transform(SIMCLR, 224, MEAN, STD) for _ in range(2)]
-    folder = ImageFolderDataset(str(args.folder), "train")
-    cpu, raw = (MultiViewDataset(folder, recipes, seed=0, raw=r) for r in (False, True))
+    cpu, raw = solo_datasets(args.folder, args.view_size)
     cpu.__getitems__(batches(8, 8)[0])  # warm the page cache and the kernels
     print(
-        f"{args.images} JPEGs of {args.image_size * 4 // 3}x{args.image_size} px -> 2 views of 224 px, one thread, "
-        f"{os.cpu_count()} CPUs; device path on {args.device}"
+        f"{args.images} JPEGs of {args.image_size * 4 // 3}x{args.image_size} px -> 2 views of {args.view_size} px, "
+        f"one thread, {os.cpu_count()} CPUs; device path on {args.device}"
     )
     print("| pipeline | views/s |\n|---|---|")
     print(
@@ -218,11 +272,15 @@ def main() -> None:
     print(
         f"| solo, data.augment_on=device: the device's share on {args.device} (decode, views; batch {args.batch}) | {device:,.0f} |"
     )
-    print(f"| torchvision v2 on PIL images | {torchvision_pipeline(paths):,.0f} |", flush=True)
+    if args.workers:
+        for name, dataset in (("cpu: views by the workers", cpu), (f"device: views on {args.device}", raw)):
+            got = solo_loader(dataset, args.batch, args.workers, torch.device(args.device))
+            print(f"| solo, data.augment_on={name}, through its loader with {args.workers} workers | {got:,.0f} |")
+    print(f"| torchvision v2 on PIL images | {torchvision_pipeline(paths, args.view_size):,.0f} |", flush=True)
     if args.solo_learn_venv:
         print(f"| solo-learn (PIL transforms) | {solo_learn(paths, args.solo_learn_venv, args.solo_learn):,.0f} |")
     print("\nsolo's CPU path, per view (every operation applied, to time it):\n| stage | ms |\n|---|---|")
-    for name, ms in profile(paths, recipes[0]):
+    for name, ms in profile(paths, cpu.view_transforms[0]):
         print(f"| {name} | {ms:.2f} |")
 
 

@@ -1,71 +1,74 @@
 #!/usr/bin/env bash
-# Every GPU check and benchmark, in one report for the README's GPU rows (docs/performance.md):
+# Every GPU check and benchmark in one report for docs/performance.md's GPU rows, in at most 8 minutes on one GPU:
 #
-#     bash bench/gpu.sh [REPORT]          # default outputs/gpu-report.md; the commands' whole output in REPORT.log
+#     bash bench/gpu.sh [--dry-run] [REPORT]   # default outputs/gpu-report.md; every step's output in REPORT.log
 #
-# 1. exactness over NCCL: W = 1 against W = every GPU (DDP and FSDP) in float64, and torch's SyncBatchNorm
-#    against one BatchNorm on the whole batch (tests/test_distributed.py's CUDA case);
-# 2. bf16 against float32, solo against the bare model, for ResNet-50 at 224 px and ViT-B/16 (bench/throughput.py);
-# 3. the augmentation on the device (bench/data.py);
-# 4. FSDP's memory per rank against DDP's (bench/strategies.py).
+# 1. torch's SyncBatchNorm against solo's global BatchNorm on the same batch, and both against one BatchNorm;
+# 2. trainer.accumulate=2 against 1 in float64 on the device;
+# 3. ResNet-50 and ViT-B/16 at 224 px, bf16 and float32: solo against the bare model, samples/s and peak memory;
+# 4. the augmentation on the device against the CPU workers;
+# 5. trainer.compile off and on;
+# 6. host syncs in a training step (torch.cuda.set_sync_debug_mode);
+# 7. W = 1 against W = every GPU over NCCL, with 2 GPUs or more.
 #
-# Each step stops after STEP_TIMEOUT seconds (default 600) and the report says so (exit status 124).
+# The machine's own python3 runs it: the pure-Python wheels in .whl/ (hydra-core, omegaconf, antlr4-python3-runtime,
+# tqdm; bench/README.md) are installed offline into a folder of the run's own, solo runs from this checkout. Each
+# step has its own time limit (STEP_TIMEOUT=SECONDS sets them all) within the kit's budget (KIT_BUDGET, default
+# 480 s in all); a step that does not finish is killed and marked so, and the report is always written.
+# --dry-run: the same driver (bench/gpu.py) on the CPU at toy sizes, which tests/test_gpu_kit.py runs.
 set -uo pipefail
+started=$SECONDS
+dry=()
+if [ "${1:-}" = "--dry-run" ]; then
+  dry=(--dry-run)
+  shift
+fi
+report=$(realpath -m "${1:-$(dirname "$0")/../outputs/gpu-report.md}")
 cd "$(dirname "$0")/.."
-report=${1:-outputs/gpu-report.md}
-gpus=$(timeout 120 python -c "import torch; print(torch.cuda.device_count())")
-if ! [ "$gpus" -ge 1 ] 2>/dev/null; then
-  echo "bench/gpu.sh needs a GPU: torch sees none (torch.cuda.device_count() = 0)" >&2
-  exit 1
+budget=${KIT_BUDGET:-480}
+
+gpus=0
+name=""
+if [ ${#dry[@]} -eq 0 ]; then
+  # In a process of its own: the driver forks its steps, and a process that has used CUDA cannot fork.
+  found=$(timeout 60 python3 -c "import torch; n = torch.cuda.device_count(); print(n, torch.cuda.get_device_name(0) if n else '')")
+  gpus=${found%% *}
+  name=${found#* }
+  if ! [ "${gpus:-0}" -ge 1 ] 2> /dev/null; then
+    echo "bench/gpu.sh needs a GPU: torch sees none (torch.cuda.device_count() = ${gpus:-?}); bash bench/gpu.sh --dry-run runs it on the CPU" >&2
+    exit 1
+  fi
 fi
+
 mkdir -p "$(dirname "$report")"
+: > "$report.log"
 work=$(mktemp -d)
-{
-  echo "# solo on $(python -c "import torch; print(torch.cuda.get_device_name(0))") x $gpus"
-  echo
-  echo "$(date -u +%F), torch $(python -c "import torch; print(torch.__version__)"), commit $(git rev-parse --short HEAD)"
-} > "$report"
-
-step() {  # step TITLE COMMAND...: the command's output in the report, in a block under its title
-  echo "== $1" >&2
-  { echo; echo "## $1"; echo; echo '```'; echo "\$ ${*:2}"; } >> "$report"
-  timeout "${STEP_TIMEOUT:-600}" "${@:2}" 2>>"$report.log" | tee -a "$report.log" >> "$report"
-  echo "exit status ${PIPESTATUS[0]}" >> "$report"
-  echo '```' >> "$report"
-}
-
-tiny="method=simclr data=synthetic data.image_size=32 data.num_samples=256 data.num_workers=2 trainer.max_steps=3
-      trainer.precision=64 trainer.progress_bar=false trainer.plots=false optim.warmup_epochs=0"
-compare() {  # compare RUN RUN: the largest weight difference between two runs' checkpoints
-  python -c "
-import sys, torch
-a, b = (torch.load(f'{d}/checkpoints/last.pt', weights_only=True, map_location='cpu')['model'] for d in sys.argv[1:])
-print('largest weight difference', max(float((a[k].double() - b[k].double()).abs().max()) for k in a if a[k].is_floating_point()))
-" "$@"
-}
-nccl_exactness() {
-  python main_pretrain.py $tiny data.batch_size=$((16 * gpus)) hydra.run.dir="$work/one" >/dev/null || return 1
-  for strategy in ddp fsdp; do
-    torchrun --nproc_per_node="$gpus" main_pretrain.py $tiny data.batch_size=16 trainer.strategy=$strategy \
-      hydra.run.dir="$work/$strategy" >/dev/null || return 1
-    echo -n "$strategy: " && compare "$work/one" "$work/$strategy"
-  done
-}
-if [ "$gpus" -ge 2 ]; then
-  export -f compare nccl_exactness && export tiny gpus work  # a function runs under timeout through bash
-  step "W = 1 against W = $gpus over NCCL (float64, 3 steps)" bash -c nccl_exactness
+trap 'rm -rf "$work"' EXIT
+notes=()
+if compgen -G ".whl/*.whl" > /dev/null; then
+  wheels="$(cd .whl && echo *.whl)"
+  if timeout 60 python3 -m pip install --quiet --disable-pip-version-check --no-index --no-deps --target "$work/site" \
+    .whl/*.whl >> "$report.log" 2>&1; then
+    notes+=(--note "Installed offline from .whl/ with pip: $wheels.")
+  else  # no pip: a pure-Python wheel is a zip of its packages, unpacked where they are imported from
+    python3 -c "import sys, zipfile; [zipfile.ZipFile(w).extractall(sys.argv[1]) for w in sys.argv[2:]]" \
+      "$work/site" .whl/*.whl
+    notes+=(--note "pip failed (see the log): .whl/'s wheels were unpacked instead: $wheels.")
+  fi
 else
-  echo -e "\n## W = 1 against W > 1 over NCCL\n\nnot run: one GPU (NCCL needs one per process)" >> "$report"
+  notes+=(--note "No wheels in .whl/: the machine's own packages were used.")
 fi
-step "SyncBatchNorm on the GPU against one BatchNorm" python -m pytest -q tests/test_distributed.py -k cuda
-for precision in 32 bf16; do
-  step "ResNet-50, 224 px, $precision: solo against the bare model" python bench/throughput.py --device cuda \
-    --backbone resnet50 --small-stem false --image-size 224 --batch 64 --precision $precision --nproc 1 --steps 30
-  step "ViT-B/16, 224 px, $precision: solo against the bare model" python bench/throughput.py --device cuda \
-    --backbone vit_base_patch16_224 --small-stem false --image-size 224 --batch 64 --precision $precision --nproc 1 \
-    --steps 30
-done
-step "The augmentation on the device" python bench/data.py --device cuda
-step "FSDP and DDP memory per rank, ViT-L/16" python bench/strategies.py memory --worlds $(printf "%s\n" 1 "$gpus" | sort -un)
-rm -rf "$work"
-echo "report: $report" >&2
+export PYTHONPATH="$work/site:$PWD${PYTHONPATH:+:$PYTHONPATH}"
+if [ ${#dry[@]} -gt 0 ]; then
+  export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}  # toy sizes: threads that wait on each other's cores cost more
+fi
+
+left=$((budget - (SECONDS - started)))
+timeout -k 5 "$left" python3 bench/gpu.py "$report" "${dry[@]}" --gpus "$gpus" --device-name "$name" \
+  --budget $((left - 10)) --work "$work" "${notes[@]}"
+status=$?
+if [ $status -ne 0 ]; then
+  echo -e "\n_The kit stopped with exit status $status ($((SECONDS - started)) s)._" >> "$report"
+fi
+echo "report: $report ($((SECONDS - started)) s)" >&2
+exit $status
