@@ -1,23 +1,26 @@
 #!/usr/bin/env python
 """Samples/s and peak memory of solo's whole SimCLR training step against the limit: a bare PyTorch loop doing the
-same work.
+same work, on 1 and on N processes, at the same global batch.
 
-    python bench/throughput.py                                            # ResNet-18 (3x3 stem), 32 px, batch 64, CPU
-    python bench/throughput.py --backbone resnet50 --small-stem false --image-size 224 --device cuda --jpegs 512
+    python bench/throughput.py --image-size 16 --default-job                 # the default digits job, 1 and 2 processes
+    python bench/throughput.py --small-stem false --image-size 64            # ResNet-18 at 64 px, batch 64
+    python bench/throughput.py --backbone resnet50 --small-stem false --image-size 224 --device cuda --jpegs 512 --nproc 1
 
-The limit: one process, two views of random tensors already in memory, backbone forward + backward, a
-projector (Linear-BN-ReLU-Linear), a single-process NT-Xent, an SGD step; nothing else. solo: its Trainer for
-`method=simclr optim=sgd trainer.probe=false` (the model, its data loader, `TrainStep`) with the same backbone,
-projector sizes, per-process batch and precision, stepping in a loop as `Trainer.fit` does, without the logging
-and checkpoints; with `--nproc` > 1 through torchrun, so the global batch is nproc x batch. Its data: `data=synthetic`
-(images generated and augmented by the DataLoader workers), or with `--jpegs N` N JPEG files of 400x300 px read with
+The limit: two views of random tensors already in memory, backbone forward + backward, a projector
+(Linear-BN-ReLU-Linear), NT-Xent, an SGD step; nothing else. On N > 1 processes (torchrun) it is the bare
+data-parallel loop: DDP, BatchNorm per process, NT-Xent of each process's rows against the global batch through
+torch's gradient-preserving all-gather. solo: its Trainer (the model, its data loader, `TrainStep`) stepping in a loop
+as `Trainer.fit` does, without the logging and checkpoints: `method=simclr optim=sgd trainer.probe=false` with the
+same backbone, projector sizes, batch and precision on `data=synthetic` (images generated and augmented by the
+DataLoader workers); or with `--default-job` main_pretrain.py's defaults as they are (the digits, augmented in the
+main process, LARS, the online probe), only the batch set; or with `--jpegs N` N JPEG files of 400x300 px read with
 `data.augment_on=device`: the workers only read the files' bytes, the device decodes them (nvJPEG on a GPU) and makes
-the views, so the data path keeps up with a GPU (bench/data.py measures both paths). On CUDA both use
-channels_last, as solo does there (`trainer.channels_last`). Peak memory: on CUDA the allocator's peak
-(`torch.cuda.max_memory_allocated`, tensors only), on the CPU the process's peak resident memory (the interpreter and
-libraries included), both over the timed steps. The last column compares like with like: on GPUs (one per process)
-solo's samples/s per process over the limit's; on the CPU, where the processes share the machine's cores that the
-limit's one process has to itself, solo's samples/s of all processes together over the limit's.
+the views, so the data path keeps up with a GPU (bench/data.py measures both paths). On N > 1 processes solo also runs
+with `trainer.sync_batchnorm=false`: what its exact global BatchNorm costs. On CUDA both use channels_last, as solo
+does there (`trainer.channels_last`). Peak memory: on CUDA the allocator's peak (`torch.cuda.max_memory_allocated`,
+tensors only), on the CPU the process's peak resident memory (the interpreter and libraries included), both over the
+timed steps, rank 0's. Samples/s are all processes' together (on the CPU they share the machine's cores); solo / bare
+compares the two at the same number of processes.
 """
 
 from __future__ import annotations
@@ -35,9 +38,10 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.distributed.nn.functional import all_gather
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))  # solo, from a checkout too
+sys.path[:0] = [str(REPO), str(REPO / "bench")]  # solo from a checkout too, and bench/data.py
 
 from data import make_images, stop_workers  # noqa: E402  (bench/data.py)
 from hydra import compose, initialize_config_dir  # noqa: E402
@@ -63,6 +67,9 @@ class Setup:
     backbone_kwargs: dict = dataclasses.field(default_factory=dict)
     proj_hidden: int = 2048
     proj_output: int = 128
+    # solo runs main_pretrain.py's defaults (the digits at 16 px, their augmentation in the main process, LARS, the
+    # online probe), only the batch set; the bare loop: ResNet-18 with the small stem at 16 px, as those defaults.
+    default_job: bool = False
 
 
 @dataclasses.dataclass
@@ -107,8 +114,12 @@ def timed(step, s: Setup, device: torch.device, samples_per_step: int, build_s: 
     return Measured(samples_per_step * s.steps / seconds, peak_memory(device), build_s, warmup_s)
 
 
-def bare(s: Setup) -> Measured:
+def bare(s: Setup, env: DistEnv | None = None) -> Measured:
+    """The limit, on this process: `s.batch` rows of two views. With `env` of W > 1 processes (torchrun), the bare
+    data-parallel loop: DDP, BatchNorm per process (torch's SyncBatchNorm runs on GPUs only), and NT-Xent over the
+    global batch through torch's gradient-preserving all-gather (each process's rows against every process's)."""
     device = torch.device(s.device)
+    world, rank = (env.world_size, env.rank) if env else (1, 0)
     start = time.perf_counter()
     backbone, width = create_backbone(s.backbone, small_stem=s.small_stem, **s.backbone_kwargs)
     projector = nn.Sequential(
@@ -119,28 +130,37 @@ def bare(s: Setup) -> Measured:
     )
     fmt = torch.channels_last if device.type == "cuda" else torch.preserve_format
     model = nn.Sequential(backbone, projector).to(device, memory_format=fmt)
+    if world > 1:
+        model = nn.parallel.DistributedDataParallel(model, device_ids=[device] if device.type == "cuda" else None)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     views = torch.randn(2 * s.batch, 3, s.image_size, s.image_size, device=device).to(memory_format=fmt)
-    labels = torch.arange(2 * s.batch, device=device).roll(s.batch)  # view i's positive: the other view
+    # Row i of this process's 2b rows is row 2b * rank + i of the gathered 2B; its positive is the other view's.
+    mine = torch.arange(2 * s.batch, device=device)
+    positives = 2 * s.batch * rank + mine.roll(s.batch)
+    is_self = torch.zeros(2 * s.batch, 2 * s.batch * world, dtype=torch.bool, device=device)
+    is_self[mine, 2 * s.batch * rank + mine] = True
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=s.precision == "bf16")
     build_s = time.perf_counter() - start
 
     def step(index: int) -> None:
         with autocast:
             z = F.normalize(model(views).float(), dim=1)
-        logits = (z @ z.T / 0.2).fill_diagonal_(float("-inf"))
-        loss = F.cross_entropy(logits, labels)
+        candidates = torch.cat(all_gather(z)) if world > 1 else z
+        logits = (z @ candidates.T / 0.2).masked_fill(is_self, float("-inf"))
+        loss = F.cross_entropy(logits, positives)  # the mean over this process's rows; DDP averages the processes
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
 
-    return timed(step, s, device, s.batch, build_s)
+    return timed(step, s, device, s.batch * world, build_s)
 
 
 def solo_overrides(s: Setup, jpegs: Path | None, probe: bool = False) -> list[str]:
     """main_pretrain.py's overrides for `s`: SimCLR with SGD, without the online probe (the bare model has none)
     unless `probe`; synthetic images, or the JPEG folder `jpegs` (bench/data.py's make_images) augmented on the
     device."""
+    if s.default_job:
+        return [f"data.batch_size={s.batch}", "trainer.plots=false", "trainer.progress_bar=false"]
     data = (
         ["data=imagefolder", f"data.root={jpegs}", "data.augment_on=device"]
         if jpegs
@@ -206,22 +226,26 @@ def solo(s: Setup, env: DistEnv, jpegs: Path | None = None, more: list[str] = ()
             stop_workers(trainer.source)
 
 
-def solo_worker(job: str, more: list[str]) -> None:
-    """One rank of a torchrun launch of this file (`job`: the Setup and the JPEG folder, as JSON): solo's rate,
-    printed by rank 0."""
+def worker(job: str, more: list[str]) -> None:
+    """One rank of a torchrun launch of this file (`job`: which loop, the Setup and the JPEG folder, as JSON): the
+    loop's rate, printed by rank 0."""
     job = json.loads(job)
     with process_group() as (env, device):
         s = Setup(**{**job["setup"], "device": str(device)})
-        measured = solo(s, env, job["jpegs"] and Path(job["jpegs"]), more)
+        if job["loop"] == "bare":
+            measured = bare(s, env)
+        else:
+            measured = solo(s, env, job["jpegs"] and Path(job["jpegs"]), more)
         if env.is_main:
             print(json.dumps(dataclasses.asdict(measured)))
 
 
-def solo_launched(s: Setup, nproc: int, jpegs: Path | None, more: list[str]) -> Measured:
+def launched(loop: str, s: Setup, nproc: int, jpegs: Path | None = None, more: list[str] = ()) -> Measured:
+    """`loop` ("solo" or "bare") on `nproc` processes of `s.batch` rows each, through torchrun."""
     launcher = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", "--standalone"]
-    job = json.dumps({"setup": dataclasses.asdict(s), "jpegs": jpegs and str(jpegs)})
+    job = json.dumps({"loop": loop, "setup": dataclasses.asdict(s), "jpegs": jpegs and str(jpegs)})
     out = subprocess.run(
-        [*launcher, __file__, "--solo-worker", job, *more], cwd=REPO, check=True, capture_output=True, text=True
+        [*launcher, __file__, "--worker", job, *more], cwd=REPO, check=True, capture_output=True, text=True
     ).stdout
     return Measured(**json.loads(out.strip().splitlines()[-1]))
 
@@ -231,66 +255,76 @@ def main() -> None:
     parser.add_argument("--backbone", default="resnet18")
     parser.add_argument("--small-stem", type=lambda s: s.lower() == "true", default=True)
     parser.add_argument("--image-size", type=int, default=32)
-    parser.add_argument("--batch", type=int, default=64, help="per process")
+    parser.add_argument("--batch", type=int, default=64, help="the global batch: each of N processes takes batch / N")
     parser.add_argument("--proj-hidden", type=int, default=2048)
     parser.add_argument("--proj-output", type=int, default=128)
     parser.add_argument("--precision", choices=["32", "bf16"], default="32")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--nproc", type=int, nargs="+", default=[1, 2], help="solo's process counts")
+    parser.add_argument("--nproc", type=int, nargs="+", default=[1, 2], help="process counts")
     parser.add_argument("--steps", type=int, default=30, help="timed steps (after --warmup)")
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--jpegs", type=int, default=0, help="solo reads this many JPEGs (0: data=synthetic)")
-    parser.add_argument("--solo-worker", help=argparse.SUPPRESS)  # a torchrun rank's job, as JSON
+    parser.add_argument(
+        "--default-job",
+        action="store_true",
+        help="solo runs main_pretrain.py's defaults (digits, LARS, the probe); use with --image-size 16",
+    )
+    parser.add_argument("--worker", help=argparse.SUPPRESS)  # a torchrun rank's job, as JSON
     parser.add_argument("solo_overrides", nargs="*", help="more main_pretrain.py overrides, e.g. data.num_workers=0")
     args = parser.parse_args()
-    if args.solo_worker:
-        return solo_worker(args.solo_worker, args.solo_overrides)
-    s = Setup(
-        args.backbone,
-        args.small_stem,
-        args.image_size,
-        args.batch,
-        args.precision,
-        args.device,
-        args.steps,
-        args.warmup,
-        proj_hidden=args.proj_hidden,
-        proj_output=args.proj_output,
-    )
+    if args.worker:
+        return worker(args.worker, args.solo_overrides)
     jpegs = None
     if args.jpegs:
         jpegs = REPO / ".bench" / f"jpegs-{args.jpegs}"
         make_images(jpegs, args.jpegs, 300)
-    print(
-        f"{args.backbone} (small stem {args.small_stem}), {args.image_size} px, batch {args.batch} per process, "
-        f"precision {args.precision}, {args.device}, {os.cpu_count()} CPUs ({torch.get_num_threads()} torch threads "
-        f"in the bare loop); solo's data: {f'{args.jpegs} JPEGs, views on the device' if jpegs else 'synthetic'}"
+    solo_data = (
+        "main_pretrain.py's defaults"
+        if args.default_job
+        else f"{args.jpegs} JPEGs, views on the device"
+        if jpegs
+        else "synthetic"
     )
-    limit = bare(s)
+    print(
+        f"{args.backbone} (small stem {args.small_stem}), {args.image_size} px, global batch {args.batch}, precision "
+        f"{args.precision}, {args.device}, {os.cpu_count()} CPUs ({torch.get_num_threads()} torch threads in one "
+        f"process); solo: {solo_data}"
+    )
     per_device = args.device.startswith("cuda")
     memory = "peak allocated" if per_device else "peak RSS"
-    print(
-        f"| run | processes | samples/s | per process | {'per process' if per_device else 'all processes'} / limit "
-        f"| {memory}, GiB |"
-    )
+    print(f"| run | processes | samples/s | per process | solo / bare | {memory} (rank 0), GiB |")
     print("|---|---|---|---|---|---|")
-    print(
-        f"| bare PyTorch loop (the limit) | 1 | {limit.samples_per_s:,.1f} | {limit.samples_per_s:,.1f} | 1.00 "
-        f"| {limit.peak_bytes / 2**30:.2f} |",
-        flush=True,
-    )
-    for nproc in args.nproc:
-        if nproc == 1:
-            got = solo(s, detect(), jpegs, args.solo_overrides)
-        else:
-            got = solo_launched(s, nproc, jpegs, args.solo_overrides)
+
+    def row(name: str, nproc: int, got: Measured, ratio: str) -> None:
         rate = got.samples_per_s
-        ratio = rate / nproc / limit.samples_per_s if per_device else rate / limit.samples_per_s
         print(
-            f"| solo, method=simclr | {nproc} | {rate:,.1f} | {rate / nproc:,.1f} | {ratio:.2f} "
-            f"| {got.peak_bytes / 2**30:.2f} |",
+            f"| {name} | {nproc} | {rate:,.1f} | {rate / nproc:,.1f} | {ratio} | {got.peak_bytes / 2**30:.2f} |",
             flush=True,
         )
+
+    for nproc in args.nproc:
+        s = Setup(
+            args.backbone,
+            args.small_stem,
+            args.image_size,
+            args.batch // nproc,
+            args.precision,
+            args.device,
+            args.steps,
+            args.warmup,
+            proj_hidden=args.proj_hidden,
+            proj_output=args.proj_output,
+            default_job=args.default_job,
+        )
+        if nproc == 1:
+            limit, got = bare(s), solo(s, detect(), jpegs, args.solo_overrides)
+        else:
+            limit, got = launched("bare", s, nproc), launched("solo", s, nproc, jpegs, args.solo_overrides)
+        row("bare loop" + (" (DDP, all-gather NT-Xent)" if nproc > 1 else ""), nproc, limit, "1.00")
+        row("solo, method=simclr", nproc, got, f"{got.samples_per_s / limit.samples_per_s:.2f}")
+        if nproc > 1:  # what solo's exact global BatchNorm costs: the same without it
+            local = launched("solo", s, nproc, jpegs, [*args.solo_overrides, "trainer.sync_batchnorm=false"])
+            row("solo, trainer.sync_batchnorm=false", nproc, local, f"{local.samples_per_s / limit.samples_per_s:.2f}")
 
 
 if __name__ == "__main__":

@@ -97,6 +97,8 @@ def _images(root, bad=()):
         (root / "train" / "b" / name).write_bytes(b"not a png at all")
 
 
+@pytest.mark.slow  # 15 s: a training run with workers; the quick suite keeps under 4 min
+@pytest.mark.one_process
 def test_a_corrupt_image_read_by_a_worker_is_named_in_one_message(tmp_path):
     _images(tmp_path / "data", bad=["broken.png"])
     data = [

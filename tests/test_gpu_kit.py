@@ -88,7 +88,7 @@ def leftover_processes(marker: str) -> list[str]:
     return found
 
 
-@pytest.mark.processes
+@pytest.mark.slow  # 11 s: the quick suite keeps under 4 min with the dry run itself in it
 def test_a_step_past_its_limit_is_stopped_and_marked(tmp_path):
     report = tmp_path / "report.md"
     proc = run_kit(report, STEP_TIMEOUT="0.5")

@@ -169,6 +169,8 @@ def test_world_size_invariance(invariance_runs, method, augment_on, precision, t
             assert a["train/loss"] == pytest.approx(b["train/loss"], rel=tolerance)
 
 
+@pytest.mark.slow  # 17 s of training: the quick suite keeps under 4 min
+@pytest.mark.one_process
 def test_views_made_on_the_device_train_as_those_made_in_the_workers(tmp_path):
     """data.augment_on=device makes each batch's views at once from the parameters the workers drew; the CPU path
     makes them sample by sample in the workers. Same views, so the same weights (float64, 1e-10 of their movement);
