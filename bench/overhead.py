@@ -25,13 +25,13 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import torch.distributed as dist
-from hydra import compose, initialize_config_dir
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))  # solo, from a checkout too
+sys.path[:0] = [str(REPO), str(REPO / "bench")]  # solo from a checkout too, and bench/throughput.py
+
+from throughput import compose_pretrain  # noqa: E402
 
 import solo.distributed.collectives as collectives  # noqa: E402
-from solo.config import register_configs, validate_pretrain  # noqa: E402
 from solo.distributed.env import process_group  # noqa: E402
 from solo.train.trainer import Trainer  # noqa: E402
 
@@ -123,20 +123,15 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("overrides", nargs="*", help="main_pretrain.py overrides")
     args = parser.parse_args()
-    register_configs()
-    total = args.warmup + args.steps
-    with initialize_config_dir(config_dir=str(REPO / "solo" / "configs"), version_base="1.3"):
-        cfg = compose(
-            "pretrain",
-            overrides=[
-                f"trainer.max_steps={total}",
-                "trainer.progress_bar=false",
-                "trainer.plots=false",
-                "trainer.checkpoint_every_steps=0",
-                *args.overrides,
-            ],
-        )
-    cfg = validate_pretrain(cfg)
+    cfg = compose_pretrain(
+        [
+            f"trainer.max_steps={args.warmup + args.steps}",
+            "trainer.progress_bar=false",
+            "trainer.plots=false",
+            "trainer.checkpoint_every_steps=0",
+            *args.overrides,
+        ]
+    )
     clock = Clock()
     with process_group() as (env, device), tempfile.TemporaryDirectory() as run_dir:
         trainer = Trainer(cfg, Path(run_dir), env, device)

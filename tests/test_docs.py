@@ -66,8 +66,8 @@ def shortened(words: list[str]) -> list[str] | None:
     if words[0] == "solo-check":
         words = ["python", "-m", "solo.losses.check", *words[1:]]
     if words[0] == "torchrun":
-        options = [w for w in words[1:] if w.startswith("--")]
-        words = [sys.executable, "-m", "torch.distributed.run", *options, "--standalone", *words[1 + len(options) :]]
+        script = next((i for i, w in enumerate(words) if not w.startswith("-") and i), len(words))  # torchrun's own
+        words = [sys.executable, "-m", "torch.distributed.run", *words[1:script], "--standalone", *words[script:]]
     elif words[0] == "python":
         words = [sys.executable, *words[1:]]
     script = next((i for i, w in enumerate(words) if w.endswith(".py")), None)
