@@ -96,7 +96,8 @@ class Toy(nn.Module):
         return self.second(torch.tanh(self.first(x + self.tokens.sum(0)))).square().mean() * self.scale
 
 
-def toy_checks() -> dict:
+def sharded_toy() -> tuple:
+    """(the toy sharded by FSDP, an unsharded copy, the copy's starting weights, an input), the same on every rank."""
     torch.manual_seed(0)
     model = Toy().double()
     copy_ = copy.deepcopy(model)
@@ -104,7 +105,11 @@ def toy_checks() -> dict:
     whole_params = {model.tokens, model.scale}
     fully_shard(model.first, ignored_params=whole_params)
     fully_shard(model, ignored_params=whole_params)
-    x = torch.randn(5, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    return model, copy_, start, torch.randn(5, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+
+
+def toy_checks() -> dict:
+    model, copy_, start, x = sharded_toy()
     names = [n for n, _ in model.named_parameters()]
     out = {}
 
@@ -160,14 +165,7 @@ def optimizer_checks() -> dict:
     copy: FSDP's shards and the whole parameters in one group, which one torch kernel call cannot take."""
     out = {}
     for name in ("adamw", "sgd"):
-        torch.manual_seed(0)
-        model = Toy().double()
-        copy_ = copy.deepcopy(model)
-        start = [p.detach().clone() for p in copy_.parameters()]
-        whole_params = {model.tokens, model.scale}
-        fully_shard(model.first, ignored_params=whole_params)
-        fully_shard(model, ignored_params=whole_params)
-        x = torch.randn(5, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+        model, copy_, start, x = sharded_toy()
         config = OPTIMIZERS.config(name, weight_decay=0.1)
         sharded, unsharded = (build_optimizer(config, [{"params": list(m.parameters())}], 0.1) for m in (model, copy_))
         for _ in range(3):

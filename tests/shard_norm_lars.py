@@ -4,11 +4,7 @@ of the whole tensors. Registered as optim.name=lars_shard_norms by `imports=[tes
 
 import torch
 
-from solo.optim import LARS, OPTIMIZERS, LARSConfig
-
-
-def local(t: torch.Tensor) -> torch.Tensor:
-    return t.to_local() if hasattr(t, "to_local") else t
+from solo.optim import LARS, OPTIMIZERS, LARSConfig, local
 
 
 class ShardNormLARS(LARS):
