@@ -128,6 +128,7 @@ def solo_device(
     images (all)."""
     count = count or len(dataset)
     make_views = augment.DeviceViews(dataset.view_transforms, pairs=False)
+    make_views(collate_raw(dataset.__getitems__(batches(count, batch)[0])), device)  # the decoder's and kernels' set-up
     worker, on_device = 0.0, 0.0
     for keys in batches(count, batch):
         start = time.perf_counter()

@@ -68,14 +68,18 @@ def instrument(trainer: Trainer, clock: Clock, warmup: int) -> None:
     def timed_batches(source):
         batches = source_iter(source)
         while True:
+            moving = clock.seconds["to device"]
             with clock.part("data wait"):
                 batch = next(batches, None)
+            if not source.ahead:  # moved inside next(): counted as "to device", not as waiting
+                clock.seconds["data wait"] -= clock.seconds["to device"] - moving
             if batch is None:
                 return
             yield batch
 
     type(trainer.source).__iter__ = timed_batches
-    trainer._to_device = clock.wrap("to device", trainer._to_device)
+    # Read ahead (views made on the device), in a thread of its own while the step runs: counted, but not waited for.
+    trainer.source.prepare = clock.wrap("to device", trainer.source.prepare)
     trainer._log = clock.wrap("logging", trainer._log)
     if model.probe is not None:
         model.probe.forward = clock.wrap("probe forward", model.probe.forward)

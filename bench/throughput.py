@@ -194,10 +194,16 @@ def compose_pretrain(overrides: list[str]):
 
 
 def endless(source):
-    """The train source's batches, epoch after epoch."""
+    """The train source's batches, on the device, epoch after epoch."""
     while True:
         yield from source
         source.set_epoch(source.epoch + 1)
+
+
+def endless_loader(source):
+    """The train loader's batches as read, not yet on the device (Trainer._to_device moves them), over and over."""
+    while True:
+        yield from source.loader
 
 
 def solo_trainer(overrides: list[str], run_dir: Path, env: DistEnv, device: torch.device) -> Trainer:
@@ -205,8 +211,9 @@ def solo_trainer(overrides: list[str], run_dir: Path, env: DistEnv, device: torc
 
 
 def solo(s: Setup, env: DistEnv, jpegs: Path | None = None, more: list[str] = ()) -> Measured:
-    """solo's step in this process (one of env.world_size), as Trainer.fit steps: a batch from its loader, moved to
-    the device (the views made there with data.augment_on=device), TrainStep."""
+    """solo's step in this process (one of env.world_size), as Trainer.fit steps: a batch from its source, on the
+    device (the views made there with data.augment_on=device, the next batch's in a thread while this one trains),
+    TrainStep."""
     device = torch.device(s.device)
     with tempfile.TemporaryDirectory() as run_dir:
         start = time.perf_counter()
@@ -215,7 +222,7 @@ def solo(s: Setup, env: DistEnv, jpegs: Path | None = None, more: list[str] = ()
         batches = endless(trainer.source)
         try:
             return timed(
-                lambda index: trainer.train_step(trainer._to_device(next(batches)), index),
+                lambda index: trainer.train_step(next(batches), index),
                 s,
                 device,
                 s.batch * env.world_size,

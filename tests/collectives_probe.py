@@ -225,7 +225,7 @@ def ddp_checks(device) -> dict:
 def trainer_step(env, device, overrides: list[str], run_dir: Path, patch) -> dict:
     cfg = compose_cfg([*overrides, "trainer.strategy=fsdp", "data.batch_size=8"])
     trainer = Trainer(cfg, run_dir, env, device)
-    batch = trainer._to_device(next(iter(trainer.loaders.train)))
+    batch = next(iter(trainer.loaders.train))  # on the device: the source moves its batches
     found = {}
     patch(trainer, found)
     trainer.train_step(batch, 0)

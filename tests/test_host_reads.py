@@ -38,11 +38,10 @@ def group():
 
 
 def epochs(source):
-    """The train batches, epoch after epoch (DeepClusterV2's first epoch ends after 2 steps: its k-means runs there,
-    once per epoch, and the step counted is the next epoch's first)."""
+    """The train loader's batches as read, not yet on the device, over and over (DeepClusterV2's first epoch ends
+    after 2 steps: its k-means runs there, once per epoch, and the step counted is the next epoch's first)."""
     while True:
-        yield from source
-        source.set_epoch(source.epoch + 1)
+        yield from source.loader
 
 
 def reads_in_a_step(overrides: list[str], run_dir, env, device) -> HostReads:

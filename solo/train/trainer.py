@@ -192,6 +192,11 @@ class Trainer:
             probe_view=model.method.probe_view and model.method.feeds_probe,
         )
         self.source = source = self.loaders.train
+        # Views made on the device: the next batch's are launched from a thread of their own while this step launches
+        # its kernels, where one thread launched both in turn (on a GPU, the host's launches bound the step).
+        source.prepare_with(
+            self._to_device, ahead=self.loaders.device_views is not None and source.loader.num_workers > 0
+        )
         if self.loaders.unreadable:
             self.say(
                 f"{len(self.loaders.unreadable)} of the first {cfg.data.check_images} train images cannot be read and "
@@ -400,8 +405,7 @@ class Trainer:
         )
         window = MetricsWindow(self.device)
         while self.step < self.total_steps:
-            for batch in self.source:
-                batch = self._to_device(batch)
+            for batch in self.source:  # on the device (MapDataSource.prepare_with)
                 out = self.train_step(batch, self.step)
                 self.step += 1
                 window.add(out, batch)
@@ -495,6 +499,12 @@ class Trainer:
             self.logger.close()
 
     def _to_device(self, batch: dict) -> dict:
+        if self.device.type == "cuda":  # the current device is per thread, and the read-ahead thread's is cuda:0
+            with torch.cuda.device(self.device):
+                return self._moved(batch)
+        return self._moved(batch)
+
+    def _moved(self, batch: dict) -> dict:
         if self.loaders.device_views is not None:
             batch = self.loaders.device_views(batch, self.device)
         fmt = torch.channels_last if self.channels_last else torch.preserve_format

@@ -8,7 +8,8 @@ were not trained on yet, on any world size that keeps the global batch.
 from __future__ import annotations
 
 import os
-from typing import Iterator, Protocol
+from concurrent.futures import ThreadPoolExecutor
+from typing import Callable, Iterable, Iterator, Protocol
 
 import torch
 from torch.utils.data import DataLoader
@@ -59,11 +60,26 @@ class MapDataSource:
         self.loader = DataLoader(dataset, batch_sampler=self.sampler, **loader_args)
         self.global_batch = self.sampler.global_batch
         self.steps_per_epoch = len(dataset) // self.global_batch
+        self.prepare, self.ahead = None, False
+
+    def prepare_with(self, prepare: Callable[[dict], dict], ahead: bool) -> None:
+        """Yield `prepare(batch)` (the batch on the training device) rather than the loader's batch. With `ahead`,
+        the next batch is read and prepared in a thread of its own while the consumer works on this one: on a GPU,
+        the views' kernels are launched while the step launches its own, where one thread would launch both in turn.
+        Only for a `prepare` that draws no random numbers and a loader whose workers read the samples: the samples'
+        seeding (solo.data.sampling.seeding) sets the process's generators, which the step's thread also uses."""
+        self.prepare, self.ahead = prepare, ahead
 
     def __iter__(self) -> Iterator[dict]:
         self.sampler.set_epoch(self.epoch, self.batch_in_epoch)
-        for batch in self.loader:
-            self.batch_in_epoch += 1  # counted before the step runs: a checkpoint after it resumes past it
+        if self.prepare is None:
+            batches = iter(self.loader)
+        else:
+            batches = read_ahead(self.loader, self.prepare) if self.ahead else map(self.prepare, self.loader)
+        for batch in batches:
+            # Counted as the consumer receives it (not when read ahead), before the step runs: a checkpoint after the
+            # step resumes past it, and never past the batch read ahead.
+            self.batch_in_epoch += 1
             yield batch
 
     def set_epoch(self, epoch: int) -> None:
@@ -74,6 +90,24 @@ class MapDataSource:
 
     def load_state_dict(self, state: dict) -> None:
         self.epoch, self.batch_in_epoch = state["epoch"], state["batch_in_epoch"]
+
+
+def read_ahead(batches: Iterable[dict], prepare: Callable[[dict], dict]) -> Iterator[dict]:
+    """`prepare` of each of `batches`, in order, each read and prepared in a worker thread while the consumer holds
+    the one before it. An exception from either is raised to the consumer at that batch's turn; closing the
+    iterator waits for the batch in hand (the loader's workers are never left mid-batch)."""
+    batches = iter(batches)
+    end = object()
+
+    def next_prepared():
+        batch = next(batches, end)
+        return end if batch is end else prepare(batch)
+
+    with ThreadPoolExecutor(1, thread_name_prefix="solo-read-ahead") as thread:
+        pending = thread.submit(next_prepared)
+        while (batch := pending.result()) is not end:
+            pending = thread.submit(next_prepared)
+            yield batch
 
 
 class EvenShards:
