@@ -94,6 +94,9 @@ WRONG_SSL_OF = {
     "ibot_mean_of_rank_means": "ibot",
     "ijepa_mean_of_rank_means": "ijepa",
     "deepclusterv2_mean_of_rank_means": "deepclusterv2",
+    "lejepa_per_rank_statistics": "lejepa",
+    "lejepa_per_rank_directions": "lejepa",
+    "lejepa_mean_of_rank_means": "lejepa",
 }
 
 
@@ -114,6 +117,7 @@ UNEVEN_ONLY = (
     "supervised_mean_of_rank_means",
     "swav_sinkhorn_local_batch_times_world",
     "ibot_mean_of_rank_means",
+    "lejepa_mean_of_rank_means",
 )
 
 

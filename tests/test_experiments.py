@@ -153,6 +153,31 @@ _IMAGENET = {
     "data.image_size": 224,
 }
 
+# LeJEPA's README: 2 x 224 px (area 0.3-1) + 6 x 98 px (0.05-0.3), one recipe for every crop; AdamW lr 5e-4 at batch
+# 512, cosine to lr / 1000; lambda 0.05, 1024 directions, Epps-Pulley on [-3, 3] with 17 nodes of [0, 3].
+_LEJEPA_VIEW = (0.4, 0.4, 0.2, 0.1, 0.8, 0.2, 0.5, 0.2)
+_LEJEPA = {
+    "data.name": "imagefolder",
+    "data.image_size": 224,
+    "data.batch_size": 64,
+    "method.name": "lejepa",
+    "method.lambd": 0.05,
+    "method.num_slices": 1024,
+    "method.t_max": 3.0,
+    "method.num_points": 17,
+    "method.proj_hidden_dim": 2048,
+    "method.proj_output_dim": 512,
+    "optim.name": "adamw",
+    "optim.lr": 5e-4,
+    "optim.lr_scaling": "none",
+    "optim.final_lr": 5e-7,
+    "trainer.max_epochs": 100,
+    "trainer.precision": "bf16",
+    "views": [(*_LEJEPA_VIEW, 0.3), (*_LEJEPA_VIEW, 0.05)],
+    "geometry": [(None, 2, 1.0, 0.5), (98, 6, 0.3, 0.5)],
+    "view_sizes": [224, 224] + [98] * 6,
+}
+
 # The cited numbers, per recipe (see each file's header for the source of each).
 EXPECTED = {
     "simclr_cifar10": {**_SIMCLR_CIFAR, "data.name": "cifar10"},
@@ -431,6 +456,16 @@ EXPECTED = {
         "geometry": [(None, 1, 1.0, 0.0)],
         "view_sizes": [224],
     },
+    # LeJEPA (Balestriero and LeCun 2025): the README's GOTO hyperparameters, ViT-L/14 as in its scripts/
+    "lejepa_imagenet": {
+        **_LEJEPA,
+        "backbone.name": "vit_large_patch14_224",
+        "backbone.kwargs.patch_size": 14,
+        "backbone.drop_path_rate": 0.1,
+        "optim.weight_decay": 5e-2,
+    },
+    # ... and for ResNets, whose weight decay is 5e-4
+    "lejepa_imagenet_resnet50": {**_LEJEPA, "backbone.name": "resnet50", "optim.weight_decay": 5e-4},
     # solo-learn cifar/swav.yaml (+ its SwAV defaults: epsilon 0.05, 3 Sinkhorn iterations); no queue
     "swav_cifar10": {
         **_SOLO_LEARN_CIFAR,

@@ -64,6 +64,8 @@ METHOD = {
     # 64 samples, 4 steps per epoch: the k-means after step 4 gives steps 5 and 6 their loss.
     "all4one": HEADS + ["method.pred_hidden_dim=32", "method.queue_size=64", "method.base_momentum=0.9"],
     "deepclusterv2": HEADS + ["method.num_prototypes=[4,6]", "method.kmeans_iterations=3"],
+    # Multi-crop: every view pulled to the 2 global crops' centre, SIGReg on all 6; 16 directions, new every step.
+    "lejepa": HEADS + ["augmentation=multicrop_digits", "method.num_slices=16"],
     # timm's test ViT (width 64, 6 blocks, any crop size) on 4 px patches: 2 global 16 px crops, most of them masked,
     # and 4 local 8 px ones; the teacher temperature warms up over the first epoch.
     "dinov2": [
@@ -303,13 +305,17 @@ def test_unknown_method_lists_every_method():
     with pytest.raises(MissingConfigException) as err:
         compose_cfg(["method=bool"])
     builtin = [m.name for m in METHODS if m.target.__module__.startswith("solo.")]  # other tests register their own
-    assert len(builtin) == 24 and all(name in str(err.value) for name in builtin)
+    assert len(builtin) == 25 and all(name in str(err.value) for name in builtin)
 
 
 @pytest.mark.parametrize(
     "method, views, message",
     [
-        ("byol", "augmentation=multicrop_digits", r"only used by methods that take local crops \(dino, dinov2, swav"),
+        (
+            "byol",
+            "augmentation=multicrop_digits",
+            r"only used by methods that take local crops \(dino, dinov2, lejepa, swav",
+        ),
         (
             "dino",
             "augmentation=multicrop_digits augmentation.views.1.size=32",
@@ -386,6 +392,34 @@ def test_more_prototypes_than_samples_are_refused(tmp_path):
 def test_settings_a_method_cannot_use_are_refused(override, message):
     with pytest.raises(ConfigError, match=message):
         compose_cfg(BASE + HEADS + ["data.batch_size=16"] + override.split())
+
+
+def test_lejepa_directions_are_drawn_from_the_seed_and_step_alone():
+    """Inside the trainer's step the directions (unit columns) come from (run seed, step): the same whatever torch's
+    generator holds (each rank seeds its own from its rank), others at the next step or under another seed. Drawn from
+    torch's generator instead (a forward outside the step), they differ between two ranks' generators."""
+    from solo.backbones import create_backbone
+    from solo.backbones.stochastic import drawn_per_sample
+    from solo.methods import build_method
+
+    backbone, width = create_backbone("test_resnet", small_stem=True, pretrained=False)
+    method = build_method(compose_cfg(BASE + ["method=lejepa", *METHOD["lejepa"]]).method, backbone, width)
+    like = torch.zeros(4, 16, dtype=torch.float64)
+
+    def drawn(seed: int, step: int, rank: int):
+        torch.manual_seed(rank)
+        with drawn_per_sample(seed, step):
+            return method.directions(like)
+
+    directions = drawn(0, 5, rank=0)
+    assert directions.shape == (16, 16) and directions.dtype == torch.float64
+    torch.testing.assert_close(directions.norm(dim=0), torch.ones(16, dtype=torch.float64), rtol=0, atol=1e-12)
+    assert torch.equal(directions, drawn(0, 5, rank=1))
+    assert not torch.equal(directions, drawn(0, 6, rank=0)) and not torch.equal(directions, drawn(1, 5, rank=0))
+    torch.manual_seed(0)
+    rank0 = method.directions(like)
+    torch.manual_seed(1)
+    assert not torch.equal(rank0, method.directions(like))
 
 
 @pytest.mark.parametrize("name", ["simsiam", "nnsiam"])

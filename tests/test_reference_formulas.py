@@ -1,14 +1,16 @@
-"""VIbCReg's, DeepClusterV2's and I-JEPA's losses against hand-written references of the formulas their authors' code
-computes (ML4ITS/vibcreg, SwAV's main_deepclusterv2.py, facebookresearch/ijepa), each with the variant solo used to
-compute, which they must reject. Their exactness under DDP is the checker's (tests/test_distributed.py)."""
+"""VIbCReg's, DeepClusterV2's, I-JEPA's and LeJEPA's losses against hand-written references of the formulas their
+authors' code computes (ML4ITS/vibcreg, SwAV's main_deepclusterv2.py, facebookresearch/ijepa, the LeJEPA paper's
+algorithm), each with a variant they must reject (what solo used to compute, or a likely slip). Their exactness under
+DDP is the checker's (tests/test_distributed.py)."""
 
+import cmath
 import math
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from solo.losses import deepcluster_loss, masked_patch_mse, masked_patch_smooth_l1, vibcreg_loss
+from solo.losses import deepcluster_loss, lejepa_loss, masked_patch_mse, masked_patch_smooth_l1, vibcreg_loss
 from solo.train.trainer import build_model
 from tests.test_accumulate import CASES
 from tests.test_train import compose_cfg
@@ -163,3 +165,66 @@ def test_ijepa_method_loss_picks_the_error_smooth_l1_by_default(loss):
     per_error = (lambda e: e * e) if loss == "mse" else _smooth_l1
     assert got == pytest.approx(sum(map(per_error, errors)) / len(errors), rel=1e-12)
     assert cfg.method.loss == (loss or "smooth_l1")
+
+
+# --- LeJEPA ----------------------------------------------------------------------------------------------------------
+
+
+def _lejepa_case(n=7, d=3, views=4, slices=5):
+    """Two global views and two local ones of n samples (near one another, spread about 1 along each axis), and
+    `slices` unit directions."""
+    g = _generator(4)
+    base = torch.randn(n, d, generator=g, dtype=torch.float64)
+    embeddings = [base + 0.4 * torch.randn(n, d, generator=g, dtype=torch.float64) for _ in range(views)]
+    directions = torch.randn(d, slices, generator=g, dtype=torch.float64)
+    return [z.requires_grad_() for z in embeddings], directions / directions.norm(dim=0)
+
+
+# The paper's nodes: 33 of [-3, 3], every 3/16, as the reference code's 17 of [0, 3] mirrored.
+WHOLE_LINE = torch.linspace(-3, 3, 33, dtype=torch.float64)
+
+
+def _paper_sigreg(views, directions, t=WHOLE_LINE):
+    """The paper's algorithm in complex numbers: per view, the ECF at the nodes t, |ECF - exp(-t^2/2)|^2 exp(-t^2/2)
+    integrated by torch.trapz, times N; the mean over views and directions."""
+    window = torch.exp(-t.square() / 2)
+    ecf = torch.exp(1j * (torch.stack(views) @ directions).unsqueeze(-1) * t).mean(dim=1)  # (V, M, T)
+    return (torch.trapz((ecf - window).abs().square() * window, t, dim=-1) * len(views[0])).mean()
+
+
+def _paper_lejepa(views, directions, lambd):
+    centre = torch.stack(views[:2]).mean(dim=0)  # the global views'
+    invariance = (centre - torch.stack(views)).square().mean()
+    return (1 - lambd) * invariance + lambd * _paper_sigreg(views, directions)
+
+
+def _epps_pulley_by_hand(x: list[float]) -> float:
+    """One direction's statistic in plain Python: N x the trapezoid rule on the 33 nodes of [-3, 3]."""
+    values = []
+    for t in WHOLE_LINE.tolist():
+        ecf = sum(cmath.exp(1j * t * v) for v in x) / len(x)
+        values.append(abs(ecf - math.exp(-t * t / 2)) ** 2 * math.exp(-t * t / 2))
+    return len(x) * 6 / 32 * (sum(values) - (values[0] + values[-1]) / 2)
+
+
+def test_lejepa_is_the_papers_invariance_and_epps_pulley_sigreg_in_value_and_gradient():
+    """Four views (two global, two local): solo's loss, its invariance alone (lambd 0) and SIGReg alone (lambd 1)
+    against the paper's algorithm in complex numbers on [-3, 3] and a plain-Python statistic, in value and in the
+    gradient of every view. Rejected: the centre over every view (local crops included), and the trapezoid rule on
+    [0, 3] alone (the ECF's symmetry forgotten: the reference doubles its weights)."""
+    views, directions = _lejepa_case()
+    detached = [v.detach() for v in views]
+    by_hand = [_epps_pulley_by_hand((v @ a).tolist()) for v in detached for a in directions.T]
+    sigreg = lejepa_loss(detached, directions, lambd=1.0).item()
+    assert sigreg == pytest.approx(sum(by_hand) / len(by_hand), rel=1e-12)
+    for lambd in (0.0, 1.0, 0.05):
+        got, want = lejepa_loss(views, directions, lambd=lambd), _paper_lejepa(views, directions, lambd)
+        assert got.item() == pytest.approx(want.item(), rel=1e-12), lambd
+        for g, w in zip(torch.autograd.grad(got, views), torch.autograd.grad(want, views)):
+            torch.testing.assert_close(g, w, rtol=1e-12, atol=1e-14)
+
+    invariance = lejepa_loss(detached, directions, lambd=0.0).item()
+    every_view_centre = float((torch.stack(detached).mean(dim=0) - torch.stack(detached)).square().mean())
+    assert abs(invariance - every_view_centre) > 1e-2 * invariance
+    half_line = float(_paper_sigreg(detached, directions, WHOLE_LINE[16:]))
+    assert abs(sigreg - half_line) > 0.1 * sigreg

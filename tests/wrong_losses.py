@@ -2,7 +2,7 @@
 
 Used to show that the gradient checker rejects them: a check that cannot fail proves nothing. Then the
 wrong variants of the self-supervised losses (VICReg, SigLIP, DINO, SwAV, MoCo v3, BYOL, SupCon, NNCLR, W-MSE,
-VIbCReg, I-JEPA, DeepClusterV2) that popular
+VIbCReg, I-JEPA, DeepClusterV2, LeJEPA) that popular
 implementations ship (WRONG_SSL). At the end, two losses for the checker's error paths: one that raises
 on one rank, one that ignores its scalar.
 """
@@ -11,8 +11,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from solo.distributed import batch_sizes, rank, world_size
-from solo.losses import LOSSES, dino_loss, nt_xent_loss, whiten
+from solo.distributed import all_reduce, batch_sizes, rank, world_size
+from solo.losses import LOSSES, dino_loss, lejepa_loss, nt_xent_loss, random_directions, whiten
 from solo.losses.barlow_twins import _standardise
 from tests.checker_user_losses import siglip_terms
 
@@ -339,6 +339,56 @@ def deepclusterv2_mean_of_rank_means(z1, z2):
     ) / 2
 
 
+def _lejepa_case(z1, z2, seed=0):
+    """lejepa_check's views (two global, z1 * z2 a local one) and 16 directions (drawn from `seed`)."""
+    return [z1, z2, z1 * z2], random_directions(z1.shape[1], 16, torch.Generator().manual_seed(seed), dtype=z1.dtype)
+
+
+def _lejepa_rank_terms(z1, z2):
+    """This rank's means over its rows: of cos(t x) and sin(t x) per (view, direction, t), t on 17 nodes of [0, 3],
+    and of the invariance's squares."""
+    views, directions = _lejepa_case(z1, z2)
+    angles = (torch.stack(views) @ directions).unsqueeze(-1) * torch.linspace(0, 3, 17, dtype=z1.dtype)
+    centre = (z1 + z2) / 2
+    invariance = torch.stack([(v - centre).square() for v in views]).mean()
+    return angles.cos().mean(dim=1), angles.sin().mean(dim=1), invariance
+
+
+def _lejepa_from_means(cos_mean, sin_mean, n, invariance):
+    """lejepa_check's loss (lambda 0.5) from the characteristic function's means, the n that scales the statistic
+    and the invariance: the trapezoid rule on [-3, 3] as 17 nodes of [0, 3] with doubled weights."""
+    t = torch.linspace(0, 3, 17, dtype=cos_mean.dtype)
+    window = torch.exp(-t.square() / 2)
+    weights = torch.full_like(t, 2 * 3 / 16)
+    weights[0] = weights[-1] = 3 / 16
+    statistic = ((cos_mean - window).square() + sin_mean.square()) @ (weights * window) * n
+    return 0.5 * invariance + 0.5 * statistic.mean()
+
+
+def lejepa_per_rank_statistics(z1, z2):
+    """LeJEPA with the empirical characteristic function of this rank's batch and the statistic scaled by its size,
+    the invariance its mean: SIGReg as a per-GPU implementation computes it (the reference's MINIMAL.md, run under DDP)."""
+    cos_mean, sin_mean, invariance = _lejepa_rank_terms(z1, z2)
+    return _lejepa_from_means(cos_mean, sin_mean, len(z1), invariance)
+
+
+def lejepa_per_rank_directions(z1, z2):
+    """solo's LeJEPA with the directions drawn from a generator seeded by the rank (as torch.randn draws them, in the
+    reference's MINIMAL.md, wherever the ranks' generators differ): every statistic global, but each rank tests other
+    directions."""
+    views, directions = _lejepa_case(z1, z2, seed=rank())
+    return lejepa_loss(views, directions, lambd=0.5)
+
+
+def lejepa_mean_of_rank_means(z1, z2):
+    """LeJEPA as the reference code distributes it (lejepa.univariate.EppsPulley): each rank's means of the
+    characteristic function averaged over the ranks (a differentiable all-reduce / W), the statistic scaled by the
+    local batch x W, the invariance the rank's mean averaged by DDP: right only when every rank holds as many samples."""
+    cos_mean, sin_mean, invariance = _lejepa_rank_terms(z1, z2)
+    cos_mean, sin_mean = all_reduce(torch.stack([cos_mean, sin_mean])) / world_size()
+    return _lejepa_from_means(cos_mean, sin_mean, len(z1) * world_size(), invariance)
+
+
 WRONG_SSL = [
     f"tests.wrong_losses:{name}"
     for name in (
@@ -360,6 +410,9 @@ WRONG_SSL = [
         "ibot_mean_of_rank_means",  # only wrong with uneven per-rank batches
         "ijepa_mean_of_rank_means",
         "deepclusterv2_mean_of_rank_means",
+        "lejepa_per_rank_statistics",
+        "lejepa_per_rank_directions",
+        "lejepa_mean_of_rank_means",  # only wrong with uneven per-rank batches
     )
 ]
 

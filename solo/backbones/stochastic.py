@@ -10,6 +10,8 @@ The trainer says what a forward computes: `drawn_per_sample(seed, step)` around 
 each forward on a batch (or micro-batch) whose rows are the samples `index`. A module's input holds whole views of
 those samples one after another (row j is sample index[j % n], view j // n), as every method concatenates its views.
 A forward outside them (your own training loop) draws from torch's generator, as timm's modules do.
+What is drawn once per step for the whole batch (LeJEPA's directions) comes from `step_generator`, seeded by (run
+seed, step) alone.
 """
 
 from __future__ import annotations
@@ -103,6 +105,20 @@ def recorded_and_replayed() -> tuple:
     return record(), replay()
 
 
+def _step_key(step: _Step) -> int:
+    """A 32-bit hash of (run seed, step)."""
+    return mix32(mix32(mix32(step.seed & _MASK32) ^ (step.seed >> 32)) ^ step.step)
+
+
+def step_generator(name: str, device: torch.device) -> torch.Generator | None:
+    """Inside `drawn_per_sample`: a generator on `device` seeded by (run seed, step, `name`), the same on every rank,
+    at any world size and micro-batching, for what is drawn once per step for the whole batch (LeJEPA's directions).
+    Outside it (your own training loop), None: draw from torch's generator."""
+    if _active is None:
+        return None
+    return torch.Generator(device=device).manual_seed(mix32(_step_key(_active) ^ zlib.crc32(name.encode())))
+
+
 @torch.compiler.disable  # Python state (the call counts): a compiled block calls it eagerly
 def uniforms(module: nn.Module, rows: int, per_row: int, device: torch.device) -> torch.Tensor:
     """(rows, per_row) float64 uniforms in [0, 1) for `module`'s call on `rows` rows: per sample in a forward of the
@@ -123,7 +139,7 @@ def uniforms(module: nn.Module, rows: int, per_row: int, device: torch.device) -
         )
     call = _active.calls.get(module, 0)
     _active.calls[module] = call + 1
-    key = mix32(mix32(mix32(mix32(_active.seed & _MASK32) ^ (_active.seed >> 32)) ^ _active.step) ^ module.key)
+    key = mix32(_step_key(_active) ^ module.key)
     key = mix32(key ^ call)
     row = torch.arange(rows, device=device)
     sample = index.to(device)[row % n] if n else row

@@ -4,6 +4,7 @@ from solo.losses._checks import NonFiniteError
 from solo.losses.barlow_twins import all4one_feature_loss, barlow_twins_loss
 from solo.losses.contrastive import clip_loss, nnclr_loss, nt_xent_loss, supcon_loss
 from solo.losses.koleo import koleo_loss
+from solo.losses.lejepa import lejepa_loss, random_directions
 from solo.losses.masked import masked_patch_mse, masked_patch_smooth_l1, normalised_patches
 from solo.losses.registry import LOSSES
 from solo.losses.regression import byol_loss, moco_queue_loss, mocov3_loss, ressl_loss, simsiam_loss
@@ -37,6 +38,7 @@ __all__ = [
     "dino_loss",
     "ibot_patch_loss",
     "koleo_loss",
+    "lejepa_loss",
     "masked_center",
     "masked_patch_mse",
     "masked_patch_smooth_l1",
@@ -45,6 +47,7 @@ __all__ = [
     "nnclr_loss",
     "normalised_patches",
     "nt_xent_loss",
+    "random_directions",
     "ressl_loss",
     "siglip_loss",
     "simsiam_loss",

@@ -18,6 +18,7 @@ from solo.methods import (  # noqa: F401  (registers them)
     dino,
     dinov2,
     ijepa,
+    lejepa,
     mae,
     mocov2plus,
     mocov3,

@@ -1,0 +1,60 @@
+"""LeJEPA (Balestriero and LeCun, 2025): every view's embedding pulled to the mean of the global views', and SIGReg, a
+test of the embeddings against an isotropic Gaussian along random directions; no teacher, stop-gradient or predictor."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from solo.backbones.stochastic import step_generator
+from solo.losses import lejepa_loss, random_directions
+from solo.methods.base import Method, mlp, register_method, through
+from solo.schema import AT_LEAST_ONE, POSITIVE, PROBABILITY, Rule, ruled
+
+# The stream of draws that the directions come from, keyed with the run's seed and the step.
+DIRECTIONS = "lejepa.directions"
+AT_LEAST_TWO = Rule("must be >= 2", lambda v: v >= 2)
+
+
+@dataclass
+class LeJEPAConfig:
+    name: str = "lejepa"
+    proj_hidden_dim: int = ruled(2048, AT_LEAST_ONE)
+    proj_output_dim: int = ruled(512, AT_LEAST_ONE)
+    lambd: float = ruled(0.05, PROBABILITY)  # SIGReg's weight; the invariance's is 1 - lambd
+    num_slices: int = ruled(1024, AT_LEAST_ONE)  # M, the random directions SIGReg tests along, drawn anew every step
+    t_max: float = ruled(3.0, POSITIVE)  # the Epps-Pulley integral over t in [-t_max, t_max] ...
+    num_points: int = ruled(17, AT_LEAST_TWO)  # ... by the trapezoid rule, its nodes on [0, t_max]
+
+
+@register_method("lejepa", schema=LeJEPAConfig)
+class LeJEPA(Method):
+    augmentations = {"digits": "digits", "natural": "multicrop_lejepa"}
+    local_crops = True
+
+    def __init__(self, backbone, feature_dim: int, cfg: LeJEPAConfig):
+        super().__init__(backbone, feature_dim)
+        self.cfg = cfg
+        self.projector = mlp([feature_dim, cfg.proj_hidden_dim, cfg.proj_hidden_dim, cfg.proj_output_dim])
+
+    def directions(self, like: torch.Tensor) -> torch.Tensor:
+        """This step's directions: a function of (run seed, step) alone, the same on every rank at any world size
+        (solo.backbones.stochastic.step_generator), so nothing to keep in the checkpoint; a forward outside the
+        trainer's step draws them from torch's generator."""
+        generator = step_generator(DIRECTIONS, like.device)
+        dtype = torch.float64 if like.dtype == torch.float64 else torch.float32  # as the loss computes
+        return random_directions(like.shape[1], self.cfg.num_slices, generator, like.device, dtype)
+
+    def encode(self, batch: dict) -> dict:
+        return {"features": through(self.backbone, batch["views"])}
+
+    def joint(self, encoded: dict, batch: dict) -> dict:
+        features = encoded["features"]
+        # One call on every view: the projector's BatchNorm takes its statistics over all of them, as the reference's.
+        projected = self.projector(torch.cat(features)).split([len(f) for f in features])
+        c = self.cfg
+        directions = self.directions(projected[0])
+        loss = lejepa_loss(list(projected), directions, c.lambd, self.num_views, c.t_max, c.num_points)
+        global_features = torch.cat(features[: self.num_views])
+        return {"loss": loss, "features": global_features, "labels": batch["label"].repeat(self.num_views)}
