@@ -29,6 +29,8 @@ def _panel(key: str) -> str:
         return "loss"
     if any(s in key for s in ("acc", "recall", "top1", "top5")):
         return "accuracy"
+    if "rankme" in key:
+        return "effective rank (RankMe)"
     return key
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from solo.eval.features import extract_features
+from solo.eval.health import embeddings, health
 from solo.eval.knn import knn_accuracy
 from solo.eval.plots import plot_curves, plot_embedding
 from solo.eval.zero_shot import zero_shot_accuracy
@@ -12,7 +13,8 @@ from solo.eval.zero_shot import zero_shot_accuracy
 
 class Evaluator:
     """What the method reports on the val split (`Method.evaluate`: the online probe, or zero-shot and
-    retrieval for CLIP), a weighted k-NN on backbone features when `knn_k > 0` and the data has labels, and
+    retrieval for CLIP), the health of its features and embeddings there (solo.eval.health: RankMe, uniformity,
+    spread) for image methods, a weighted k-NN on backbone features when `knn_k > 0` and the data has labels, and
     zero-shot accuracy on trainer.zero_shot_folder's images for image-text methods."""
 
     def __init__(
@@ -32,6 +34,9 @@ class Evaluator:
         if self.loaders.val is None:
             return metrics
         metrics |= method.evaluate(self.model.probe, self.loaders.val, self.device, self.autocast)
+        if method.inputs == "views":
+            projector = getattr(method, "projector", None)  # the embedding the loss sees, where the method has one
+            metrics |= health(*embeddings(method.backbone, projector, self.loaders.val, self.device, self.autocast))
         if self.knn_k > 0 and self.loaders.train_eval is not None:
             train = extract_features(method.backbone, self.loaders.train_eval, self.device, self.autocast)
             val = extract_features(method.backbone, self.loaders.val, self.device, self.autocast)

@@ -28,6 +28,7 @@ from solo.distributed.env import process_group
 from solo.distributed.run_dir import hold_run_dir
 from solo.dtypes import full_precision
 from solo.errors import CheckpointError, ConfigError, DataError
+from solo.eval.health import collapse
 from solo.loggers import Loggers
 from solo.methods import METHODS, build_method, create_method
 from solo.optim import build_optimizer, layer_decay, scaled_lr, warmup_cosine
@@ -251,6 +252,7 @@ class Trainer:
                 final_lr=cfg.optim.weight_decay_end,
             ),
         )
+        self.warned_collapse = False
         self.evaluator = Evaluator(
             model,
             self.loaders,
@@ -478,6 +480,10 @@ class Trainer:
             if self.logger:
                 self.logger.log(self.last_metrics)
             self.say(f"epoch {self.source.epoch}: " + ", ".join(f"{k} {v:.4f}" for k, v in val.items()))
+            collapsed = collapse(val)
+            if collapsed and self.env.is_main and not self.warned_collapse:
+                log.warning(f"epoch {self.source.epoch}: {collapsed}")
+                self.warned_collapse = True  # once a run: a collapsed run stays so
         if self._epoch_done():
             self.source.set_epoch(self.source.epoch + 1)
         self._save()

@@ -1,0 +1,93 @@
+"""Health of the representation, each epoch, on the whole val split: whether the embeddings spread or collapse.
+
+- RankMe (Garrido et al., 2023): the effective rank exp(entropy of the normalised singular values) of the (N, D)
+  matrix of embeddings; near 1 when every sample maps to one line, up to min(N, D) when spread evenly.
+- Uniformity (Wang and Isola, 2020): log of the mean of exp(-t ||u_i - u_j||^2) over pairs of distinct samples, u the
+  L2-normalised embeddings; 0 when every sample is at one point, about -4 (t = 2) when spread over the sphere.
+- The per-dimension standard deviation of the L2-normalised embeddings times sqrt(D) (SimSiam's collapse watch): about
+  1 when spread, 0 when collapsed.
+
+Computed on the backbone's features and on the embedding the loss sees (the method's `projector` applied to them,
+where it has one), gathered from every rank in dataset order: the same numbers at any world size.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from solo.data import real_rows
+from solo.distributed import gather
+from solo.eval.mode import eval_mode
+
+# Pairs for the uniformity: the first UNIFORMITY_SAMPLES val samples in dataset order (all pairs of N samples are
+# N^2 / 2 distances: 8 M here, 1.25 G for ImageNet's 50,000).
+UNIFORMITY_SAMPLES = 4096
+# Below these the embeddings have collapsed (a spread embedding reads about 1 and tens).
+COLLAPSED_STD, COLLAPSED_RANK = 0.05, 1.5
+
+
+def rankme(z: torch.Tensor, eps: float = 1e-7) -> float:
+    """exp(-sum p_k log p_k), p_k = s_k / sum(s) + eps over the singular values s of `z` (N, D) (the paper's eps)."""
+    s = torch.linalg.svdvals(z.double())
+    p = s / s.sum().clamp_min(torch.finfo(torch.float64).tiny) + eps
+    return math.exp(float(-(p * p.log()).sum()))
+
+
+def uniformity(z: torch.Tensor, t: float = 2.0) -> float:
+    """log mean_{i != j} exp(-t ||u_i - u_j||^2) over the first UNIFORMITY_SAMPLES rows, u = z / ||z||."""
+    u = torch.nn.functional.normalize(z[:UNIFORMITY_SAMPLES].double(), dim=1)
+    n = len(u)
+    if n < 2:
+        return float("nan")
+    squared = torch.pdist(u).square()  # the n (n - 1) / 2 pairs i < j: the mean over i != j is the same
+    return float(torch.logsumexp(-t * squared, dim=0) - math.log(len(squared)))
+
+
+def spread(z: torch.Tensor) -> float:
+    """The mean over dimensions of the standard deviation of z / ||z|| over the samples, times sqrt(D)."""
+    u = torch.nn.functional.normalize(z.double(), dim=1)
+    return float(u.std(dim=0, unbiased=False).mean() * math.sqrt(z.shape[1]))
+
+
+@torch.no_grad()
+def embeddings(backbone, projector, loader, device, autocast) -> tuple[torch.Tensor, torch.Tensor]:
+    """(features, embeddings) of every val sample, every rank's shard gathered in dataset order (float32, CPU); the
+    embeddings are `projector`'s output on the features (the features again without one). Every rank runs the same
+    batches (solo.data.eval_loader pads), so a sharded model's collectives match."""
+    dtype = next(backbone.parameters()).dtype
+    features, embedded, index = [], [], []
+    modules = (backbone,) if projector is None else (backbone, projector)
+    with eval_mode(*modules):
+        for batch in loader:
+            real = real_rows(batch).to(device)
+            with autocast():
+                f = backbone(batch["image"].to(device, dtype, non_blocking=True))
+                z = f if projector is None else projector(f)
+            features.append(f[real].float())
+            embedded.append(z[real].float())
+            index.append(batch["index"].to(device)[real])
+    order = gather(torch.cat(index)).argsort()
+    return gather(torch.cat(features))[order].cpu(), gather(torch.cat(embedded))[order].cpu()
+
+
+def health(features: torch.Tensor, embedded: torch.Tensor) -> dict:
+    return {
+        "val/rankme": rankme(features),
+        "val/embedding_rankme": rankme(embedded),
+        "val/embedding_std": spread(embedded),
+        "val/uniformity": uniformity(embedded),
+    }
+
+
+def collapse(metrics: dict) -> str | None:
+    """One line saying the embeddings collapsed, when the metrics say so; else None."""
+    std, rank = metrics.get("val/embedding_std"), metrics.get("val/embedding_rankme")
+    if std is None or rank is None or (std >= COLLAPSED_STD and rank >= COLLAPSED_RANK):
+        return None
+    return (
+        f"the embeddings have collapsed: on the val split their per-dimension std is {std:.3g} (about 1 when spread) "
+        f"and their effective rank (RankMe) {rank:.3g}; the loss no longer keeps samples apart: look at the learning "
+        "rate, the loss's coefficients and the projector (val/embedding_std, val/embedding_rankme in metrics.jsonl)"
+    )
