@@ -97,6 +97,10 @@ WRONG_SSL_OF = {
     "lejepa_per_rank_statistics": "lejepa",
     "lejepa_per_rank_directions": "lejepa",
     "lejepa_mean_of_rank_means": "lejepa",
+    "dcl_local_negatives": "dcl",
+    "dclw_local_weights": "dclw",
+    "mmcr_per_rank_nuclear_norm": "mmcr",
+    "mmcr_rank_only_gather": "mmcr",
 }
 
 

@@ -66,6 +66,16 @@ METHOD = {
     "deepclusterv2": HEADS + ["method.num_prototypes=[4,6]", "method.kmeans_iterations=3"],
     # Multi-crop: every view pulled to the 2 global crops' centre, SIGReg on all 6; 16 directions, new every step.
     "lejepa": HEADS + ["augmentation=multicrop_digits", "method.num_slices=16"],
+    # DCLW: DCL's global negatives, and the positive's weights over the global batch.
+    "dcl": HEADS + ["method.weight_fn=vmf"],
+    # Multi-crop: centroids of all 6 views; 8 dimensions (the centroids' 16 x 8 matrix has no vanishing singular
+    # value) and the per-sample nuclear norms too.
+    "mmcr": [
+        "method.proj_hidden_dim=32",
+        "method.proj_output_dim=8",
+        "augmentation=multicrop_digits",
+        "method.lambd=0.1",
+    ],
     # timm's test ViT (width 64, 6 blocks, any crop size) on 4 px patches: 2 global 16 px crops, most of them masked,
     # and 4 local 8 px ones; the teacher temperature warms up over the first epoch.
     "dinov2": [
@@ -305,7 +315,7 @@ def test_unknown_method_lists_every_method():
     with pytest.raises(MissingConfigException) as err:
         compose_cfg(["method=bool"])
     builtin = [m.name for m in METHODS if m.target.__module__.startswith("solo.")]  # other tests register their own
-    assert len(builtin) == 25 and all(name in str(err.value) for name in builtin)
+    assert len(builtin) == 27 and all(name in str(err.value) for name in builtin)
 
 
 @pytest.mark.parametrize(
@@ -314,7 +324,7 @@ def test_unknown_method_lists_every_method():
         (
             "byol",
             "augmentation=multicrop_digits",
-            r"only used by methods that take local crops \(dino, dinov2, lejepa, swav",
+            r"only used by methods that take local crops \(dino, dinov2, lejepa, mmcr, swav",
         ),
         (
             "dino",

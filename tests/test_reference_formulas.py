@@ -1,7 +1,7 @@
-"""VIbCReg's, DeepClusterV2's, I-JEPA's and LeJEPA's losses against hand-written references of the formulas their
-authors' code computes (ML4ITS/vibcreg, SwAV's main_deepclusterv2.py, facebookresearch/ijepa, the LeJEPA paper's
-algorithm), each with a variant they must reject (what solo used to compute, or a likely slip). Their exactness under
-DDP is the checker's (tests/test_distributed.py)."""
+"""VIbCReg's, DeepClusterV2's, I-JEPA's, LeJEPA's, DCL's and MMCR's losses against hand-written references of the
+formulas their authors' code computes (ML4ITS/vibcreg, SwAV's main_deepclusterv2.py, facebookresearch/ijepa, the LeJEPA
+paper's algorithm, the DCL and MMCR papers' objectives), each with a variant they must reject (what solo used to
+compute, or a likely slip). Their exactness under DDP is the checker's (tests/test_distributed.py)."""
 
 import cmath
 import math
@@ -10,10 +10,19 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from solo.losses import deepcluster_loss, lejepa_loss, masked_patch_mse, masked_patch_smooth_l1, vibcreg_loss
+from solo.losses import (
+    dcl_loss,
+    deepcluster_loss,
+    lejepa_loss,
+    masked_patch_mse,
+    masked_patch_smooth_l1,
+    mmcr_loss,
+    nt_xent_loss,
+    vibcreg_loss,
+)
 from solo.train.trainer import build_model
 from tests.test_accumulate import CASES
-from tests.test_train import compose_cfg
+from tests.test_train import TINY, compose_cfg
 
 
 def _generator(seed: int) -> torch.Generator:
@@ -228,3 +237,118 @@ def test_lejepa_is_the_papers_invariance_and_epps_pulley_sigreg_in_value_and_gra
     assert abs(invariance - every_view_centre) > 1e-2 * invariance
     half_line = float(_paper_sigreg(detached, directions, WHOLE_LINE[16:]))
     assert abs(sigreg - half_line) > 0.1 * sigreg
+
+
+# --- DCL and DCLW ----------------------------------------------------------------------------------------------------
+
+
+def _pair_case(n=7, d=3, seed=5):
+    g = _generator(seed)
+    z1 = torch.randn(n, d, generator=g, dtype=torch.float64)
+    z2 = z1 + 0.7 * torch.randn(n, d, generator=g, dtype=torch.float64)
+    return z1.requires_grad_(), z2.requires_grad_()
+
+
+def _paper_dcl(z1, z2, temperature, sigma=None, weights_with_gradient=False):
+    """The paper's Equation 6 anchor by anchor: for view k of sample i, -w_i <u_i^k, u_i^(3-k)> / tau plus the log of
+    the sum of exp(<u_i^k, u_j^l> / tau) over both views l of every other sample j; the mean over the 2N anchors. DCLW's
+    w_i = 2 - exp(<u_i^1, u_i^2> / sigma) / E_j[exp(<u_j^1, u_j^2> / sigma)] (a constant unless told otherwise)."""
+    views = [z1 / z1.norm(dim=1, keepdim=True), z2 / z2.norm(dim=1, keepdim=True)]
+    n = len(z1)
+    weights = [1.0] * n
+    if sigma is not None:
+        pairs = [torch.exp(views[0][i] @ views[1][i] / sigma) for i in range(n)]
+        weights = [2 - p / (sum(pairs) / n) for p in pairs]
+        weights = weights if weights_with_gradient else [w.detach() for w in weights]
+    anchors = []
+    for k in range(2):
+        for i in range(n):
+            u = views[k][i]
+            negatives = [torch.exp(u @ view[j] / temperature) for view in views for j in range(n) if j != i]
+            anchors.append(-weights[i] * (u @ views[1 - k][i]) / temperature + torch.log(sum(negatives)))
+    return sum(anchors) / (2 * n)
+
+
+def _lightly_two_log_sum_exps(z1, z2, temperature):
+    """lightly's DCLLoss: a log-sum-exp over each view's negatives apart, the two added."""
+    u1, u2 = F.normalize(z1, dim=1), F.normalize(z2, dim=1)
+    off = ~torch.eye(len(u1), dtype=torch.bool)
+
+    def one_way(a, b):
+        same, other = (a @ a.T / temperature)[off], (a @ b.T / temperature)[off]
+        lse = same.view(len(a), -1).logsumexp(dim=1) + other.view(len(a), -1).logsumexp(dim=1)
+        return (lse - (a * b).sum(dim=1) / temperature).mean()
+
+    return (one_way(u1, u2) + one_way(u2, u1)) / 2
+
+
+@pytest.mark.parametrize("sigma", [None, 0.5], ids=["dcl", "dclw"])
+def test_dcl_is_the_papers_equation_6_in_value_and_gradient(sigma):
+    """DCL and DCLW (weights without gradient, as lightly's) against the paper's equation anchor by anchor, in value
+    and gradient. Told apart: NT-Xent (the positive in the denominator), lightly's two separate log-sum-exps, and (DCLW)
+    weights that carry gradient, as the authors' code has them."""
+    z1, z2 = _pair_case()
+    got, want = dcl_loss(z1, z2, 0.1, sigma), _paper_dcl(z1, z2, 0.1, sigma)
+    assert got.item() == pytest.approx(want.item(), rel=1e-12)
+    for g, w in zip(torch.autograd.grad(got, (z1, z2)), torch.autograd.grad(want, (z1, z2))):
+        torch.testing.assert_close(g, w, rtol=1e-12, atol=1e-14)
+
+    z1, z2 = z1.detach(), z2.detach()
+    value = got.item()
+    if sigma is None:
+        assert abs(value - nt_xent_loss(z1, z2, 0.1).item()) > 1e-2 * abs(value)
+        assert abs(value - _lightly_two_log_sum_exps(z1, z2, 0.1).item()) > 1e-2 * abs(value)
+        return
+    z1.requires_grad_()
+    mine = torch.autograd.grad(dcl_loss(z1, z2, 0.1, sigma), z1)[0]
+    through_weights = torch.autograd.grad(_paper_dcl(z1, z2, 0.1, sigma, weights_with_gradient=True), z1)[0]
+    assert (mine - through_weights).abs().max() > 1e-2 * mine.abs().max()
+
+
+@pytest.mark.parametrize("weight_fn, sigma", [(None, None), ("none", None), ("vmf", 0.5)])
+def test_dcl_method_weights_the_positive_only_with_weight_fn_vmf(weight_fn, sigma):
+    overrides = TINY + ["method=dcl", "trainer.precision=64"] + ([f"method.weight_fn={weight_fn}"] if weight_fn else [])
+    method = build_model(compose_cfg(overrides), 10).method
+    z1, z2 = (z.detach() for z in _pair_case())
+    assert method.loss(z1, z2).item() == pytest.approx(_paper_dcl(z1, z2, 0.1, sigma).item(), rel=1e-12)
+
+
+# --- MMCR ------------------------------------------------------------------------------------------------------------
+
+
+def _nuclear_norm_by_eigenvalues(m: torch.Tensor) -> torch.Tensor:
+    """The sum of the singular values of each matrix of `m` (..., rows, columns), taken as the square roots of the
+    eigenvalues of its smaller Gram matrix (never zero here: every case is of full rank)."""
+    gram = m.mT @ m if m.shape[-2] >= m.shape[-1] else m @ m.mT
+    return torch.linalg.eigvalsh(gram).sqrt().sum(dim=-1)
+
+
+def _paper_mmcr(views, lambd):
+    """The paper's objective: views normalised onto the sphere, each sample's centroid; minus the nuclear norm of the
+    (N, D) centroid matrix, plus lambd times the mean over samples of the nuclear norm of each one's (V, D) views."""
+    units = torch.stack([v / v.norm(dim=1, keepdim=True) for v in views], dim=1)  # (N, V, D)
+    per_sample = _nuclear_norm_by_eigenvalues(units).mean()
+    return -_nuclear_norm_by_eigenvalues(units.mean(dim=1)) + lambd * per_sample
+
+
+def test_mmcr_is_the_nuclear_norm_of_the_global_centroids_in_value_and_gradient():
+    """Three views (two global, one local) of 9 samples in 4 dimensions: solo's loss, with and without the per-sample
+    term, against the paper's objective through eigenvalues of Gram matrices (not an SVD), in value and gradient.
+    Rejected: the sum, or the mean, of the nuclear norms of two parts of the batch (what ranks that do not gather
+    compute), and the centroids of the unnormalised embeddings."""
+    g = _generator(6)
+    base = torch.randn(9, 4, generator=g, dtype=torch.float64)
+    views = [(base + 0.5 * torch.randn(9, 4, generator=g, dtype=torch.float64)).requires_grad_() for _ in range(3)]
+    for lambd in (0.0, 0.3):
+        got, want = mmcr_loss(views, lambd), _paper_mmcr(views, lambd)
+        assert got.item() == pytest.approx(want.item(), rel=1e-12), lambd
+        for a, b in zip(torch.autograd.grad(got, views), torch.autograd.grad(want, views)):
+            torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+
+    detached = [v.detach() for v in views]
+    value = mmcr_loss(detached).item()
+    parts = [mmcr_loss([v[:4] for v in detached]).item(), mmcr_loss([v[4:] for v in detached]).item()]
+    for per_rank in (sum(parts), sum(parts) / 2):
+        assert abs(value - per_rank) > 1e-2 * abs(value)
+    unnormalised = -float(torch.linalg.matrix_norm(torch.stack(detached).mean(dim=0), ord="nuc"))
+    assert abs(value - unnormalised) > 1e-2 * abs(value)

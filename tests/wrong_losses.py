@@ -2,7 +2,7 @@
 
 Used to show that the gradient checker rejects them: a check that cannot fail proves nothing. Then the
 wrong variants of the self-supervised losses (VICReg, SigLIP, DINO, SwAV, MoCo v3, BYOL, SupCon, NNCLR, W-MSE,
-VIbCReg, I-JEPA, DeepClusterV2, LeJEPA) that popular
+VIbCReg, I-JEPA, DeepClusterV2, LeJEPA, DCL, MMCR) that popular
 implementations ship (WRONG_SSL). At the end, two losses for the checker's error paths: one that raises
 on one rank, one that ignores its scalar.
 """
@@ -11,8 +11,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from solo.distributed import all_reduce, batch_sizes, rank, world_size
-from solo.losses import LOSSES, dino_loss, lejepa_loss, nt_xent_loss, random_directions, whiten
+from solo.distributed import all_reduce, batch_sizes, gather, rank, world_size
+from solo.losses import LOSSES, dcl_loss, dino_loss, lejepa_loss, nt_xent_loss, random_directions, whiten
 from solo.losses.barlow_twins import _standardise
 from tests.checker_user_losses import siglip_terms
 
@@ -389,6 +389,53 @@ def lejepa_mean_of_rank_means(z1, z2):
     return _lejepa_from_means(cos_mean, sin_mean, len(z1) * world_size(), invariance)
 
 
+def dcl_local_negatives(z1, z2):
+    """DCL (the checker's case, temperature 0.1) with this rank's views as the only negatives, its mean averaged by
+    DDP: the authors' code, and lightly's DCLLoss without gather_distributed."""
+    u1, u2 = F.normalize(z1, dim=1), F.normalize(z2, dim=1)
+    u = torch.cat([u1, u2])
+    self_and_positive = torch.eye(len(u1), dtype=torch.bool).repeat(2, 2)
+    negatives = (u @ u.T / 0.1).masked_fill(self_and_positive, float("-inf")).logsumexp(dim=1)
+    return negatives.mean() - ((u1 * u2).sum(dim=1) / 0.1).mean()
+
+
+def dclw_local_weights(z1, z2):
+    """DCLW (the checker's case: temperature 0.1, sigma 0.5) with every negative of the global batch but the weights'
+    softmax over this rank's pairs, N its size: lightly's DCLWLoss with gather_distributed, whose weight_fn sees the
+    local batch. Written as solo's DCL plus the weights' share of the positive term."""
+    similarity = (F.normalize(z1, dim=1) * F.normalize(z2, dim=1)).sum(dim=1)
+    weights = 2 - len(similarity) * F.softmax(similarity.detach() / 0.5, dim=0)
+    total = sum(batch_sizes(len(z1), z1.device))
+    return dcl_loss(z1, z2, 0.1) - (weights - 1) @ similarity / 0.1 * (world_size() / total)
+
+
+def _mmcr_views(z1, z2):
+    """mmcr_check's three views (z1 * z2 the third), normalised: (n, 3, D)."""
+    return torch.stack([F.normalize(v, dim=1) for v in (z1, z2, z1 * z2)], dim=1)
+
+
+def _mmcr_from_views(units):
+    """mmcr_check's loss (lambda 0.5) of the (n, V, D) normalised views, taken as the whole batch."""
+    nuclear = torch.linalg.svdvals
+    return -nuclear(units.mean(dim=1)).sum() + 0.5 * nuclear(units).sum() / len(units)
+
+
+def mmcr_per_rank_nuclear_norm(z1, z2):
+    """MMCR with the nuclear norm of this rank's centroids alone, as a loss that does not gather computes it under DDP:
+    the ranks' norms, averaged, are not the norm of the global batch's matrix."""
+    return _mmcr_from_views(_mmcr_views(z1, z2))
+
+
+def mmcr_rank_only_gather(z1, z2):
+    """MMCR as the authors' code distributes it: every rank's views all-gathered without gradient, this rank's own put
+    back in their place, the whole loss on every rank; DDP's mean then gives the right value but 1/W of the gradient."""
+    units = _mmcr_views(z1, z2)
+    sizes = batch_sizes(len(units), units.device)
+    start = sum(sizes[: rank()])
+    every = gather(units.detach(), sizes)
+    return _mmcr_from_views(torch.cat([every[:start], units, every[start + len(units) :]]))
+
+
 WRONG_SSL = [
     f"tests.wrong_losses:{name}"
     for name in (
@@ -413,6 +460,10 @@ WRONG_SSL = [
         "lejepa_per_rank_statistics",
         "lejepa_per_rank_directions",
         "lejepa_mean_of_rank_means",  # only wrong with uneven per-rank batches
+        "dcl_local_negatives",
+        "dclw_local_weights",
+        "mmcr_per_rank_nuclear_norm",
+        "mmcr_rank_only_gather",
     )
 ]
 

@@ -2,10 +2,11 @@
 
 from solo.losses._checks import NonFiniteError
 from solo.losses.barlow_twins import all4one_feature_loss, barlow_twins_loss
-from solo.losses.contrastive import clip_loss, nnclr_loss, nt_xent_loss, supcon_loss
+from solo.losses.contrastive import clip_loss, dcl_loss, nnclr_loss, nt_xent_loss, supcon_loss
 from solo.losses.koleo import koleo_loss
 from solo.losses.lejepa import lejepa_loss, random_directions
 from solo.losses.masked import masked_patch_mse, masked_patch_smooth_l1, normalised_patches
+from solo.losses.mmcr import mmcr_loss
 from solo.losses.registry import LOSSES
 from solo.losses.regression import byol_loss, moco_queue_loss, mocov3_loss, ressl_loss, simsiam_loss
 from solo.losses.self_distillation import (
@@ -32,6 +33,7 @@ __all__ = [
     "byol_loss",
     "centred_softmax",
     "clip_loss",
+    "dcl_loss",
     "deepcluster_loss",
     "dino_center",
     "dino_cross_entropy",
@@ -42,6 +44,7 @@ __all__ = [
     "masked_center",
     "masked_patch_mse",
     "masked_patch_smooth_l1",
+    "mmcr_loss",
     "moco_queue_loss",
     "mocov3_loss",
     "nnclr_loss",

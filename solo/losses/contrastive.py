@@ -90,6 +90,47 @@ def _nt_xent_tiled(z1, z2, temperature, sizes, rows, tile) -> torch.Tensor:
     return (loss_sum * (world_size() / (2 * total))).to(z1.dtype)
 
 
+def dcl_loss(z1: torch.Tensor, z2: torch.Tensor, temperature: float = 0.1, sigma: float | None = None) -> torch.Tensor:
+    """Decoupled contrastive learning (Yeh et al., 2022; their Equation 6) over the global batch of N pairs: NT-Xent
+    with the positive taken out of the denominator. Each of the 2N views is an anchor; its loss is
+
+        -w_i <u_k, u_p(k)> / temperature + log sum over its 2N - 2 negatives of exp(<u_k, u_m> / temperature),
+
+    u the L2-normalised views (normalised here), p(k) the other view of its sample; the mean over the 2N anchors.
+    DCL: w_i = 1. DCLW (`sigma` given): the negative von Mises-Fisher weight w_i = 2 - N softmax_i(<u1_i, u2_i> /
+    sigma), the softmax over the N pairs of the GLOBAL batch; a constant of the step, without gradient (as lightly's
+    DCLWLoss; the authors' code lets the gradient through it).
+
+    The negatives are every other view of the global batch, gathered with a reduce-scatter backward; each rank
+    returns W/N times its anchors' summed loss, as `nt_xent_loss`.
+    """
+    check_pair(z1, z2, "z1", "z2")
+    check_positive(temperature, "temperature")
+    if sigma is not None:
+        check_positive(sigma, "sigma")
+    with torch.autocast(z1.device.type, enabled=False):
+        z1 = F.normalize(full_precision(z1), dim=1)
+        z2 = F.normalize(full_precision(z2), dim=1)
+        sizes, rows = _global_rows(z1.shape[0], z1.device)
+        total = sum(sizes)
+        if total < 2:
+            raise ValueError(f"dcl_loss needs a global batch of at least 2 samples (its negatives), got {total}")
+        candidates = torch.cat([gather(z1, sizes), gather(z2, sizes)])  # (2N, D): all first views, then all second
+        logits = torch.cat([z1, z2]) @ candidates.T / temperature
+        self_or_positive = _is_column(torch.cat([rows, rows + total]), 2 * total) | _is_column(
+            torch.cat([rows + total, rows]), 2 * total
+        )
+        negatives = logits.masked_fill(self_or_positive, float("-inf")).logsumexp(dim=1)
+        # Out of the log-sum-exp, the positive is a row-wise dot product of this rank's own views: no gather.
+        positive = torch.linalg.vecdot(z1, z2) / temperature
+        if sigma is not None:
+            similarity = positive.detach() * (temperature / sigma)
+            every = gather(similarity, sizes)  # (N,): the global batch's pairs
+            positive = positive * (2 - total * torch.exp(similarity - every.logsumexp(dim=0)))
+        loss_sum = negatives.sum() - 2 * positive.sum()  # both anchors of a pair share its positive
+        return loss_sum * (world_size() / (2 * total))
+
+
 def clip_loss(
     image_features: torch.Tensor,
     text_features: torch.Tensor,
@@ -170,6 +211,16 @@ def supcon_loss(z1: torch.Tensor, z2: torch.Tensor, labels: torch.Tensor, temper
 @LOSSES.register("nt_xent")
 def nt_xent_check(z1: torch.Tensor, z2: torch.Tensor) -> torch.Tensor:
     return nt_xent_loss(z1, z2, temperature=0.3)
+
+
+@LOSSES.register("dcl")
+def dcl_check(z1: torch.Tensor, z2: torch.Tensor) -> torch.Tensor:
+    return dcl_loss(z1, z2, temperature=0.1)
+
+
+@LOSSES.register("dclw")
+def dclw_check(z1: torch.Tensor, z2: torch.Tensor) -> torch.Tensor:
+    return dcl_loss(z1, z2, temperature=0.1, sigma=0.5)
 
 
 @LOSSES.register("clip", learnable={"logit_scale": 1 / 0.07})  # the temperature is learnt, as in CLIP

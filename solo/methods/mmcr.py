@@ -1,0 +1,42 @@
+"""MMCR (Yerxa et al., 2023): the nuclear norm of the matrix of per-sample centroids of every view's normalised
+embedding, maximised over the global batch; no teacher, stop-gradient, predictor or negatives."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from solo.losses import mmcr_loss
+from solo.methods.base import Method, mlp, register_method, through
+from solo.schema import AT_LEAST_ONE, NON_NEGATIVE, ruled
+
+
+@dataclass
+class MMCRConfig:
+    name: str = "mmcr"
+    proj_hidden_dim: int = ruled(8192, AT_LEAST_ONE)
+    proj_output_dim: int = ruled(512, AT_LEAST_ONE)
+    lambd: float = ruled(0.0, NON_NEGATIVE)  # the weight of the mean per-sample nuclear norm (the paper's lambda)
+
+
+@register_method("mmcr", schema=MMCRConfig)
+class MMCR(Method):
+    local_crops = True  # every crop is one more view of its sample: the paper's centroids take many
+
+    def __init__(self, backbone, feature_dim: int, cfg: MMCRConfig):
+        super().__init__(backbone, feature_dim)
+        self.lambd = cfg.lambd
+        self.projector = mlp([feature_dim, cfg.proj_hidden_dim, cfg.proj_hidden_dim, cfg.proj_output_dim])
+
+    def encode(self, batch: dict) -> dict:
+        return {"features": through(self.backbone, batch["views"])}
+
+    def joint(self, encoded: dict, batch: dict) -> dict:
+        features = encoded["features"]
+        # One call on every view, as the authors' code runs all of a batch's views together: the projector's
+        # BatchNorm takes its statistics over all of them.
+        projected = self.projector(torch.cat(features)).split([len(f) for f in features])
+        loss = mmcr_loss(list(projected), self.lambd)
+        global_features = torch.cat(features[: self.num_views])
+        return {"loss": loss, "features": global_features, "labels": batch["label"].repeat(self.num_views)}
