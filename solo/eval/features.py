@@ -14,24 +14,29 @@ from solo.eval.mode import eval_mode
 
 
 @torch.no_grad()
-def extract_features(backbone, loader, device, autocast=nullcontext) -> tuple[torch.Tensor, torch.Tensor]:
-    """(features, labels) of every sample the loader's ranks see together, in dataset order, float32 on CPU.
+def extract_features(backbone, loader, device, autocast=nullcontext, head=None) -> tuple[torch.Tensor, ...]:
+    """(features, labels) of every sample the loader's ranks see together, in dataset order, float32 on CPU; with
+    `head`, also head(features) of the same pass (a method's projector: solo.eval.health), third.
 
     Each rank reads its own shard (solo.data.eval_loader: the same number of batches on every rank, whose padding
     rows are dropped here); the shards are gathered and put back in dataset order by the samples' indices, so the
     result is the same on every rank and world size.
     """
     dtype = next(backbone.parameters()).dtype
-    feats, labels, index = [], [], []
-    with eval_mode(backbone):
+    feats, heads, labels, index = [], [], [], []
+    with eval_mode(backbone, head):
         for batch in loader:
-            real = real_rows(batch)
+            real = real_rows(batch).to(device)
             with autocast():
-                feats.append(backbone(batch["image"].to(device, dtype, non_blocking=True))[real.to(device)].float())
-            labels.append(batch["label"][real].to(device))
-            index.append(batch["index"][real].to(device))
+                f = backbone(batch["image"].to(device, dtype, non_blocking=True))
+                if head is not None:
+                    heads.append(head(f)[real].float())
+            feats.append(f[real].float())
+            labels.append(batch["label"].to(device)[real])
+            index.append(batch["index"].to(device)[real])
     order = gather(torch.cat(index)).argsort()
-    return gather(torch.cat(feats))[order].cpu(), gather(torch.cat(labels))[order].cpu()
+    kept = [feats, labels] + ([heads] if head is not None else [])
+    return tuple(gather(torch.cat(part))[order].cpu() for part in kept)
 
 
 def state_fingerprint(module: torch.nn.Module) -> str:

@@ -8,7 +8,8 @@
   1 when spread, 0 when collapsed.
 
 Computed on the backbone's features and on the embedding the loss sees (the method's `projector` applied to them,
-where it has one), gathered from every rank in dataset order: the same numbers at any world size.
+where it has one), gathered from every rank in dataset order (solo.eval.features.extract_features): the same numbers
+at any world size.
 """
 
 from __future__ import annotations
@@ -16,10 +17,6 @@ from __future__ import annotations
 import math
 
 import torch
-
-from solo.data import real_rows
-from solo.distributed import gather
-from solo.eval.mode import eval_mode
 
 # Pairs for the uniformity: the first UNIFORMITY_SAMPLES val samples in dataset order (all pairs of N samples are
 # N^2 / 2 distances: 8 M here, 1.25 G for ImageNet's 50,000).
@@ -49,27 +46,6 @@ def spread(z: torch.Tensor) -> float:
     """The mean over dimensions of the standard deviation of z / ||z|| over the samples, times sqrt(D)."""
     u = torch.nn.functional.normalize(z.double(), dim=1)
     return float(u.std(dim=0, unbiased=False).mean() * math.sqrt(z.shape[1]))
-
-
-@torch.no_grad()
-def embeddings(backbone, projector, loader, device, autocast) -> tuple[torch.Tensor, torch.Tensor]:
-    """(features, embeddings) of every val sample, every rank's shard gathered in dataset order (float32, CPU); the
-    embeddings are `projector`'s output on the features (the features again without one). Every rank runs the same
-    batches (solo.data.eval_loader pads), so a sharded model's collectives match."""
-    dtype = next(backbone.parameters()).dtype
-    features, embedded, index = [], [], []
-    modules = (backbone,) if projector is None else (backbone, projector)
-    with eval_mode(*modules):
-        for batch in loader:
-            real = real_rows(batch).to(device)
-            with autocast():
-                f = backbone(batch["image"].to(device, dtype, non_blocking=True))
-                z = f if projector is None else projector(f)
-            features.append(f[real].float())
-            embedded.append(z[real].float())
-            index.append(batch["index"].to(device)[real])
-    order = gather(torch.cat(index)).argsort()
-    return gather(torch.cat(features))[order].cpu(), gather(torch.cat(embedded))[order].cpu()
 
 
 def health(features: torch.Tensor, embedded: torch.Tensor) -> dict:

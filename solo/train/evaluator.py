@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import torch.nn as nn
+
 from solo.eval.features import extract_features
-from solo.eval.health import embeddings, health
+from solo.eval.health import health
 from solo.eval.knn import knn_accuracy
 from solo.eval.plots import plot_curves, plot_embedding
 from solo.eval.zero_shot import zero_shot_accuracy
@@ -34,12 +36,15 @@ class Evaluator:
         if self.loaders.val is None:
             return metrics
         metrics |= method.evaluate(self.model.probe, self.loaders.val, self.device, self.autocast)
+        val = None
         if method.inputs == "views":
-            projector = getattr(method, "projector", None)  # the embedding the loss sees, where the method has one
-            metrics |= health(*embeddings(method.backbone, projector, self.loaders.val, self.device, self.autocast))
+            # The embedding the loss sees: the projector's output, where the method has one.
+            head = getattr(method, "projector", None) or nn.Identity()
+            *val, embedded = extract_features(method.backbone, self.loaders.val, self.device, self.autocast, head)
+            metrics |= health(val[0], embedded)
         if self.knn_k > 0 and self.loaders.train_eval is not None:
             train = extract_features(method.backbone, self.loaders.train_eval, self.device, self.autocast)
-            val = extract_features(method.backbone, self.loaders.val, self.device, self.autocast)
+            val = val or extract_features(method.backbone, self.loaders.val, self.device, self.autocast)
             knn = knn_accuracy(*train, *val, self.num_classes, self.knn_k, self.knn_temperature)
             metrics |= {"val/knn_acc1": knn["acc1"], "val/knn_acc5": knn["acc5"]}
         return metrics
