@@ -7,7 +7,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from contextlib import nullcontext
 from datetime import timedelta
 
 import numpy as np
@@ -316,7 +315,7 @@ def _evaluate_sharded(n: int, batch: int, strategy: str):
 
     from solo.data import eval_loader
     from solo.eval.features import extract_features
-    from solo.eval.probe import evaluate
+    from solo.eval.probe import accuracy
 
     backbone, probe = _eval_model()
     if strategy == "fsdp":  # every block's forward all-gathers its parameters: the ranks' forwards must pair up
@@ -324,9 +323,8 @@ def _evaluate_sharded(n: int, batch: int, strategy: str):
             fully_shard(module)
     world, rank = (dist.get_world_size(), dist.get_rank()) if dist.is_initialized() else (1, 0)
     loader = eval_loader(_eval_set(n), batch, rank, world)
-    accuracy = evaluate(backbone, probe, loader, torch.device("cpu"), nullcontext)
     features, labels = extract_features(backbone, loader, torch.device("cpu"))
-    return accuracy, features, labels, len(loader)
+    return accuracy(probe, features, labels, torch.device("cpu")), features, labels, len(loader)
 
 
 def _sharded_eval_worker(rank, world, store, cases, queue):

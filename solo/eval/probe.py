@@ -5,7 +5,6 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from solo.data import real_rows
 from solo.distributed import world_size
 from solo.eval.mode import eval_mode
 
@@ -38,13 +37,15 @@ class TopkAccuracy:
 
 
 @torch.no_grad()
-def evaluate(backbone, probe, loader, device, autocast) -> dict:
-    """Top-1/top-5 accuracy over the whole val split (a solo.data.eval_loader), every rank's shard counted once."""
-    dtype = next(probe.parameters()).dtype
-    accuracy = TopkAccuracy()
-    with eval_mode(backbone, probe):
-        for batch in loader:
-            images, real = batch["image"].to(device, dtype, non_blocking=True), real_rows(batch)
-            with autocast():
-                accuracy.add(probe(backbone(images))[real.to(device)], batch["label"][real])
-    return {f"val/{k}": v for k, v in accuracy.result(device).items()}
+def accuracy(classifier, features: torch.Tensor, labels: torch.Tensor, device, chunk: int = 4096) -> dict:
+    """Top-1/top-5 accuracy of `classifier` on val features that every rank holds whole, in dataset order
+    (solo.eval.features.extract_features): every rank computes the same, in the same calls (FSDP's all-gathers of a
+    sharded classifier pair up), with no collective of its own."""
+    dtype = next(classifier.parameters()).dtype
+    hits = torch.zeros(2, dtype=torch.float64)
+    with eval_mode(classifier):
+        for start in range(0, len(labels), chunk):
+            logits = classifier(features[start : start + chunk].to(device, dtype))
+            hits += torch.tensor(topk_correct(logits.float().cpu(), labels[start : start + chunk]), dtype=hits.dtype)
+    acc1, acc5 = (hits / len(labels)).tolist()
+    return {"acc1": acc1, "acc5": acc5}

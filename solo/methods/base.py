@@ -10,7 +10,8 @@ A method is an nn.Module from a batch to its loss. Besides `forward`, it tells t
   local crops when `local_crops`, as multi-crop methods take them), or image-text pairs;
 - the run's length (`set_schedule`, before the optimizer is built), for schedules in epochs, and the train split's
   size (`set_data`), for state sized by the data;
-- the metrics it logs besides the loss (`metrics`), and how it is validated (`evaluate`);
+- the metrics it logs besides the loss (`metrics`), and how it is validated (`classifier`: the layer scored on the
+  val features; image-text methods: `evaluate`);
 - optionally, its split into `encode` (per sample: the backbone) and `joint` (what couples the samples:
   projector BatchNorm, the loss), which gradient accumulation (`trainer.accumulate`) needs.
 """
@@ -165,11 +166,10 @@ class Method(nn.Module):
         """Scalars to log besides the loss, as tensors (read at the logging interval, not every step)."""
         return {}
 
-    def evaluate(self, probe, loader, device, autocast) -> dict:
-        """Validation metrics on `loader` (the val split): the online probe's accuracy by default."""
-        from solo.eval.probe import evaluate
-
-        return evaluate(self.backbone, probe, loader, device, autocast) if probe is not None else {}
+    def classifier(self, probe: nn.Module | None) -> nn.Module | None:
+        """The linear layer whose accuracy on the backbone's val features is `val/acc1` (solo.train.evaluator): the
+        online probe; a method with a head of its own returns that."""
+        return probe
 
 
 def through(encoder: nn.Module, views: list[torch.Tensor], *per_view: list, forward: Callable | None = None) -> list:

@@ -49,7 +49,5 @@ class Supervised(Method):
         features, labels = encoded["features"], batch["label"]
         return {"loss": supervised_loss(self.head(features), labels), "features": features, "labels": labels}
 
-    def evaluate(self, probe, loader, device, autocast) -> dict:
-        from solo.eval.probe import evaluate
-
-        return evaluate(self.backbone, self.head, loader, device, autocast)
+    def classifier(self, probe):
+        return self.head

@@ -10,14 +10,16 @@ from solo.eval.features import extract_features
 from solo.eval.health import health
 from solo.eval.knn import knn_accuracy
 from solo.eval.plots import plot_curves, plot_embedding
+from solo.eval.probe import accuracy
 from solo.eval.zero_shot import zero_shot_accuracy
 
 
 class Evaluator:
-    """What the method reports on the val split (`Method.evaluate`: the online probe, or zero-shot and
-    retrieval for CLIP), the health of its features and embeddings there (solo.eval.health: RankMe, uniformity,
-    spread) for image methods, a weighted k-NN on backbone features when `knn_k > 0` and the data has labels, and
-    zero-shot accuracy on trainer.zero_shot_folder's images for image-text methods."""
+    """On the val split, for image methods, from one pass of the backbone: the accuracy of its classifier
+    (`Method.classifier`: the online probe) on the features, their health and that of the embeddings the loss sees
+    (solo.eval.health: RankMe, uniformity, spread), a weighted k-NN when `knn_k > 0` and the data has labels; for
+    image-text methods, what `evaluate` reports (retrieval, zero-shot), and zero-shot accuracy on
+    trainer.zero_shot_folder's images."""
 
     def __init__(
         self, model, loaders, num_classes: int | None, *, knn_k: int, knn_temperature: float, device, autocast
@@ -35,13 +37,17 @@ class Evaluator:
             metrics |= {"val/folder_zeroshot_acc1": folder["acc1"], "val/folder_zeroshot_acc5": folder["acc5"]}
         if self.loaders.val is None:
             return metrics
-        metrics |= method.evaluate(self.model.probe, self.loaders.val, self.device, self.autocast)
         val = None
-        if method.inputs == "views":
+        if method.inputs == "views":  # one pass over the val split for the classifier, the health and the k-NN
             # The embedding the loss sees: the projector's output, where the method has one.
             head = getattr(method, "projector", None) or nn.Identity()
             *val, embedded = extract_features(method.backbone, self.loaders.val, self.device, self.autocast, head)
+            classifier = method.classifier(self.model.probe)
+            if classifier is not None:
+                metrics |= {f"val/{k}": v for k, v in accuracy(classifier, *val, self.device).items()}
             metrics |= health(val[0], embedded)
+        else:
+            metrics |= method.evaluate(self.model.probe, self.loaders.val, self.device, self.autocast)
         if self.knn_k > 0 and self.loaders.train_eval is not None:
             train = extract_features(method.backbone, self.loaders.train_eval, self.device, self.autocast)
             val = val or extract_features(method.backbone, self.loaders.val, self.device, self.autocast)
