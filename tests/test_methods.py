@@ -128,12 +128,9 @@ def method_overrides(method: str) -> list[str]:
 
 
 def overrides(method: str, batch: int) -> list[str]:
-    return method_overrides(method) + [
-        f"data.batch_size={batch}",
-        f"trainer.max_steps={STEPS}",
-        "trainer.checkpoint_every_steps=1",
-        "trainer.keep_checkpoints=10",
-    ]
+    # A checkpoint at every step for the methods resumed below (a second each at these sizes); the others' last one.
+    every_step = ["trainer.checkpoint_every_steps=1", "trainer.keep_checkpoints=10"] if method in RESUMED else []
+    return method_overrides(method) + [f"data.batch_size={batch}", f"trainer.max_steps={STEPS}", *every_step]
 
 
 # One method per kind of state of its own: a queue (MoCo v2+; ReSSL's and All4One's are the same GlobalQueue), a
@@ -301,7 +298,7 @@ def test_dino_freezes_its_last_layer_warms_its_teacher_and_centres_on_the_batch(
 
 
 def test_swav_prototypes_stay_unit_vectors_and_are_frozen_first(tmp_path):
-    cfg = overrides("swav", 16) + ["trainer.max_steps=3"]
+    cfg = overrides("swav", 16) + ["trainer.max_steps=3", "trainer.checkpoint_every_steps=1"]
     pretrain(compose_cfg(cfg), tmp_path)
     start, prototypes = weights_at_init(cfg), "method.prototypes.weight"
     # Frozen for 2 steps: only renormalised (the float32 initial unit vectors, renormalised in float64).

@@ -48,6 +48,9 @@ SHARED_DROP_PATH = DROP_PATH["mae"] + [
 ]
 
 
+# FSDP without activation checkpointing, at W = 2 on [9, 3] rows: for one method of each kind (LARS and BatchNorm,
+# an EMA teacher with a clip that binds, ViTs called unit by unit). Every method runs [8, 0, 4] with checkpointing.
+FSDP_AT_TWO = ("simclr", "dino", "mae", "dinov2")
 WRONG_LARS = ["imports=[tests.shard_norm_lars]", "optim.name=lars_shard_norms", "trainer.strategy=fsdp"]
 VIT_ANY_SIZE = [o for o in SIMCLR if not o.startswith("backbone")] + VIT + ["+backbone.kwargs.dynamic_img_size=true"]
 VIT_FP32 = [o for o in TINY if not o.startswith("backbone")] + VIT + ["method=simclr"]
@@ -63,7 +66,8 @@ def layout_jobs() -> dict[str, tuple[list[str], list[int]]]:
             overrides + ["trainer.strategy=fsdp", "trainer.activation_checkpointing=true"],
             [8, 0, 4],
         )
-        jobs[f"{method}/fsdp-9-3"] = (overrides + ["trainer.strategy=fsdp"], [9, 3])
+        if method in FSDP_AT_TWO:
+            jobs[f"{method}/fsdp-9-3"] = (overrides + ["trainer.strategy=fsdp"], [9, 3])
     jobs["simclr/lars-on-shards"] = (SIMCLR + WRONG_LARS, [9, 3])
     jobs["clip/ddp-8-0-4"] = (CASES["clip"], [8, 0, 4])
     jobs["clip/ddp-9-3"] = (CASES["clip"], [9, 3])
@@ -120,12 +124,12 @@ def worst_difference(a: dict, b: dict) -> tuple[float, str]:
 @pytest.mark.slow
 @pytest.mark.parametrize("method", sorted(CASES))
 def test_fsdp_step_equals_one_process_with_uneven_and_empty_ranks(method, stepped):
-    """3 float64 steps on 12 rows: FSDP at W = 3 ([8, 0, 4], with activation checkpointing) and at W = 2 ([9, 3]) ==
-    1 process, to 1e-10 of how far the weights moved; a LARS on shard norms is not."""
+    """3 float64 steps on 12 rows: FSDP at W = 3 ([8, 0, 4], with activation checkpointing) and, for FSDP_AT_TWO, at
+    W = 2 ([9, 3]) == 1 process, to 1e-10 of how far the weights moved; a LARS on shard norms is not."""
     one = stepped[f"{method}/one"]
     start = weights_at_init(CASES[method] + ["data.batch_size=12"])
     moved = max(float((one[k] - start[k]).abs().max()) for k in start)
-    for layout in ("fsdp-8-0-4", "fsdp-9-3"):
+    for layout in ("fsdp-8-0-4", "fsdp-9-3") if method in FSDP_AT_TWO else ("fsdp-8-0-4",):
         worst, name = worst_difference(one, stepped[f"{method}/{layout}"])
         assert worst <= 1e-10 * moved, f"{method}, {layout}: {name} differs by {worst} (moved {moved})"
     if method == "simclr":  # the pitfall: LARS's trust ratio from each rank's shard (tests/shard_norm_lars.py)
