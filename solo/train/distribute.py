@@ -62,15 +62,13 @@ def distribute(
     if sync_batchnorm:
         convert_sync_batchnorm(model, skip=keep_local)
     if strategy == "fsdp":
-        # Parameters that stay whole on every rank, their gradients averaged over ranks as soon as they are
-        # accumulated: 0-dim ones (CLIP's logit scale), which FSDP2 cannot shard, and a ViT's own tokens and
-        # position embeddings, which masked-image methods use outside the ViT's forward.
+        # Parameters that stay whole on every rank, their gradients averaged over ranks after the backward
+        # (average_whole_gradients): 0-dim ones (CLIP's logit scale), which FSDP2 cannot shard, and a ViT's own tokens
+        # and position embeddings, which masked-image methods use outside the ViT's forward.
         whole = {p for p in model.parameters() if p.dim() == 0}
         for vit in vits(model):
             whole.update(parts_called_apart(vit)[1])
-        for p in whole:
-            if p.requires_grad:
-                p.register_post_accumulate_grad_hook(_average_over_ranks)
+        model.whole_parameters = [p for p in model.parameters() if p in whole and p.requires_grad]
         for unit in [*units, model]:
             fully_shard(
                 unit,
@@ -160,10 +158,20 @@ def mixed_precision(unit: nn.Module, precision: str) -> MixedPrecisionPolicy:
     return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
 
 
-def _average_over_ranks(p: torch.Tensor) -> None:
-    # Linear, so exact when GradCache's backward passes accumulate into the gradient one after another.
-    dist.all_reduce(p.grad)
-    p.grad.div_(world_size())
+def average_whole_gradients(model: nn.Module) -> None:
+    """Under FSDP, the gradients of the parameters kept whole (`distribute`) averaged over ranks, after the step's
+    backward passes (GradCache's included: the average is linear), in one all-reduce per dtype, in the model's order
+    on every rank. Not as each gradient is accumulated: that order is each rank's backward's, which differs on a
+    rank with no rows (a ViT's empty batch takes another path through it), and the ranks' collectives would
+    mismatch. A parameter that got no gradient on this rank adds zeros."""
+    params = getattr(model, "whole_parameters", [])
+    for dtype in dict.fromkeys(p.dtype for p in params):
+        group = [p for p in params if p.dtype == dtype]
+        flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in group])
+        dist.all_reduce(flat)
+        flat.div_(world_size())
+        for p, grad in zip(group, flat.split([p.numel() for p in group])):
+            p.grad = grad.view_as(p)
 
 
 def vits(model: nn.Module) -> list[nn.Module]:

@@ -34,7 +34,7 @@ from solo.errors import ConfigError, TrainingDiverged
 from solo.losses import NonFiniteError
 from solo.losses._checks import host_reads_deferred
 from solo.optim import clip_grad_norm
-from solo.train.distribute import gradient_sync, kept_buffers
+from solo.train.distribute import average_whole_gradients, gradient_sync, kept_buffers
 
 
 def precision_context(precision: str, device: torch.device) -> tuple[Callable, torch.amp.GradScaler]:
@@ -108,6 +108,7 @@ class TrainStep:
                 self.optimizer.param_groups[i]["weight_decay"] = self.weight_decay(index)
         with host_reads_deferred(), batch_sizes_remembered(self.batch_sizes), drawn_per_sample(self.seed, index):
             out = self._forward_backward(batch) if self.accumulate == 1 else self._accumulated(batch)
+        average_whole_gradients(self.forward)
         bad = ~torch.isfinite(out["total"].detach()) & (self.first_bad_step < 0)
         self.first_bad_step = torch.where(bad, index + 1, self.first_bad_step)
         if self.grad_clip:
