@@ -92,6 +92,7 @@ WRONG_SSL_OF = {
     "swav_sinkhorn_local_batch_times_world": "swav",
     "koleo_per_rank_neighbours": "koleo",
     "ibot_mean_of_rank_means": "ibot",
+    "gram_rank_mse": "gram",
     "ijepa_mean_of_rank_means": "ijepa",
     "deepclusterv2_mean_of_rank_means": "deepclusterv2",
     "lejepa_per_rank_statistics": "lejepa",
@@ -101,6 +102,9 @@ WRONG_SSL_OF = {
     "dclw_local_weights": "dclw",
     "mmcr_per_rank_nuclear_norm": "mmcr",
     "mmcr_rank_only_gather": "mmcr",
+    "tico_per_rank_covariance": "tico",
+    "directclr_local_negatives": "directclr",
+    "align_uniform_per_rank_pairs": "align_uniform",
 }
 
 
@@ -121,6 +125,7 @@ UNEVEN_ONLY = (
     "supervised_mean_of_rank_means",
     "swav_sinkhorn_local_batch_times_world",
     "ibot_mean_of_rank_means",
+    "gram_rank_mse",
     "lejepa_mean_of_rank_means",
 )
 

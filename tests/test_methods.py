@@ -20,6 +20,7 @@ from tests.test_train import (
     TINY_FILES,
     compose_cfg,
     many_runs,
+    metrics,
     run,
     weights,
     weights_at_init,
@@ -76,6 +77,12 @@ METHOD = {
         "augmentation=multicrop_digits",
         "method.lambd=0.1",
     ],
+    # A momentum teacher and the running covariance of the global batch, carried over the 6 steps (in the checkpoint).
+    "tico": HEADS + ["method.base_momentum=0.9"],
+    # No projector: InfoNCE on the first 8 of the test ResNet's 96 features.
+    "directclr": ["method.d0=8"],
+    # Each view's uniformity over every pair of the global batch.
+    "align_uniform": HEADS,
     # timm's test ViT (width 64, 6 blocks, any crop size) on 4 px patches: 2 global 16 px crops, most of them masked,
     # and 4 local 8 px ones; the teacher temperature warms up over the first epoch.
     "dinov2": [
@@ -91,9 +98,27 @@ METHOD = {
         "method.warmup_teacher_temperature_epochs=1",
         "method.freeze_last_layer_epochs=0.5",
         "method.mask_probability=0.8",
+        # DINOv3's Gram anchoring: the anchor taken after steps 2 and 4 (a resume from step 3 reads it from the
+        # checkpoint), its loss from step 3.
+        "method.gram_anchor=2.0",
+        "method.gram_start=2",
+        "method.gram_refresh=2",
         # Not the digits recipe's AdamW: it divides each element's step by that element's own gradient scale, which
         # lifts float64 rounding in elements whose gradient is near 0 to 1.5e-10 of the movement here.
         "optim=lars",
+    ],
+    # timm's test ViT on a 2 x 2 grid of 8 px patches, distilled from the digits DINOv2 zoo ViT (width 192, 4 px
+    # patches: its 4 x 4 grid interpolated to 2 x 2; its input renormalised from the synthetic data's statistics to the
+    # digits'): pooled features and patch tokens, through BatchNorm MLP projectors, the squared error.
+    "distill": [
+        "backbone.name=test_vit",
+        "backbone.small_stem=false",
+        "+backbone.kwargs.img_size=16",
+        "+backbone.kwargs.patch_size=8",
+        "method.teacher=dinov2-digits-vittiny6",
+        "method.loss=mse",
+        "method.patch_weight=0.5",
+        "method.proj_hidden_dim=32",
     ],
     # timm's test ViT (width 64, 6 blocks) on a 4 x 4 grid of 4 px patches, 12 of them masked; a one-block decoder.
     "mae": [
@@ -135,9 +160,10 @@ def overrides(method: str, batch: int) -> list[str]:
 
 # One method per kind of state of its own: a queue (MoCo v2+; ReSSL's and All4One's are the same GlobalQueue), a
 # support set (NNCLR; NNBYOL's and NNSiam's alike), an EMA teacher with a centre and a schedule (DINO; BYOL's, MoCo
-# v3's alike), a memory bank with k-means (DeepClusterV2), per-sample masks (MAE, DINOv2, I-JEPA); and VICReg for the rest, whose state (weights, BatchNorm
+# v3's alike), a memory bank with k-means (DeepClusterV2), per-sample masks (MAE, DINOv2, I-JEPA), a frozen pretrained
+# teacher saved with the weights (distill), a running covariance of the global batch (TiCo); and VICReg for the rest, whose state (weights, BatchNorm
 # buffers, optimizer, data position, random state) is the trainer's alike.
-RESUMED = set("vicreg mocov2plus dino nnclr deepclusterv2 mae dinov2 ijepa".split())
+RESUMED = set("vicreg mocov2plus dino nnclr deepclusterv2 mae dinov2 ijepa distill tico".split())
 
 
 INVARIANCE_TEST = "test_step_is_world_size_invariant_and_resumes_exactly"
@@ -205,8 +231,10 @@ def test_step_is_world_size_invariant_and_resumes_exactly(method, one_process_ru
     start = weights_at_init(overrides(method, 16))
     moved = {k: float((one[k] - start[k]).abs().max()) for k in start}  # not the state sized by the data (banks)
     teacher = [k for k in moved if k.startswith("method.teacher.")]
-    # Not every tensor: a bias that feeds a BatchNorm gets no gradient, in the student as in its EMA copy.
-    assert not teacher or any(moved[k] > 0 for k in teacher), "the teacher moves"
+    if METHODS[method].target.pretrained_teacher:
+        assert teacher and not any(moved[k] for k in teacher), "a frozen teacher stays as it was loaded"
+    else:  # Not every tensor: a bias that feeds a BatchNorm gets no gradient, in the student as in its EMA copy.
+        assert not teacher or any(moved[k] > 0 for k in teacher), "the teacher moves"
     worst, name = max((float((one[k] - two[k]).abs().max()), k) for k in one)
     assert worst <= 1e-10 * max(moved.values()), f"{method}: {name} differs by {worst} between W=1 and W=2"
     if method not in RESUMED:
@@ -297,6 +325,28 @@ def test_dino_freezes_its_last_layer_warms_its_teacher_and_centres_on_the_batch(
     assert centre.abs().sum() > 0 and torch.equal(start["method.center"], torch.zeros_like(centre))
 
 
+@pytest.mark.slow  # 5 steps of DINOv2 with multi-crop in float64: about 15 s
+@pytest.mark.one_process
+def test_dinov2_gram_anchor_is_the_ema_teacher_of_its_step_and_its_loss_starts_after_it(tmp_path):
+    """method.gram_anchor with gram_start=2, gram_refresh=2: the anchor is the EMA teacher's backbone copied after step
+    2, then after step 4 (the checkpoints of each step hold both); before step 2 it is none of the teacher's states.
+    The Gram loss is logged from step 3 on, none before."""
+    cfg = overrides("dinov2", 16) + ["trainer.max_steps=5", "trainer.checkpoint_every_steps=1"]
+    pretrain(compose_cfg(cfg), tmp_path)
+
+    def part(step: int, prefix: str) -> dict:
+        return {k.removeprefix(prefix): v for k, v in checkpoint(tmp_path, step).items() if k.startswith(prefix)}
+
+    teacher, anchor = "method.teacher.0.", "method.gram_teacher."
+    assert part(1, anchor).keys() == part(1, teacher).keys()
+    assert not all(torch.equal(v, part(1, teacher)[k]) for k, v in part(1, anchor).items())
+    for step, taken in ((2, 2), (3, 2), (4, 4), (5, 4)):
+        taken_from = part(taken, teacher)
+        assert all(torch.equal(v, taken_from[k]) for k, v in part(step, anchor).items()), step
+    assert not all(torch.equal(v, part(2, teacher)[k]) for k, v in part(4, anchor).items()), "refreshed at step 4"
+    assert [m["step"] for m in metrics(tmp_path) if "train/gram_loss" in m] == [3, 4, 5]
+
+
 def test_swav_prototypes_stay_unit_vectors_and_are_frozen_first(tmp_path):
     cfg = overrides("swav", 16) + ["trainer.max_steps=3", "trainer.checkpoint_every_steps=1"]
     pretrain(compose_cfg(cfg), tmp_path)
@@ -312,7 +362,7 @@ def test_unknown_method_lists_every_method():
     with pytest.raises(MissingConfigException) as err:
         compose_cfg(["method=bool"])
     builtin = [m.name for m in METHODS if m.target.__module__.startswith("solo.")]  # other tests register their own
-    assert len(builtin) == 27 and all(name in str(err.value) for name in builtin)
+    assert len(builtin) == 31 and all(name in str(err.value) for name in builtin)
 
 
 @pytest.mark.parametrize(

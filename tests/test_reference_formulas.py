@@ -1,7 +1,10 @@
-"""VIbCReg's, DeepClusterV2's, I-JEPA's, LeJEPA's, DCL's and MMCR's losses against hand-written references of the
-formulas their authors' code computes (ML4ITS/vibcreg, SwAV's main_deepclusterv2.py, facebookresearch/ijepa, the LeJEPA
-paper's algorithm, the DCL and MMCR papers' objectives), each with a variant they must reject (what solo used to
-compute, or a likely slip). Their exactness under DDP is the checker's (tests/test_distributed.py)."""
+"""VIbCReg's, DeepClusterV2's, I-JEPA's, LeJEPA's, DCL's, MMCR's, TiCo's, DirectCLR's, alignment-uniformity's and
+DINOv3's Gram anchoring's losses against hand-written references of the formulas their authors' code computes
+(ML4ITS/vibcreg, SwAV's main_deepclusterv2.py, facebookresearch/ijepa, the LeJEPA paper's algorithm, the DCL and MMCR
+papers' objectives, the TiCo objective as the TiCo-pytorch code computes it, facebookresearch/directclr,
+SsnL/align_uniform, facebookresearch/dinov3's GramLoss), each with a
+variant they must reject (what solo used to compute, or a likely slip). Their exactness under DDP is the checker's
+(tests/test_distributed.py)."""
 
 import cmath
 import math
@@ -10,16 +13,22 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from solo.errors import ConfigError
 from solo.losses import (
+    align_uniform_loss,
     dcl_loss,
     deepcluster_loss,
+    directclr_loss,
+    gram_loss,
     lejepa_loss,
     masked_patch_mse,
     masked_patch_smooth_l1,
     mmcr_loss,
     nt_xent_loss,
+    tico_loss,
     vibcreg_loss,
 )
+from solo.methods.directclr import DirectCLR, DirectCLRConfig
 from solo.train.trainer import build_model
 from tests.test_accumulate import CASES
 from tests.test_train import TINY, compose_cfg
@@ -352,3 +361,166 @@ def test_mmcr_is_the_nuclear_norm_of_the_global_centroids_in_value_and_gradient(
         assert abs(value - per_rank) > 1e-2 * abs(value)
     unnormalised = -float(torch.linalg.matrix_norm(torch.stack(detached).mean(dim=0), ord="nuc"))
     assert abs(value - unnormalised) > 1e-2 * abs(value)
+
+
+# --- TiCo ------------------------------------------------------------------------------------------------------------
+
+
+def _paper_tico(z1, z2, covariance, beta, rho, batch_with_gradient=True):
+    """One step of TiCo's objective, sample by sample: u = z / ||z||, B = (1/N) sum_i u1_i u1_i^T, C' = beta C +
+    (1 - beta) B, L = -(1/N) sum_i <u1_i, u2_i> + rho (1/N) sum_i u1_i^T C' u1_i; returns (L, C'). B carries gradient,
+    as in the TiCo-pytorch code; without it, as lightly's TiCoLoss."""
+    u1, u2 = [z / z.norm() for z in z1], [z / z.norm() for z in z2]
+    n = len(u1)
+    batch = sum(torch.outer(u, u) for u in u1) / n
+    batch = batch if batch_with_gradient else batch.detach()
+    running = beta * covariance + (1 - beta) * batch
+    invariance = -sum(a @ b for a, b in zip(u1, u2)) / n
+    return invariance + rho * sum(u @ running @ u for u in u1) / n, running.detach()
+
+
+def test_tico_is_the_papers_step_with_its_running_covariance_in_value_and_gradient():
+    """Three steps on new batches, the running covariance carried from zero: solo's loss, its gradient and the
+    covariance it returns against the objective written sample by sample. Told apart: B without gradient (lightly's
+    TiCoLoss), and the covariance of part of the batch (what a rank that does not all-reduce keeps)."""
+    g = _generator(8)
+    mine = paper = torch.zeros(4, 4, dtype=torch.float64)
+    for step in range(3):
+        base = torch.randn(7, 4, generator=g, dtype=torch.float64)
+        z1, z2 = ((base + 0.5 * torch.randn(7, 4, generator=g, dtype=torch.float64)).requires_grad_() for _ in "12")
+        before = mine
+        got, mine = tico_loss(z1, z2, before, beta=0.9, rho=8.0)
+        want, paper = _paper_tico(z1, z2, paper, beta=0.9, rho=8.0)
+        assert got.item() == pytest.approx(want.item(), rel=1e-12), step
+        for a, b in zip(torch.autograd.grad(got, (z1, z2)), torch.autograd.grad(want, (z1, z2))):
+            torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-14)
+        torch.testing.assert_close(mine, paper, rtol=1e-12, atol=1e-14)
+
+    ours = torch.autograd.grad(tico_loss(z1, z2, before, 0.9, 8.0)[0], z1)[0]
+    lightly = torch.autograd.grad(_paper_tico(z1, z2, before, 0.9, 8.0, batch_with_gradient=False)[0], z1)[0]
+    assert (ours - lightly).abs().max() > 1e-2 * ours.abs().max()
+    part = tico_loss(z1[:3].detach(), z2[:3].detach(), before, 0.9, 8.0)[1]
+    assert (part - mine).abs().max() > 1e-2 * mine.abs().max()
+
+
+# --- DirectCLR -------------------------------------------------------------------------------------------------------
+
+
+def _authors_directclr(r1, r2, d0, temperature):
+    """facebookresearch/directclr: z = r[:, :d0]; infoNCE(a, b) = the mean over rows i of the cross-entropy of
+    <a_i, b_j> / temperature over j (a, b normalised) at j = i; the loss infoNCE(z1, z2) / 2 + infoNCE(z2, z1) / 2.
+    Row by row."""
+    a = [r[:d0] / r[:d0].norm() for r in r1]
+    b = [r[:d0] / r[:d0].norm() for r in r2]
+
+    def info_nce(x, y):
+        rows = [torch.stack([x_i @ y_j / temperature for y_j in y]) for x_i in x]
+        return sum(torch.log(row.exp().sum()) - row[i] for i, row in enumerate(rows)) / len(x)
+
+    return info_nce(a, b) / 2 + info_nce(b, a) / 2
+
+
+def test_directclr_is_the_authors_infonce_on_the_leading_dimensions_in_value_and_gradient():
+    """Against the authors' loss row by row, in value and gradient, the dimensions past d0 untouched. Told apart:
+    NT-Xent on the same subvectors (lightly's DirectCLRLoss: the same view's samples are negatives too), and the
+    InfoNCE of the whole representation."""
+    g = _generator(9)
+    base = torch.randn(8, 6, generator=g, dtype=torch.float64)
+    r1, r2 = ((base + 0.5 * torch.randn(8, 6, generator=g, dtype=torch.float64)).requires_grad_() for _ in "12")
+    got, want = directclr_loss(r1, r2, d0=4, temperature=0.1), _authors_directclr(r1, r2, 4, 0.1)
+    assert got.item() == pytest.approx(want.item(), rel=1e-12)
+    for a, b in zip(torch.autograd.grad(got, (r1, r2)), torch.autograd.grad(want, (r1, r2))):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-14)
+        assert not a[:, 4:].any()
+
+    r1, r2 = r1.detach(), r2.detach()
+    value = got.item()
+    assert abs(value - nt_xent_loss(r1[:, :4], r2[:, :4], 0.1).item()) > 1e-2 * abs(value)
+    assert abs(value - _authors_directclr(r1, r2, 6, 0.1).item()) > 1e-2 * abs(value)
+
+
+def test_directclr_refuses_more_dimensions_than_the_backbone_gives():
+    with pytest.raises(ConfigError, match=r"method.d0=97: more than the backbone's 96 features"):
+        DirectCLR(torch.nn.Identity(), 96, DirectCLRConfig(d0=97))
+
+
+# --- Alignment and uniformity ----------------------------------------------------------------------------------------
+
+
+def _authors_align_uniform(z1, z2, alpha, t, lambd):
+    """SsnL/align_uniform: x, y normalised; align = the mean of ||x_i - y_i||^alpha; uniform(x) = log of the mean over
+    the pairs i < j (torch.pdist's) of exp(-t ||x_i - x_j||^2); align + lambd * (uniform(x) + uniform(y)) / 2. Pair by
+    pair."""
+    x, y = [z / z.norm() for z in z1], [z / z.norm() for z in z2]
+    n = len(x)
+    align = sum((a - b).norm() ** alpha for a, b in zip(x, y)) / n
+
+    def uniform(u):
+        pairs = [torch.exp(-t * (u[i] - u[j]).square().sum()) for i in range(n) for j in range(i + 1, n)]
+        return torch.log(sum(pairs) / len(pairs))
+
+    return align + lambd * (uniform(x) + uniform(y)) / 2
+
+
+@pytest.mark.parametrize("alpha, t, lambd", [(2.0, 2.0, 1.0), (1.0, 3.0, 0.5)])
+def test_align_uniform_is_the_authors_loss_in_value_and_gradient(alpha, t, lambd):
+    """Against the authors' two losses pair by pair, in value and gradient. Told apart: the uniformity of both views
+    pooled into one set of 2N points, and the mean of two halves' uniformities (what ranks that do not gather
+    compute)."""
+    g = _generator(10)
+    base = torch.randn(9, 4, generator=g, dtype=torch.float64)
+    z1, z2 = ((base + 0.5 * torch.randn(9, 4, generator=g, dtype=torch.float64)).requires_grad_() for _ in "12")
+    got, want = align_uniform_loss(z1, z2, alpha, t, lambd), _authors_align_uniform(z1, z2, alpha, t, lambd)
+    assert got.item() == pytest.approx(want.item(), rel=1e-12)
+    for a, b in zip(torch.autograd.grad(got, (z1, z2)), torch.autograd.grad(want, (z1, z2))):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-14)
+
+    z1, z2 = z1.detach(), z2.detach()
+    uniformity = align_uniform_loss(z1, z2, alpha, t, 1.0).item() - align_uniform_loss(z1, z2, alpha, t, 0.0).item()
+    pooled = F.normalize(torch.cat([z1, z2]), dim=1)
+    pooled_uniformity = torch.pdist(pooled).square().mul(-t).exp().mean().log().item()
+    halves = [
+        align_uniform_loss(z1[s], z2[s], alpha, t, 1.0) - align_uniform_loss(z1[s], z2[s], alpha, t, 0.0)
+        for s in (slice(0, 4), slice(4, None))
+    ]
+    for other in (pooled_uniformity, float(sum(halves)) / 2):
+        assert abs(uniformity - other) > 1e-2 * abs(uniformity)
+
+
+# --- DINOv3's Gram anchoring -----------------------------------------------------------------------------------------
+
+
+def _paper_gram(student, anchor):
+    """DINOv3's Gram loss at the image level, pair by pair: for each image, the mean over its P x P patch pairs of
+    (cos(s_i, s_j) - cos(a_i, a_j))^2; then the mean over the images. The anchor carries no gradient."""
+    per_image = []
+    for s, a in zip(student, anchor.detach()):
+        pairs = [
+            (F.cosine_similarity(s[i], s[j], dim=0) - F.cosine_similarity(a[i], a[j], dim=0)) ** 2
+            for i in range(len(s))
+            for j in range(len(s))
+        ]
+        per_image.append(sum(pairs) / len(pairs))
+    return sum(per_image) / len(per_image)
+
+
+def test_gram_anchoring_is_dinov3s_image_level_loss_in_value_and_gradient():
+    """5 images of 6 patch tokens in 4 dimensions: solo's loss against the pairwise cosines, in value and gradient
+    (the anchor gets none). Rejected: the Gram matrices of the raw tokens (no normalisation), and one Gram matrix over
+    the whole batch's patches (DINOv3's img_level=false), which couples the images."""
+    g = _generator(8)
+    student = torch.randn(5, 6, 4, generator=g, dtype=torch.float64, requires_grad=True)
+    anchor = (student.detach() + 0.7 * torch.randn(5, 6, 4, generator=g, dtype=torch.float64)).requires_grad_()
+    got, want = gram_loss(student, anchor), _paper_gram(student, anchor)
+    assert got.item() == pytest.approx(want.item(), rel=1e-12)
+    torch.testing.assert_close(
+        torch.autograd.grad(got, student)[0], torch.autograd.grad(want, student)[0], rtol=1e-10, atol=1e-12
+    )
+    assert torch.autograd.grad(gram_loss(student, anchor), anchor, allow_unused=True)[0] is None
+
+    s, a = student.detach(), anchor.detach()
+    raw = ((s @ s.transpose(1, 2) - a @ a.transpose(1, 2)) ** 2).mean()
+    flat_s, flat_a = F.normalize(s.flatten(0, 1), dim=-1), F.normalize(a.flatten(0, 1), dim=-1)
+    batch_level = ((flat_s @ flat_s.T - flat_a @ flat_a.T) ** 2).mean()
+    for wrong in (raw, batch_level):
+        assert abs(got.item() - wrong.item()) > 1e-2 * got.item()

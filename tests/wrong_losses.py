@@ -2,8 +2,8 @@
 
 Used to show that the gradient checker rejects them: a check that cannot fail proves nothing. Then the
 wrong variants of the self-supervised losses (VICReg, SigLIP, DINO, SwAV, MoCo v3, BYOL, SupCon, NNCLR, W-MSE,
-VIbCReg, I-JEPA, DeepClusterV2, LeJEPA, DCL, MMCR) that popular
-implementations ship (WRONG_SSL). At the end, two losses for the checker's error paths: one that raises
+VIbCReg, I-JEPA, DINOv3's Gram anchoring, DeepClusterV2, LeJEPA, DCL, MMCR, TiCo, DirectCLR,
+alignment-uniformity) that popular implementations ship (WRONG_SSL). At the end, two losses for the checker's error paths: one that raises
 on one rank, one that ignores its scalar.
 """
 
@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from solo.distributed import all_reduce, batch_sizes, gather, rank, world_size
 from solo.losses import LOSSES, dcl_loss, dino_loss, lejepa_loss, nt_xent_loss, random_directions, whiten
 from solo.losses.barlow_twins import _standardise
+from solo.losses.tico import earlier_covariance
 from tests.checker_user_losses import siglip_terms
 
 
@@ -313,6 +314,18 @@ def mae_mean_of_rank_means(z1, z2):
     return local(z1, z2) + local(z2, z1)
 
 
+def gram_rank_mse(z1, z2):
+    """DINOv3's GramLoss: one MSE over this rank's images' Gram matrices, then averaged over ranks by DDP: right only
+    when every rank holds as many images."""
+
+    def local(student, target):
+        s, t = F.normalize(student, dim=-1), F.normalize(target.detach(), dim=-1)
+        return F.mse_loss(s @ s.transpose(1, 2), t @ t.transpose(1, 2))
+
+    a, b = z1.unflatten(1, (-1, 2)), z2.unflatten(1, (-1, 2))
+    return local(a, b) + local(b, a)
+
+
 def ijepa_mean_of_rank_means(z1, z2):
     """I-JEPA's smooth L1 as the official code takes it: the mean over this rank's target patches (its
     F.smooth_l1_loss), then averaged over ranks."""
@@ -436,6 +449,35 @@ def mmcr_rank_only_gather(z1, z2):
     return _mmcr_from_views(torch.cat([every[:start], units, every[start + len(units) :]]))
 
 
+def tico_per_rank_covariance(z1, z2):
+    """TiCo (the checker's case: beta 0.9, rho 8) with B, and so the running covariance, from this rank's rows alone,
+    its mean averaged by DDP: lightly's TiCoLoss without gather_distributed (its default)."""
+    u1, u2 = F.normalize(z1, dim=1), F.normalize(z2, dim=1)
+    batch = u1.T @ u1 / len(u1)
+    running = 0.9 * earlier_covariance(u1.shape[1], u1) + 0.1 * batch
+    return -(u1 * u2).sum(dim=1).mean() + 8.0 * (running * batch).sum()
+
+
+def directclr_local_negatives(z1, z2):
+    """DirectCLR (the checker's case: the first 3 dimensions, temperature 0.1) with this rank's samples as the only
+    candidates, its mean averaged by DDP: the authors' loss without its gather, and lightly's DirectCLRLoss without
+    gather_distributed (its default)."""
+    u1, u2 = F.normalize(z1[:, :3], dim=1), F.normalize(z2[:, :3], dim=1)
+    logits, own = u1 @ u2.T / 0.1, torch.arange(len(u1))
+    return (F.cross_entropy(logits, own) + F.cross_entropy(logits.T, own)) / 2
+
+
+def align_uniform_per_rank_pairs(z1, z2):
+    """Alignment and uniformity (the checker's case: alpha 2, t 2, lambda 1) with each view's uniformity over this
+    rank's pairs alone, its mean averaged by DDP: the authors' code, and lightly's HypersphereLoss, under DDP."""
+    u1, u2 = F.normalize(z1, dim=1), F.normalize(z2, dim=1)
+
+    def uniformity(u):
+        return torch.pdist(u).pow(2).mul(-2.0).exp().mean().log()
+
+    return (u1 - u2).norm(dim=1).pow(2).mean() + (uniformity(u1) + uniformity(u2)) / 2
+
+
 WRONG_SSL = [
     f"tests.wrong_losses:{name}"
     for name in (
@@ -455,6 +497,7 @@ WRONG_SSL = [
         "swav_sinkhorn_local_batch_times_world",  # only wrong with uneven per-rank batches
         "koleo_per_rank_neighbours",
         "ibot_mean_of_rank_means",  # only wrong with uneven per-rank batches
+        "gram_rank_mse",  # likewise
         "ijepa_mean_of_rank_means",
         "deepclusterv2_mean_of_rank_means",
         "lejepa_per_rank_statistics",
@@ -464,6 +507,9 @@ WRONG_SSL = [
         "dclw_local_weights",
         "mmcr_per_rank_nuclear_norm",
         "mmcr_rank_only_gather",
+        "tico_per_rank_covariance",
+        "directclr_local_negatives",
+        "align_uniform_per_rank_pairs",
     )
 ]
 

@@ -9,7 +9,8 @@
 
 Computed on the backbone's features and on the embedding the loss sees (the method's `projector` applied to them,
 where it has one), gathered from every rank in dataset order (solo.eval.features.extract_features): the same numbers
-at any world size.
+at any world size. A method distilled from a frozen teacher also reports the teacher-student agreement, the mean cosine
+between the projected student's features and the teacher's (`teacher_agreement`).
 """
 
 from __future__ import annotations
@@ -46,6 +47,12 @@ def spread(z: torch.Tensor) -> float:
     """The mean over dimensions of the standard deviation of z / ||z|| over the samples, times sqrt(D)."""
     u = torch.nn.functional.normalize(z.double(), dim=1)
     return float(u.std(dim=0, unbiased=False).mean() * math.sqrt(z.shape[1]))
+
+
+def teacher_agreement(student: torch.Tensor, teacher: torch.Tensor) -> float:
+    """The mean over samples of cos(student_i, teacher_i), rows of (N, D) features: 1 where the student points where
+    the teacher does, about 0 for unrelated features."""
+    return float(torch.nn.functional.cosine_similarity(student.double(), teacher.double(), dim=1).mean())
 
 
 def health(features: torch.Tensor, embedded: torch.Tensor) -> dict:

@@ -2,7 +2,16 @@
 
 from solo.losses._checks import NonFiniteError
 from solo.losses.barlow_twins import all4one_feature_loss, barlow_twins_loss
-from solo.losses.contrastive import clip_loss, dcl_loss, nnclr_loss, nt_xent_loss, supcon_loss
+from solo.losses.contrastive import (
+    align_uniform_loss,
+    clip_loss,
+    dcl_loss,
+    directclr_loss,
+    nnclr_loss,
+    nt_xent_loss,
+    supcon_loss,
+)
+from solo.losses.distill import feature_distillation_loss
 from solo.losses.koleo import koleo_loss
 from solo.losses.lejepa import lejepa_loss, random_directions
 from solo.losses.masked import masked_patch_mse, masked_patch_smooth_l1, normalised_patches
@@ -15,6 +24,7 @@ from solo.losses.self_distillation import (
     dino_center,
     dino_cross_entropy,
     dino_loss,
+    gram_loss,
     ibot_patch_loss,
     masked_center,
     sinkhorn,
@@ -22,12 +32,14 @@ from solo.losses.self_distillation import (
 )
 from solo.losses.siglip import siglip_loss
 from solo.losses.supervised import supervised_loss
+from solo.losses.tico import tico_loss
 from solo.losses.vicreg import vibcreg_loss, vicreg_loss
 from solo.losses.whitening import whiten, wmse_loss
 
 __all__ = [
     "LOSSES",
     "NonFiniteError",
+    "align_uniform_loss",
     "all4one_feature_loss",
     "barlow_twins_loss",
     "byol_loss",
@@ -35,9 +47,12 @@ __all__ = [
     "clip_loss",
     "dcl_loss",
     "deepcluster_loss",
+    "directclr_loss",
     "dino_center",
     "dino_cross_entropy",
     "dino_loss",
+    "feature_distillation_loss",
+    "gram_loss",
     "ibot_patch_loss",
     "koleo_loss",
     "lejepa_loss",
@@ -58,6 +73,7 @@ __all__ = [
     "supcon_loss",
     "supervised_loss",
     "swav_loss",
+    "tico_loss",
     "vibcreg_loss",
     "vicreg_loss",
     "whiten",

@@ -15,9 +15,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from solo.distributed import batch_sizes, gather, rank, world_size
+from solo.distributed import all_reduce, batch_sizes, gather, rank, world_size
 from solo.dtypes import full_precision
-from solo.losses._checks import check_pair, check_positive
+from solo.losses._checks import check_non_negative, check_pair, check_positive
 from solo.losses.registry import LOSSES
 from solo.losses.tiled import resolve_tile, tiled_logsumexp
 
@@ -169,6 +169,23 @@ def clip_loss(
         return loss_sum * (world_size() / (2 * sum(sizes)))
 
 
+def directclr_loss(r1: torch.Tensor, r2: torch.Tensor, d0: int, temperature: float = 0.1) -> torch.Tensor:
+    """DirectCLR (Jing et al., 2022): InfoNCE on the first `d0` dimensions of the representations themselves (no
+    projector), as the authors' code computes it: each view's subvectors (L2-normalised here) against the other view's
+    of the whole global batch, the positive its own sample's, cosine similarities over `temperature`; the mean of both
+    directions. That is CLIP's loss at the fixed scale 1 / temperature: `clip_loss`'s local anchors against gathered
+    candidates, with its reduce-scatter backward.
+    """
+    check_pair(r1, r2, "r1", "r2")
+    if not 1 <= d0 <= r1.shape[1]:
+        raise ValueError(f"d0 must be in [1, {r1.shape[1]}] (the representation's width), got {d0}")
+    check_positive(temperature, "temperature")
+    with torch.autocast(r1.device.type, enabled=False):
+        u1 = F.normalize(full_precision(r1[:, :d0]), dim=1)
+        u2 = F.normalize(full_precision(r2[:, :d0]), dim=1)
+        return clip_loss(u1, u2, 1 / temperature)
+
+
 def nnclr_loss(anchors: torch.Tensor, p: torch.Tensor, temperature: float) -> torch.Tensor:
     """NNCLR (Dwibedi et al., 2021): InfoNCE of each sample's anchor (its support-set neighbour,
     solo.methods.memory.GlobalQueue.nearest, which has no gradient; All4One's attended embedding, which has) against
@@ -205,6 +222,41 @@ def supcon_loss(z1: torch.Tensor, z2: torch.Tensor, labels: torch.Tensor, temper
         return per_view.sum() * (world_size() / (2 * total))
 
 
+def align_uniform_loss(
+    z1: torch.Tensor, z2: torch.Tensor, alpha: float = 2.0, t: float = 2.0, lambd: float = 1.0
+) -> torch.Tensor:
+    """Alignment and uniformity (Wang and Isola, 2020) over the global batch of N pairs, u1, u2 the L2-normalised
+    views (normalised here):
+
+        L = (1/N) sum_i ||u1_i - u2_i||^alpha + lambd * (U(u1) + U(u2)) / 2,
+        U(u) = log( 1 / (N (N - 1)) sum over i != j of exp(-t ||u_i - u_j||^2) ),
+
+    each view's uniformity over every pair of the GLOBAL batch (the authors' code: the mean over torch.pdist's pairs).
+    This rank's rows are scored against the view gathered from all ranks (a reduce-scatter backward); the two views'
+    sums go through one differentiable all-reduce and over the global count, so U is whole on every rank (ranks may
+    hold different numbers of rows, or none). The alignment is returned as W/N times this rank's sum: both sum over
+    ranks to W times their value, as solo's losses do.
+    """
+    check_pair(z1, z2, "z1", "z2")
+    for value, name in ((alpha, "alpha"), (t, "t")):
+        check_positive(value, name)
+    check_non_negative(lambd, "lambd")
+    with torch.autocast(z1.device.type, enabled=False):
+        u1 = F.normalize(full_precision(z1), dim=1)
+        u2 = F.normalize(full_precision(z2), dim=1)
+        sizes, rows = _global_rows(u1.shape[0], u1.device)
+        total = sum(sizes)
+        if total < 2:
+            raise ValueError(f"align_uniform_loss needs a global batch of at least 2 samples (its pairs), got {total}")
+        is_self = _is_column(rows, total)
+        candidates = gather(torch.cat([u1, u2], dim=1), sizes).split(u1.shape[1], dim=1)  # both views, one gather
+        # ||u_i - u_j||^2 = 2 - 2 <u_i, u_j> on the sphere; a sample's pair with itself is left out.
+        sums = [torch.exp(-t * (2 - 2 * u @ c.T)).masked_fill(is_self, 0.0).sum() for u, c in zip((u1, u2), candidates)]
+        uniformity = torch.log(all_reduce(torch.stack(sums)) / (total * (total - 1))).mean()
+        alignment = torch.linalg.vector_norm(u1 - u2, dim=1).pow(alpha).sum() * (world_size() / total)
+        return alignment + lambd * uniformity
+
+
 # Cases for the gradient checker (python -m solo.losses.check): the losses at fixed settings.
 
 
@@ -221,6 +273,16 @@ def dcl_check(z1: torch.Tensor, z2: torch.Tensor) -> torch.Tensor:
 @LOSSES.register("dclw")
 def dclw_check(z1: torch.Tensor, z2: torch.Tensor) -> torch.Tensor:
     return dcl_loss(z1, z2, temperature=0.1, sigma=0.5)
+
+
+@LOSSES.register("directclr")  # the first 3 of the checker's 4 features
+def directclr_check(z1: torch.Tensor, z2: torch.Tensor) -> torch.Tensor:
+    return directclr_loss(z1, z2, d0=3, temperature=0.1)
+
+
+@LOSSES.register("align_uniform")
+def align_uniform_check(z1: torch.Tensor, z2: torch.Tensor) -> torch.Tensor:
+    return align_uniform_loss(z1, z2, alpha=2.0, t=2.0, lambd=1.0)
 
 
 @LOSSES.register("clip", learnable={"logit_scale": 1 / 0.07})  # the temperature is learnt, as in CLIP

@@ -114,6 +114,18 @@ def ibot_patch_loss(
         return per_image.sum() * (world_size() / sum(batch_sizes(student.shape[0], student.device)))
 
 
+def gram_loss(student: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """DINOv3's Gram anchoring (Simeoni et al., 2025): for each image, the mean squared difference between the Gram
+    matrices (every pair's cosine) of its patch tokens, the student's and a frozen earlier teacher's; averaged over
+    every image of the GLOBAL batch. `student`, `target`: (n, P, D). The reference's MSE over its rank's images
+    would weigh an image by how many share its rank."""
+    with torch.autocast(student.device.type, enabled=False):
+        s = F.normalize(full_precision(student), dim=-1)
+        t = F.normalize(full_precision(target.detach()), dim=-1)
+        per_image = (s @ s.transpose(1, 2) - t @ t.transpose(1, 2)).square().mean(dim=(1, 2))
+        return per_image.sum() * (world_size() / sum(batch_sizes(student.shape[0], student.device)))
+
+
 def _check_center(center: torch.Tensor, k: int) -> None:
     if not isinstance(center, torch.Tensor) or center.shape != (k,):
         shape = tuple(center.shape) if isinstance(center, torch.Tensor) else type(center).__name__
@@ -274,6 +286,13 @@ def ibot_check(z1: torch.Tensor, z2: torch.Tensor) -> torch.Tensor:
         return sinkhorn(teacher.reshape(-1, 2), 0.5, 3, valid=mask.reshape(-1)).reshape(teacher.shape)
 
     return ibot_patch_loss(a, targets(b), mask, 0.1) + ibot_patch_loss(b, targets(a), mask, 0.1)
+
+
+@LOSSES.register("gram")
+def gram_check(z1: torch.Tensor, z2: torch.Tensor) -> torch.Tensor:
+    # Each row as patches of 2 dimensions; each tower anchored to the other's (frozen) Gram matrices.
+    a, b = z1.unflatten(1, (-1, 2)), z2.unflatten(1, (-1, 2))
+    return gram_loss(a, b) + gram_loss(b, a)
 
 
 @LOSSES.register("swav")

@@ -6,10 +6,12 @@ imported (list it in the config's `imports`).
 
 from __future__ import annotations
 
+import torch
 from omegaconf import OmegaConf
 
 from solo.backbones import build_backbone
 from solo.methods import (  # noqa: F401  (registers them)
+    align_uniform,
     all4one,
     barlow_twins,
     byol,
@@ -18,6 +20,8 @@ from solo.methods import (  # noqa: F401  (registers them)
     deepclusterv2,
     dino,
     dinov2,
+    directclr,
+    distill,
     ijepa,
     lejepa,
     mae,
@@ -34,6 +38,7 @@ from solo.methods import (  # noqa: F401  (registers them)
     supcon,
     supervised,
     swav,
+    tico,
     vibcreg,
     vicreg,
     wmse,
@@ -47,17 +52,26 @@ def method_config(cfg) -> object:
     return OmegaConf.to_object(OmegaConf.merge(schema, cfg))
 
 
-def build_method(cfg, backbone, feature_dim: int) -> Method:
-    """The method named by `cfg["name"]`, configured by `cfg` (the `method` group), around `backbone`."""
-    return METHODS[cfg["name"]].target(backbone, feature_dim, method_config(cfg))
+def build_method(cfg, backbone, feature_dim: int, teacher: torch.nn.Module | None = None) -> Method:
+    """The method named by `cfg["name"]`, configured by `cfg` (the `method` group), around `backbone`; `teacher`: the
+    frozen pretrained teacher of a method that learns from one (`Method.pretrained_teacher`: solo.zoo.teachers)."""
+    target = METHODS[cfg["name"]].target
+    if not target.pretrained_teacher:
+        return target(backbone, feature_dim, method_config(cfg))
+    if teacher is None:
+        raise ValueError(
+            f"method={cfg['name']} learns from a frozen teacher: give one (solo.zoo.teachers.load_teacher)"
+        )
+    return target(backbone, feature_dim, method_config(cfg), teacher)
 
 
-def create_method(cfg, backbone_cfg) -> Method:
+def create_method(cfg, backbone_cfg, teacher: torch.nn.Module | None = None) -> Method:
     """The method of `cfg` (the `method` group) around a new backbone of `backbone_cfg` (the `backbone` group), unless
-    the method builds its own image encoder (CLIP and SigLIP with method.model: open_clip's)."""
+    the method builds its own image encoder (CLIP and SigLIP with method.model: open_clip's); `teacher` as for
+    build_method."""
     if METHODS[cfg["name"]].target.builds_own_backbone(cfg):
         return build_method(cfg, None, 0)
-    return build_method(cfg, *build_backbone(backbone_cfg))
+    return build_method(cfg, *build_backbone(backbone_cfg), teacher)
 
 
 __all__ = ["METHODS", "Method", "build_method", "create_method", "method_config", "register_method"]

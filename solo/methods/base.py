@@ -3,15 +3,15 @@
 A method is an nn.Module from a batch to its loss. Besides `forward`, it tells the trainer:
 
 - which of its submodules are *teachers* (`teachers`): not trained by the optimizer, updated by the
-  method itself in `after_optimizer_step`, saved in checkpoints, and left out of SyncBatchNorm
-  conversion unless `sync_teacher_batchnorm`;
+  method itself in `after_optimizer_step` (or frozen: a pretrained teacher, `pretrained_teacher`), saved in
+  checkpoints, and left out of SyncBatchNorm conversion unless `sync_teacher_batchnorm`;
 - its parameter groups (`param_groups`), e.g. a predictor with its own learning rate;
 - what it needs from the data (`inputs`, `needs_labels`, `check_data`, `masks`): augmented views (`num_views` of one size, plus smaller
   local crops when `local_crops`, as multi-crop methods take them), or image-text pairs;
 - the run's length (`set_schedule`, before the optimizer is built), for schedules in epochs, and the train split's
   size (`set_data`), for state sized by the data;
 - the metrics it logs besides the loss (`metrics`), and how it is validated (`classifier`: the layer scored on the
-  val features; image-text methods: `evaluate`);
+  val features; `val_health`: health metrics of its own; image-text methods: `evaluate`);
 - optionally, its split into `encode` (per sample: the backbone) and `joint` (what couples the samples:
   projector BatchNorm, the loss), which gradient accumulation (`trainer.accumulate`) needs.
 """
@@ -67,6 +67,9 @@ class Method(nn.Module):
     needs_labels: ClassVar[bool] = False  # whether the loss reads the labels (supervised methods), not just the probe
     teachers: ClassVar[tuple[str, ...]] = ()  # names of submodules that the optimizer does not train
     sync_teacher_batchnorm: ClassVar[bool] = False
+    # Whether its constructor takes `teacher`, a frozen pretrained encoder named by method.teacher, which the trainer
+    # loads (solo.zoo.teachers: solo.methods may not read the zoo) and passes on
+    pretrained_teacher: ClassVar[bool] = False
     # A ViT's feature that the probes read: its class token, or "mean", its patch tokens' mean (the method's __init__
     # sets it: solo.backbones.vit.pool_patch_tokens); main_linear.py reads the same unless told `pool=`.
     pool: ClassVar[str] = "cls"
@@ -170,6 +173,12 @@ class Method(nn.Module):
         """The linear layer whose accuracy on the backbone's val features is `val/acc1` (solo.train.evaluator): the
         online probe; a method with a head of its own returns that."""
         return probe
+
+    def val_health(self, embedded: torch.Tensor, loader, device, autocast) -> dict[str, float]:
+        """Health metrics of its own on the val split (`loader`), given `embedded`, the embeddings the loss sees of every
+        val sample in dataset order, the same on every rank (solo.train.evaluator): a distilled student's agreement with
+        its teacher. None by default."""
+        return {}
 
 
 def through(encoder: nn.Module, views: list[torch.Tensor], *per_view: list, forward: Callable | None = None) -> list:

@@ -25,12 +25,13 @@ from solo.losses import (
     centred_softmax,
     dino_center,
     dino_cross_entropy,
+    gram_loss,
     ibot_patch_loss,
     koleo_loss,
     masked_center,
     sinkhorn,
 )
-from solo.methods.base import make_teacher, register_method, through
+from solo.methods.base import ema_update, make_teacher, register_method, through
 from solo.methods.dino import DINOHead, SelfDistillation, teacher_temperature
 from solo.schema import AT_LEAST_ONE, FRACTION, MOMENTUM, NON_NEGATIVE, POSITIVE, PROBABILITY, choices, ruled
 
@@ -61,6 +62,12 @@ class DINOv2Config:
     base_momentum: float = ruled(0.992, PROBABILITY)  # the teacher's share in its EMA update, at the start
     final_momentum: float = ruled(1.0, PROBABILITY)
     freeze_last_layer_epochs: float = ruled(1.0, NON_NEGATIVE)
+    # DINOv3's Gram anchoring: the weight of the Gram loss (0: off), which pulls the pairwise cosines of each global
+    # crop's patch tokens towards those of an anchor, a frozen copy of the EMA teacher's backbone taken after step
+    # gram_start and again every gram_refresh steps (DINOv3's ViT-7B: from step 1,010,000, every 10,000, weight 2).
+    gram_anchor: float = ruled(0.0, NON_NEGATIVE)
+    gram_start: int = ruled(10000, AT_LEAST_ONE)
+    gram_refresh: int = ruled(10000, AT_LEAST_ONE)
 
     def validate(self) -> None:
         if self.mask_ratio_min > self.mask_ratio_max:
@@ -100,6 +107,10 @@ class DINOv2(SelfDistillation):
         )
         self.mask_token = nn.Parameter(torch.zeros(backbone.embed_dim))
         self.teacher = make_teacher(nn.ModuleList([backbone, self.head]))
+        if cfg.gram_anchor:  # a module and a buffer: a checkpoint holds the anchor and whether one was taken yet
+            self.gram_teacher = make_teacher(backbone)
+            self.register_buffer("gram_anchored", torch.tensor(False))
+            self.anchored = None  # gram_anchored, read on the host once (after a resume's load), then kept here
         self.register_buffer("teacher_temperature", torch.tensor(teacher_temperature(cfg, 0, 1)))
         if cfg.centering == "centering":  # buffers: a resumed run goes on with the same centres
             self.register_buffer("center", torch.zeros(cfg.num_prototypes))
@@ -133,6 +144,11 @@ class DINOv2(SelfDistillation):
             teacher_patches.append(take(teacher_tokens[:, prefix:], positions))
         cls += [tokens[:, 0] for tokens in through(vit, views[self.num_views :], forward=partial(output_tokens, vit))]
         encoded = {"cls": cls, "patches": patches, "teacher_cls": teacher_cls, "teacher_patches": teacher_patches}
+        if self.cfg.gram_anchor and self.is_anchored():  # every patch of the global crops, masked ones too (DINOv3's)
+            encoded["gram"] = [tokens[:, prefix:] for tokens in student]
+            with torch.no_grad():
+                anchor = through(self.gram_teacher, crops, forward=partial(output_tokens, self.gram_teacher))
+            encoded["gram_anchor"] = [tokens[:, prefix:] for tokens in anchor]
         if self.feeds_probe:  # the probe learns on what it is evaluated on (Method.probe_view)
             with torch.no_grad():
                 encoded["features"] = vit.forward_head(output_tokens(vit, batch["probe_image"]))
@@ -168,10 +184,25 @@ class DINOv2(SelfDistillation):
             terms["ibot"] = ibot_patch_loss(student_patches, patch_targets, valid, c.student_temperature)
         if c.koleo_weight:
             terms["koleo"] = sum(koleo_loss(x) for x in encoded["cls"][: self.num_views])
-        weights = {"dino": 1.0, "ibot": c.ibot_weight, "koleo": c.koleo_weight}
+        if "gram" in encoded:
+            terms["gram"] = gram_loss(torch.cat(encoded["gram"]), torch.cat(encoded["gram_anchor"]))
+        weights = {"dino": 1.0, "ibot": c.ibot_weight, "koleo": c.koleo_weight, "gram": c.gram_anchor}
         loss = sum(weights[name] * term for name, term in terms.items())
         self.terms = {name: term.detach() for name, term in terms.items()}  # W times this rank's share
         return {"loss": loss, "features": encoded.get("features"), "labels": batch["label"]}
+
+    def is_anchored(self) -> bool:
+        if self.anchored is None:
+            self.anchored = bool(self.gram_anchored)
+        return self.anchored
+
+    def after_optimizer_step(self, step: int, total_steps: int) -> None:
+        super().after_optimizer_step(step, total_steps)
+        c = self.cfg
+        if c.gram_anchor and step >= c.gram_start and (step - c.gram_start) % c.gram_refresh == 0:
+            ema_update(self.gram_teacher, self.teacher[0], 0.0)  # momentum 0: the EMA teacher's backbone, copied
+            self.gram_anchored.fill_(True)
+            self.anchored = True
 
     def metrics(self) -> dict[str, torch.Tensor]:
         return {**super().metrics(), **self._last_terms()}

@@ -17,7 +17,8 @@ from solo.eval.zero_shot import zero_shot_accuracy
 class Evaluator:
     """On the val split, for image methods, from one pass of the backbone: the accuracy of its classifier
     (`Method.classifier`: the online probe) on the features, their health and that of the embeddings the loss sees
-    (solo.eval.health: RankMe, uniformity, spread), a weighted k-NN when `knn_k > 0` and the data has labels; for
+    (solo.eval.health: RankMe, uniformity, spread) and the method's own (`Method.val_health`: a distilled student's
+    agreement with its teacher), a weighted k-NN when `knn_k > 0` and the data has labels; for
     image-text methods, what `evaluate` reports (retrieval, zero-shot), and zero-shot accuracy on
     trainer.zero_shot_folder's images."""
 
@@ -45,7 +46,9 @@ class Evaluator:
             classifier = method.classifier(self.model.probe)
             if classifier is not None:
                 metrics |= {f"val/{k}": v for k, v in accuracy(classifier, *val, self.device).items()}
-            metrics |= health(val[0], embedded)
+            metrics |= health(val[0], embedded) | method.val_health(
+                embedded, self.loaders.val, self.device, self.autocast
+            )
         else:
             metrics |= method.evaluate(self.model.probe, self.loaders.val, self.device, self.autocast)
         if self.knn_k > 0 and self.loaders.train_eval is not None:

@@ -39,6 +39,7 @@ from solo.train.evaluator import Evaluator
 from solo.train.loaders import build_loaders, build_splits
 from solo.train.preemption import Preemption, requeue_slurm_job
 from solo.train.step import TrainStep, merge_encoded, precision_context
+from solo.zoo.teachers import load_teacher
 
 log = logging.getLogger("solo")
 
@@ -105,10 +106,13 @@ class PretrainModel(nn.Module):
 
 
 def build_model(cfg: DictConfig, num_classes: int | None, backbone: nn.Module | None = None) -> PretrainModel:
-    """The method of `cfg` with its probe; around `backbone` when given (fine-tuning: weights to start from)."""
+    """The method of `cfg` with its probe; around `backbone` when given (fine-tuning: weights to start from). A method
+    that learns from a frozen pretrained teacher gets it loaded here (solo.zoo.teachers), where the zoo can be read."""
+    teacher = load_teacher(cfg.method, cfg.data) if METHODS[cfg.method.name].target.pretrained_teacher else None
     if backbone is None:
-        return PretrainModel(create_method(cfg.method, cfg.backbone), num_classes)
-    return PretrainModel(build_method(cfg.method, backbone, feature_width(backbone, cfg.data.image_size)), num_classes)
+        return PretrainModel(create_method(cfg.method, cfg.backbone, teacher), num_classes)
+    width = feature_width(backbone, cfg.data.image_size)
+    return PretrainModel(build_method(cfg.method, backbone, width, teacher), num_classes)
 
 
 def build_optimizer_for(model: PretrainModel, optim_cfg, lr: float):
