@@ -172,6 +172,8 @@ def test_random_init_and_finetune(tmp_path, monkeypatch):
     assert metrics(tmp_path / "a")[-1]["val/finetune_acc1"] == trained["finetune"]["acc1"]
 
 
+@pytest.mark.slow  # two pretraining runs and main_linear.py on each: about 11 s
+@pytest.mark.one_process
 def test_main_linear_probes_the_feature_the_method_probed_unless_told(tmp_path):
     """I-JEPA's online probe reads the mean patch token: main_linear does too unless given pool=cls."""
     run_dir = tmp_path / "run"

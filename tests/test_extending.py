@@ -155,6 +155,8 @@ def test_fsdp_refuses_a_backbone_it_cannot_shard_block_by_block(user_package, tm
         pretrain(cfg, tmp_path)
 
 
+@pytest.mark.slow  # main_pretrain.py --help in a subprocess: about 10 s
+@pytest.mark.one_process
 def test_help_lists_what_a_users_package_registers(user_package):
     env = {"PYTHONPATH": f"{user_package}:{REPO}", "PATH": "/usr/bin:/bin"}
     out = subprocess.run(

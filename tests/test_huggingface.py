@@ -184,6 +184,8 @@ def test_missing_split_path_and_captions_are_named(saved, tmp_path):
         build_dataset("huggingface", "train", path=str(saved), pairs=True)
 
 
+@pytest.mark.slow  # a pretraining run, then main_linear.py: about 8 s
+@pytest.mark.one_process
 def test_linear_evaluation_of_unlabelled_data_is_refused(saved, tmp_path):
     from solo.evaluate.offline import evaluate_pretrained
     from tests.test_train import run as pretrain_run

@@ -271,6 +271,8 @@ def test_activation_checkpointing_gives_the_same_step_and_leaves_batchnorm_as_on
     assert stats and not all(torch.equal(naive_buffers[k], want_buffers[k]) for k in stats)
 
 
+@pytest.mark.slow  # a run that tries inductor first: about 14 s
+@pytest.mark.one_process
 def test_compile_falls_back_to_eager_with_one_warning_where_it_cannot_compile(tmp_path):
     """No C++ compiler for inductor (CXX names none, an empty cache): the run trains uncompiled and says why, once."""
     env = {"CXX": str(tmp_path / "no-such-g++"), "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "cache")}

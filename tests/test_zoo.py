@@ -47,14 +47,8 @@ def test_every_entry_loads_verified_and_runs():
         assert features.shape[0] == 4 and torch.isfinite(features).all()
 
 
-# One backbone entry and one image-text entry in the default suite; every entry with pytest -m slow.
-QUICK = ("simclr-digits-resnet18half", "clip-digits-resnet18half")
-
-
-@pytest.mark.parametrize(
-    "name",
-    [e["name"] if e["name"] in QUICK else pytest.param(e["name"], marks=pytest.mark.slow) for e in read_manifest()],
-)
+@pytest.mark.slow  # main_linear.py on every entry: about 8 s each (the quick suite loads and runs every entry)
+@pytest.mark.parametrize("name", [e["name"] for e in read_manifest()])
 @pytest.mark.one_process
 def test_main_linear_reproduces_the_manifest(name, tmp_path, monkeypatch):
     monkeypatch.setenv("SOLO_CACHE", str(tmp_path / "cache"))
@@ -203,6 +197,8 @@ def test_strict_loader_reads_the_backbone_by_explicit_keys(stock_checkpoints, tm
         read_training_checkpoint(tmp_path / "plain.pt")
 
 
+@pytest.mark.slow  # exports and loads in timm and torchvision: about 9 s
+@pytest.mark.one_process
 def test_export_loads_in_timm_and_torchvision_with_identical_outputs(stock_checkpoints, tmp_path):
     images = torch.randn(2, 3, 32, 32)
     ours = read_training_checkpoint(stock_checkpoints["resnet18"]).build_backbone().eval()
