@@ -73,9 +73,7 @@ class FrozenTeacher(nn.Module):
 
 def pooled_and_patches(vit: nn.Module, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """A timm ViT's pooled feature (what `vit(images)` gives) and its patch tokens (B, N, D), from one pass through
-    solo.backbones.vit.output_tokens, as the masked-image methods take them: the same graph on every batch, an empty
-    rank's included (timm's forward goes another way on an empty batch, and under FSDP the ViT's whole parameters,
-    its class token and positions, would then reduce their gradients in another order on that rank)."""
+    solo.backbones.vit.output_tokens, as the masked-image methods take them (an empty rank's batch included)."""
     tokens = output_tokens(vit, images)
     return vit.forward_head(tokens), tokens[:, vit.num_prefix_tokens :]
 
