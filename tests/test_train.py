@@ -138,7 +138,7 @@ def invariance_runs(request, tmp_path_factory):
     return runs
 
 
-@pytest.mark.parametrize("precision, tolerance", [("64", 1e-10), pytest.param("32", 1e-4, marks=pytest.mark.slow)])
+@pytest.mark.parametrize("precision, tolerance", [("64", 1e-10), pytest.param("32", 3e-4, marks=pytest.mark.slow)])
 @pytest.mark.parametrize(
     "method, augment_on",
     [
@@ -153,8 +153,9 @@ def test_world_size_invariance(invariance_runs, method, augment_on, precision, t
     the views made in the DataLoader workers or on the training device (here the CPU: the same batched code).
 
     In float64 the two agree to rounding (~1e-13): the step is exact. In float32 the rounding noise
-    of one step is ~3e-6 of the largest gradient; after 3 LARS steps the weights differ by < 1e-4 of
-    how far training moved them.
+    of one step is ~3e-6 of the largest gradient; after 3 LARS steps the weights differ by about 1e-4 of
+    how far training moved them (Barlow Twins: 1.4e-4 when this process runs torch on 2 threads, as with
+    pytest -n0; a wrong step differs by about the movement itself).
     """
     w1, w2 = invariance_runs[(method, augment_on, precision)]
     one, two = weights(w1), weights(w2)
