@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from solo.eval.health import collapse, health, rankme, spread, uniformity
+from solo.eval.health import alignment_sums, collapse, health, rankme, spread, uniformity
 from tests.test_train import TINY, compose_cfg
 
 
@@ -37,6 +37,19 @@ def test_uniformity_is_the_log_mean_gaussian_potential_over_distinct_pairs():
 def test_spread_is_about_one_for_an_isotropic_cloud_and_zero_for_one_point():
     assert spread(torch.randn(20000, 32, generator=torch.Generator().manual_seed(0))) == pytest.approx(1, abs=0.02)
     assert spread(torch.ones(50, 32) * 3) == 0
+
+
+def test_alignment_sums_the_squared_distance_of_each_samples_first_two_views():
+    """Rows in view order (3 views of 4 samples): the first two views' normalised rows, distance squared, summed over the
+    4 samples; identical views give 0, opposite ones 4, and one view alone (a method reading one) gives nothing."""
+    z = np.random.default_rng(3).normal(size=(12, 5))
+    u = z / np.linalg.norm(z, axis=1, keepdims=True)
+    expected = sum(np.sum((u[i] - u[4 + i]) ** 2) for i in range(4))
+    assert alignment_sums(torch.from_numpy(z), 4).tolist() == pytest.approx([expected, 4], rel=1e-12)
+    x = torch.randn(4, 5)
+    assert alignment_sums(torch.cat([x, 3 * x]), 4).tolist() == pytest.approx([0, 4], abs=1e-12)
+    assert alignment_sums(torch.cat([x, -x]), 4).tolist() == pytest.approx([16, 4], rel=1e-12)
+    assert alignment_sums(x, 4).tolist() == [0, 0]
 
 
 def test_metrics_of_one_shard_are_not_those_of_the_split():

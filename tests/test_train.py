@@ -167,9 +167,9 @@ def test_world_size_invariance(invariance_runs, method, augment_on, precision, t
     # The logged losses are the global-batch losses too, and the health metrics are the whole val split's
     # (solo.eval.health; tests/test_health.py shows one shard's differ).
     health = ("val/rankme", "val/embedding_rankme", "val/embedding_std", "val/uniformity")
-    assert any(health[0] in a for a in metrics(w1))
+    assert any(health[0] in a for a in metrics(w1)) and any("train/alignment" in a for a in metrics(w1))
     for a, b in zip(metrics(w1), metrics(w2)):
-        for key in ("train/loss", *health):
+        for key in ("train/loss", "train/alignment", *health):
             if key in a:
                 assert a[key] == pytest.approx(b[key], rel=tolerance), key
 

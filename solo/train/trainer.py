@@ -28,7 +28,7 @@ from solo.distributed.env import process_group
 from solo.distributed.run_dir import hold_run_dir
 from solo.dtypes import full_precision
 from solo.errors import CheckpointError, ConfigError, DataError
-from solo.eval.health import collapse
+from solo.eval.health import alignment_sums, collapse
 from solo.loggers import Loggers
 from solo.methods import METHODS, build_method, create_method
 from solo.optim import build_optimizer, layer_decay, scaled_lr, warmup_cosine
@@ -467,6 +467,8 @@ class Trainer:
         }
         if self.model.probe is not None:
             metrics["train/probe_loss"] = losses[1]
+        if window["alignment"] is not None:
+            metrics["train/alignment"] = window["alignment"]  # solo.eval.health.alignment_sums
         if self.cfg.data.on_bad_image == "skip":
             metrics["data/skipped_images"] = window["skipped"]  # unreadable images read in this window, all ranks
             check_skipped(window["skipped"], self.source.global_batch * steps, self.cfg.data.name)
@@ -539,13 +541,21 @@ class MetricsWindow:
     only when logged."""
 
     def __init__(self, device: torch.device):
-        self.sums = torch.zeros(3, dtype=torch.float64, device=device)  # loss, probe loss, skipped images
+        # loss, probe loss, skipped images, the views' alignment summed over samples, its number of samples
+        self.sums = torch.zeros(5, dtype=torch.float64, device=device)
         self.steps, self.start = 0, time.perf_counter()
 
     def add(self, out: dict, batch: dict) -> None:
         loss = out["loss"].detach()
         skipped = batch["skipped"].sum() if "skipped" in batch else torch.zeros((), device=loss.device)
-        self.sums += torch.stack([loss.double(), out.get("probe_loss", loss).detach().double(), skipped.double()])
+        views, features = batch.get("views", []), out.get("features")
+        aligned = (
+            alignment_sums(features, len(views[0]))
+            if features is not None and len(views) > 1
+            else torch.zeros(2, dtype=torch.float64, device=loss.device)
+        )
+        losses = torch.stack([loss.double(), out.get("probe_loss", loss).detach().double(), skipped.double()])
+        self.sums += torch.cat([losses, aligned])
         self.steps += 1
 
     def flush(self) -> dict:
@@ -556,6 +566,7 @@ class MetricsWindow:
         window = {
             "losses": losses,
             "skipped": int(sums[2]),
+            "alignment": float(sums[3] / sums[4]) if sums[4] > 0 else None,
             "steps": self.steps,
             "seconds": time.perf_counter() - self.start,
         }
