@@ -96,6 +96,16 @@ CASES = {  # a LayerNorm image tower (timm's ViT), with SimCLR's BatchNorm proje
         "method.predictor_heads=2",
         "method.base_momentum=0.9",
     ],
+    # Per-sample masks of whole squares (SimMIM) and per-sample prefixes (AIM: a prefix-causal attention mask per sample,
+    # a different number of patches predicted per sample), split with the batch.
+    "simmim_vit": [o for o in TINY if not o.startswith(("backbone", "method"))]
+    + VIT
+    + ONE_STEP
+    + ["method=simmim", "method.mask_patch_size=8"],
+    "aim_vit": [o for o in TINY if not o.startswith(("backbone", "method"))]
+    + VIT
+    + ONE_STEP
+    + ["method=aim", "method.head_width=16", "method.head_depth=1"],
     "siglip_vit": [o for o in TINY if not o.startswith(("backbone", "method", "data"))]
     + VIT
     + ONE_STEP
@@ -120,7 +130,11 @@ def moved(run_dir, overrides) -> tuple[dict, float]:
 
 
 @pytest.mark.parametrize(
-    "case", [pytest.param(c, marks=pytest.mark.slow) if c in ("deepclusterv2_vit",) else c for c in sorted(CASES)]
+    "case",
+    [
+        pytest.param(c, marks=pytest.mark.slow) if c in ("deepclusterv2_vit", "simmim_vit", "aim_vit") else c
+        for c in sorted(CASES)
+    ],
 )
 def test_accumulated_step_equals_the_whole_batch_step(tmp_path, case):
     base = CASES[case] + ["data.batch_size=16"]

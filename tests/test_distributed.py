@@ -35,6 +35,7 @@ def test_every_methods_loss_is_registered_with_the_checker():
         "nnsiam": "simsiam",
         "all4one": "all4one_feature",
         "dinov2": "ibot",  # and koleo; its class-token loss is dino's
+        "lit": "clip",  # or siglip's
     }
     assert {own_names.get(m, m) for m in methods} | {"koleo"} <= set(BUILTIN)
     assert all(name.removesuffix("_tiled") in set(BUILTIN) for name in BUILTIN)  # a tiled loss beside its untiled one
@@ -89,6 +90,8 @@ WRONG_SSL_OF = {
     "wmse_per_rank_whitening": "wmse",
     "vibcreg_per_gpu_statistics": "vibcreg",
     "mae_mean_of_rank_means": "mae",
+    "simmim_mean_of_rank_means": "simmim",
+    "aim_mean_of_rank_means": "aim",
     "swav_sinkhorn_local_batch_times_world": "swav",
     "koleo_per_rank_neighbours": "koleo",
     "ibot_mean_of_rank_means": "ibot",
@@ -105,6 +108,9 @@ WRONG_SSL_OF = {
     "tico_per_rank_covariance": "tico",
     "directclr_local_negatives": "directclr",
     "align_uniform_per_rank_pairs": "align_uniform",
+    "emp_ssl_per_rank_tcr": "emp_ssl",
+    "frossl_per_rank_covariance": "frossl",
+    "ssl_ey_per_rank_covariances": "ssl_ey",
 }
 
 

@@ -306,6 +306,44 @@ EXPECTED = {
         "trainer.max_epochs": 1000,
         "views": BYOL_VIEWS,
     },
+    # SSL-EY (Chapman et al. 2023), jameschapman19/SSL-EY main_ssley.py: VICReg's script, 100 epochs
+    "ssl_ey_imagenet": {
+        **_IMAGENET,
+        "method.name": "ssl_ey",
+        "method.proj_hidden_dim": 8192,
+        "method.proj_output_dim": 8192,
+        "data.batch_size": 64,
+        "optim.name": "lars",
+        "optim.lr": 0.2,
+        "optim.lr_scaling": "linear",
+        "optim.eta": 0.001,
+        "optim.weight_decay": 1e-6,
+        "optim.warmup_epochs": 10,
+        "optim.final_lr": 1.6e-3,
+        "optim.exclude_bias_and_norm": True,
+        "trainer.max_epochs": 100,
+        "views": BYOL_VIEWS,
+    },
+    # FroSSL (Skean et al. 2023), OFSkean/FroSSL scripts/pretrain/imagenet/frossl.yaml: ResNet-18, 2 GPUs x 256
+    "frossl_imagenet_resnet18": {
+        **_IMAGENET,
+        "backbone.name": "resnet18",
+        "method.name": "frossl",
+        "method.proj_hidden_dim": 2048,
+        "method.proj_output_dim": 1024,
+        "method.invariance_weight": 2.0,
+        "data.batch_size": 256,
+        "optim.name": "lars",
+        "optim.lr": 0.3,
+        "optim.lr_scaling": "linear",
+        "optim.eta": 0.02,
+        "optim.weight_decay": 1e-4,
+        "optim.warmup_epochs": 10,
+        "optim.final_lr": 0.0,
+        "optim.exclude_bias_and_norm": True,
+        "trainer.max_epochs": 100,
+        "views": BYOL_VIEWS,
+    },
     # solo-learn cifar/dino.yaml (+ its DINO defaults: teacher 0.07, student 0.1, no warm-up, freeze 1 epoch)
     "dino_cifar10": {
         **_SOLO_LEARN_CIFAR,
@@ -423,6 +461,54 @@ EXPECTED = {
         "geometry": [(None, 1, 1.0, 0.5)],
         "view_sizes": [224],
     },
+    # SimMIM simmim_pretrain__vit_base__img224__800ep.yaml and config.py (ViT-B): one crop of area 0.67-1 with a flip
+    "simmim_imagenet": {
+        "backbone.name": "vit_base_patch16_224",
+        "backbone.kwargs.patch_size": 16,
+        "backbone.kwargs.init_values": 0.1,
+        "backbone.drop_path_rate": 0.1,
+        "data.image_size": 224,
+        "method.name": "simmim",
+        "method.mask_ratio": 0.6,
+        "method.mask_patch_size": 32,
+        "optim.name": "adamw",
+        "optim.lr": 5e-5,
+        "optim.lr_scaling": "linear",
+        "optim.betas": [0.9, 0.999],
+        "optim.weight_decay": 0.05,
+        "optim.warmup_epochs": 10,
+        "optim.warmup_start_lr": 2e-6,
+        "optim.final_lr": 2e-5,
+        "optim.grad_clip": 5.0,
+        "trainer.max_epochs": 800,
+        "views": [(0.4, 0.4, 0.2, 0.1, 0.0, 0.0, 0.0, 0.0, 0.67)],
+        "geometry": [(None, 1, 1.0, 0.5)],
+        "view_sizes": [224],
+    },
+    # AIM-0.6B (ml-aim's aim_600M trunk; the paper's pre-training hyperparameters): one crop of area 0.4-1 with a flip
+    "aim_imagenet": {
+        "backbone.name": "vit_large_patch14_224",
+        "backbone.kwargs.patch_size": 14,
+        "backbone.kwargs.embed_dim": 1536,
+        "backbone.kwargs.depth": 24,
+        "backbone.kwargs.num_heads": 12,
+        "backbone.kwargs.class_token": False,
+        "data.image_size": 224,
+        "method.name": "aim",
+        "method.head_width": 2048,
+        "method.head_depth": 12,
+        "method.norm_pix_loss": True,
+        "optim.name": "adamw",
+        "optim.lr": 1e-3,
+        "optim.lr_scaling": "none",
+        "optim.betas": [0.9, 0.95],
+        "optim.weight_decay": 0.05,
+        "optim.final_lr": 0.0,
+        "trainer.max_epochs": 1600,
+        "views": [(0.4, 0.4, 0.2, 0.1, 0.0, 0.0, 0.0, 0.0, 0.4)],
+        "geometry": [(None, 1, 1.0, 0.5)],
+        "view_sizes": [224],
+    },
     # I-JEPA configs/in1k_vith14_ep300.yaml: one crop of area 0.3-1, no flip, no colour
     "ijepa_imagenet": {
         "backbone.name": "vit_huge_patch14_224",
@@ -509,6 +595,138 @@ EXPECTED = {
         "geometry": [(None, 2, 1.0, 0.5), (96, 6, 0.14, 0.5)],
         "view_sizes": [224, 224] + [96] * 6,
     },
+    # DCL (Yeh et al. 2022): SimCLR's setting at batch 256, 200 epochs; the optimizer as lightly's benchmark
+    # (benchmarks/imagenet/resnet50/dcl.py): LARS at SimCLR's 0.075 x sqrt(batch), weight decay 1e-6
+    "dcl_imagenet": {
+        **_IMAGENET,
+        "method.name": "dcl",
+        "method.proj_hidden_dim": 2048,
+        "method.proj_output_dim": 128,
+        "method.temperature": 0.1,
+        "method.weight_fn": "none",
+        "method.sigma": 0.5,
+        "data.batch_size": 32,
+        "optim.name": "lars",
+        "optim.lr": 1.2,
+        "optim.lr_scaling": "sqrt",
+        "optim.eta": 0.001,
+        "optim.weight_decay": 1e-6,
+        "optim.warmup_epochs": 10,
+        "optim.final_lr": 0.0,
+        "optim.exclude_bias_and_norm": True,
+        "trainer.max_epochs": 200,
+        "views": [SIMCLR_IMAGENET_VIEW] * 2,
+    },
+    # MMCR (Yerxa et al. 2023), ThomasYerxa/mmcr pretrain_imagenet.py --n_aug 2 --objective MMCR: projector
+    # 8192-8192-512, lambda 0, LARS lr 0.8 x batch/256 at 2048, weight decay 1e-6, cosine to 1/1000, 100 epochs
+    "mmcr_imagenet": {
+        **_IMAGENET,
+        "method.name": "mmcr",
+        "method.proj_hidden_dim": 8192,
+        "method.proj_output_dim": 512,
+        "method.lambd": 0.0,
+        "data.batch_size": 128,
+        "optim.name": "lars",
+        "optim.lr": 0.8,
+        "optim.lr_scaling": "linear",
+        "optim.eta": 0.001,
+        "optim.weight_decay": 1e-6,
+        "optim.warmup_epochs": 10,
+        "optim.final_lr": 6.4e-3,
+        "optim.exclude_bias_and_norm": True,
+        "trainer.max_epochs": 100,
+        "views": BYOL_VIEWS,
+    },
+    # TiCo (Zhu et al. 2022): beta 0.9, rho 8, head 4096 -> 256, teacher 0.99 -> 1, on BYOL's optimizer and views
+    # (lightly's benchmarks/imagenet/resnet50/tico.py; byol/configs/byol.py's 1000-epoch preset)
+    "tico_imagenet": {
+        **_IMAGENET,
+        "method.name": "tico",
+        "method.proj_hidden_dim": 4096,
+        "method.proj_output_dim": 256,
+        "method.beta": 0.9,
+        "method.rho": 8.0,
+        "method.base_momentum": 0.99,
+        "method.final_momentum": 1.0,
+        "data.batch_size": 128,
+        "optim.name": "lars",
+        "optim.lr": 0.2,
+        "optim.lr_scaling": "linear",
+        "optim.eta": 0.001,
+        "optim.weight_decay": 1.5e-6,
+        "optim.warmup_epochs": 10,
+        "optim.final_lr": 0.0,
+        "optim.exclude_bias_and_norm": True,
+        "trainer.max_epochs": 1000,
+        "views": BYOL_VIEWS,
+    },
+    # DirectCLR (Jing et al. 2022), facebookresearch/directclr main.py --mode directclr --dim 360: LARS lr 4.8 at
+    # batch 4096, weight decay 1e-6, 10 warm-up epochs, cosine to 1/1000, 100 epochs, BYOL's views
+    "directclr_imagenet": {
+        **_IMAGENET,
+        "method.name": "directclr",
+        "method.d0": 360,
+        "method.temperature": 0.1,
+        "data.batch_size": 128,
+        "optim.name": "lars",
+        "optim.lr": 0.3,
+        "optim.lr_scaling": "linear",
+        "optim.eta": 0.001,
+        "optim.weight_decay": 1e-6,
+        "optim.warmup_epochs": 10,
+        "optim.final_lr": 4.8e-3,
+        "optim.exclude_bias_and_norm": True,
+        "trainer.max_epochs": 100,
+        "views": BYOL_VIEWS,
+    },
+    # Alignment and uniformity (Wang and Isola 2020), SsnL/moco@align_uniform README's best ImageNet-100 run:
+    # 3 x L_align(alpha 2) + L_uniform(t 3), SGD lr 0.03 per 128, weight decay 1e-4, cosine, 200 epochs, MoCo v2's
+    # views; solo's loss is theirs / 3 (lambd 1/3), so its lr is 3 x theirs and its weight decay theirs / 3
+    "align_uniform_imagenet100": {
+        **_IMAGENET,
+        "method.name": "align_uniform",
+        "method.proj_hidden_dim": 2048,
+        "method.proj_output_dim": 128,
+        "method.align_alpha": 2.0,
+        "method.uniform_t": 3.0,
+        "method.lambd": 1 / 3,
+        "data.batch_size": 32,
+        "optim.name": "sgd",
+        "optim.lr": 3 * 0.03 * 256 / 128,
+        "optim.lr_scaling": "linear",
+        "optim.momentum": 0.9,
+        "optim.weight_decay": 1e-4 / 3,
+        "optim.warmup_epochs": 0.0,
+        "optim.final_lr": 0.0,
+        "optim.exclude_bias_and_norm": False,
+        "trainer.max_epochs": 200,
+        "views": [(0.4, 0.4, 0.4, 0.1, 0.8, 0.2, 0.5, 0.0, 0.2)] * 2,
+    },
+    # LightlyTrain's distillation (lightly-train _methods/distillationv2): DINOv2 ViT-B/14 teacher, MSE, one Linear
+    # layer, LARS lr 1.5 x batch/256, weight decay 1e-6, clipping 1.0, cosine to 1/1000; DistillationV2Transform's view
+    "distill_imagenet": {
+        **_IMAGENET,
+        "method.name": "distill",
+        "method.teacher": "vit_base_patch14_dinov2.lvd142m",
+        "method.teacher_kwargs.img_size": 224,
+        "method.loss": "mse",
+        "method.proj_hidden_dim": 0,
+        "method.patch_weight": 0.0,
+        "data.batch_size": 16,
+        "optim.name": "lars",
+        "optim.lr": 1.5,
+        "optim.lr_scaling": "linear",
+        "optim.eta": 0.001,
+        "optim.weight_decay": 1e-6,
+        "optim.exclude_bias_and_norm": True,
+        "optim.grad_clip": 1.0,
+        "optim.warmup_epochs": 10,
+        "optim.final_lr": 7.5e-4,
+        "trainer.max_epochs": 100,
+        "views": [(0.4, 0.4, 0.2, 0.1, 0.8, 0.2, 0.0, 0.0, 0.14)],
+        "geometry": [(None, 1, 1.0, 0.5)],
+        "view_sizes": [224],
+    },
 }
 # CLIP (Radford et al. 2021, sec. 2.5, appendix F): AdamW beta2 0.98, weight decay 0.2, lr 5e-4 for RN50,
 # text Transformer 512 wide, 12 layers, 8 heads, context 77, embedding 1024 for RN50, 32 epochs.
@@ -555,6 +773,31 @@ SIGLIP_EXPECTED = {
 }
 
 
+# LiT (Zhai et al. 2022; the authors' big_vision lit_coco.py and LiT-B16B_2): the AugReg ViT-B/16 of ImageNet-21k
+# locked, no image head (its 768-wide class token the embedding), a BERT-Base-sized text tower, the global batch of
+# 4096, Adam lr 1e-3, decoupled weight decay 1e-2 (10 in torch's lr-coupled AdamW at lr 1e-3), clipping at 1.0, logit
+# scale 10, 60,000 steps.
+LIT_EXPECTED = {
+    "method.name": "lit",
+    "method.teacher": "vit_base_patch16_224.augreg_in21k",
+    "method.image_head": False,
+    "method.loss": "clip",
+    "method.init_logit_scale": 10.0,
+    "method.text.width": 768,
+    "method.text.depth": 12,
+    "method.text.heads": 12,
+    "data.name": "csv",
+    "data.image_size": 224,
+    "optim.name": "adamw",
+    "optim.lr": 1e-3,
+    "optim.lr_scaling": "none",
+    "optim.weight_decay": 1e-2 / 1e-3,
+    "optim.betas": [0.9, 0.999],
+    "optim.grad_clip": 1.0,
+    "trainer.max_steps": 60000,
+}
+
+
 def _check_numbers(cfg, expected: dict, name: str = "") -> None:
     for key, value in expected.items():
         got = OmegaConf.select(cfg, key, throw_on_missing=True)
@@ -573,6 +816,14 @@ def test_siglip_recipe_cited_numbers():
     assert list(view.crop_scale) == [1.0, 1.0] and view.count == 1
     assert all(view[k] == 0.0 for k in ("hflip_prob", "jitter_prob", "grayscale_prob", "blur_prob", "solarize_prob"))
     assert math.log(cfg.method.init_logit_scale) == pytest.approx(math.log(10))  # the paper's t' = log 10
+
+
+def test_lit_recipe_cited_numbers():
+    cfg = _compose("experiment=lit_csv_vitb16")
+    _check_numbers(cfg, LIT_EXPECTED, "lit_csv_vitb16")
+    assert 8 * cfg.data.batch_size == 4096  # the authors' global batch on the recipe's 8 processes
+    # 3% of the steps of warm-up, at CC12M's ~12.4M pairs per epoch of 4096
+    assert cfg.optim.warmup_epochs * 12_400_000 / 4096 == pytest.approx(0.03 * 60000, rel=0.05)
 
 
 def test_clip_recipe_cited_numbers():
@@ -716,6 +967,30 @@ def test_new_methods_global_learning_rates_match_the_papers():
         assert math.isclose(scaled_lr(_compose(f"experiment={recipe}_cifar10").optim, 256), lr), recipe
 
 
+def test_issue45_recipes_global_learning_rates_match_their_sources():
+    """dcl, mmcr, tico, directclr, align_uniform and distill: the peak (and final) lr at each source's global batch."""
+    from solo.optim import scaled_lr
+
+    dcl = _compose("experiment=dcl_imagenet").optim
+    for batch in (256, 1024):  # SimCLR appendix B.1's 0.075 x sqrt(batch), as lightly's DCL benchmark
+        assert math.isclose(scaled_lr(dcl, batch), 0.075 * math.sqrt(batch))
+    mmcr = _compose("experiment=mmcr_imagenet").optim
+    assert math.isclose(scaled_lr(mmcr, 2048), 6.4)  # --lr 0.8 x 2048/256
+    assert math.isclose(mmcr.final_lr, scaled_lr(mmcr, 2048) / 1000)  # composer's alpha_f=0.001
+    tico = _compose("experiment=tico_imagenet").optim
+    assert math.isclose(scaled_lr(tico, 4096), 3.2)  # BYOL: 0.2 x 4096/256
+    directclr = _compose("experiment=directclr_imagenet").optim
+    assert math.isclose(scaled_lr(directclr, 4096), 4.8)  # main.py --learning-rate 4.8 at --batch-size 4096
+    assert math.isclose(directclr.final_lr, 4.8 * 0.001)  # end_lr = base_lr x 0.001
+    distill = _compose("experiment=distill_imagenet").optim
+    assert math.isclose(scaled_lr(distill, 128), 1.5 * 128 / 256)  # DistillationV2LARSArgs lr x batch/256
+    assert math.isclose(distill.final_lr, scaled_lr(distill, 128) / 1000)  # CosineWarmupScheduler end_value=0.001
+    au = _compose("experiment=align_uniform_imagenet100")
+    # Three times the authors' loss, lr and weight decay: --lr 0.03 at --batch-size 128, --wd 1e-4, weights 3 and 1.
+    assert math.isclose(scaled_lr(au.optim, 128), 3 * 0.03)
+    assert math.isclose(3 * au.optim.weight_decay, 1e-4) and math.isclose(3 * au.method.lambd, 1.0)
+
+
 def test_teacher_momenta_are_fractions():
     for name in EXPERIMENTS:
         method = _compose(f"experiment={name}").method
@@ -805,3 +1080,29 @@ def test_scale_loss_with_scaled_decay_equals_a_separate_bias_lr():
     c.load_state_dict(a0)
     _train(c, LARS(param_groups(c, wd), lr=lr, weight_decay=wd, eta=eta), loss_scale=1.0)
     assert not torch.allclose(c[0].bias, b[0].bias)
+
+
+def test_a_loss_divided_by_three_with_three_times_the_lr_and_a_third_of_the_weight_decay_is_the_same_sgd():
+    """align_uniform_imagenet100's claim: solo's loss (alignment + uniformity / 3) is the authors' 3 x alignment +
+    uniformity divided by 3, and SGD with momentum at 3 x their lr and 1/3 of their weight decay (on every parameter)
+    then takes their steps exactly."""
+    from solo.optim import SGDConfig, build_optimizer
+
+    lr, wd, s = 0.03, 1e-4, 1 / 3
+    theirs, ours = _tiny_model(), _tiny_model()
+    start = copy.deepcopy(theirs.state_dict())
+    ours.load_state_dict(start)
+
+    def sgd(model, lr, wd):
+        cfg = SGDConfig(name="sgd", lr=lr, weight_decay=wd, momentum=0.9, exclude_bias_and_norm=False)
+        return build_optimizer(cfg, param_groups(model, wd, exclude_bias_and_norm=False), lr)
+
+    _train(theirs, sgd(theirs, lr, wd), loss_scale=1.0)
+    _train(ours, sgd(ours, lr / s, wd * s), loss_scale=s)
+    for (name, a), b in zip(theirs.named_parameters(), ours.parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12, msg=name)
+    # The loss divided by 3 alone (the authors' lr and weight decay kept) trains differently.
+    other = _tiny_model()
+    other.load_state_dict(start)
+    _train(other, sgd(other, lr, wd), loss_scale=s)
+    assert not torch.allclose(other[0].weight, theirs[0].weight)

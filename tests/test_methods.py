@@ -35,6 +35,8 @@ METHOD = {
     "mocov3": HEADS + ["method.pred_hidden_dim=32", "method.base_momentum=0.9"],
     "vicreg": HEADS,
     "siglip": TEXT,
+    # The digits CLIP zoo entry's image tower, locked (its BatchNorm on its running statistics), a tiny text tower.
+    "lit": TEXT,
     # Multi-crop, which the digits recipe leaves out: 2 global 16 px crops and 4 local 8 px ones.
     "dino": [
         "augmentation=multicrop_digits",
@@ -83,6 +85,12 @@ METHOD = {
     "directclr": ["method.d0=8"],
     # Each view's uniformity over every pair of the global batch.
     "align_uniform": HEADS,
+    # Three patches of one size: each one's coding rate over the global batch, the image means per sample.
+    "emp_ssl": HEADS + ["augmentation=emp_ssl_digits", "augmentation.views.0.count=3"],
+    # Each view's column means, norms and covariance over the global batch.
+    "frossl": HEADS,
+    # The cross- and auto-covariances of the global batch, centred with its means.
+    "ssl_ey": HEADS,
     # timm's test ViT (width 64, 6 blocks, any crop size) on 4 px patches: 2 global 16 px crops, most of them masked,
     # and 4 local 8 px ones; the teacher temperature warms up over the first epoch.
     "dinov2": [
@@ -141,6 +149,23 @@ METHOD = {
         "method.predictor_heads=2",
         "method.base_momentum=0.9",
     ],
+    # timm's test ViT on a 4 x 4 grid of 4 px patches, hidden in 8 px squares (3 of the 4, 12 patches); a linear head.
+    "simmim": [
+        "backbone.name=test_vit",
+        "backbone.small_stem=false",
+        "+backbone.kwargs.img_size=16",
+        "+backbone.kwargs.patch_size=4",
+        "method.mask_patch_size=8",
+    ],
+    # timm's test ViT on a 4 x 4 grid of 4 px patches, a prefix of 1 to 15 per sample; a one-block head.
+    "aim": [
+        "backbone.name=test_vit",
+        "backbone.small_stem=false",
+        "+backbone.kwargs.img_size=16",
+        "+backbone.kwargs.patch_size=4",
+        "method.head_width=16",
+        "method.head_depth=1",
+    ],
 }
 STEPS = 6
 
@@ -161,8 +186,9 @@ def overrides(method: str, batch: int) -> list[str]:
 # One method per kind of state of its own: a queue (MoCo v2+; ReSSL's and All4One's are the same GlobalQueue), a
 # support set (NNCLR; NNBYOL's and NNSiam's alike), an EMA teacher with a centre and a schedule (DINO; BYOL's, MoCo
 # v3's alike), a memory bank with k-means (DeepClusterV2), per-sample masks (MAE, DINOv2, I-JEPA), a frozen pretrained
-# teacher saved with the weights (distill), a running covariance of the global batch (TiCo); and VICReg for the rest, whose state (weights, BatchNorm
-# buffers, optimizer, data position, random state) is the trainer's alike.
+# teacher saved with the weights (distill; LiT's locked tower is loaded and saved the same way), a running covariance
+# of the global batch (TiCo); and VICReg for the rest, whose state (weights, BatchNorm buffers, optimizer, data
+# position, random state) is the trainer's alike.
 RESUMED = set("vicreg mocov2plus dino nnclr deepclusterv2 mae dinov2 ijepa distill tico".split())
 
 
@@ -230,8 +256,11 @@ def test_step_is_world_size_invariant_and_resumes_exactly(method, one_process_ru
     one, two = weights(one_process_run(method)), weights(two_process_runs[method])
     start = weights_at_init(overrides(method, 16))
     moved = {k: float((one[k] - start[k]).abs().max()) for k in start}  # not the state sized by the data (banks)
-    teacher = [k for k in moved if k.startswith("method.teacher.")]
-    if METHODS[method].target.pretrained_teacher:
+    target = METHODS[method].target
+    # A frozen pretrained module is a teacher by its method's name for it (LiT's locked tower is its backbone).
+    frozen = tuple(f"method.{name}." for name in target.teachers) if target.pretrained_teacher else ("method.teacher.",)
+    teacher = [k for k in moved if k.startswith(frozen)]
+    if target.pretrained_teacher:
         assert teacher and not any(moved[k] for k in teacher), "a frozen teacher stays as it was loaded"
     else:  # Not every tensor: a bias that feeds a BatchNorm gets no gradient, in the student as in its EMA copy.
         assert not teacher or any(moved[k] > 0 for k in teacher), "the teacher moves"
@@ -362,7 +391,7 @@ def test_unknown_method_lists_every_method():
     with pytest.raises(MissingConfigException) as err:
         compose_cfg(["method=bool"])
     builtin = [m.name for m in METHODS if m.target.__module__.startswith("solo.")]  # other tests register their own
-    assert len(builtin) == 31 and all(name in str(err.value) for name in builtin)
+    assert len(builtin) == 37 and all(name in str(err.value) for name in builtin)
 
 
 @pytest.mark.parametrize(
@@ -383,6 +412,9 @@ def test_unknown_method_lists_every_method():
             "augmentation=clip",
             r"swav compares 2 view\(s\) of one size first, but augmentation.views gives sizes \[16\]",
         ),
+        # EMP-SSL's patches are all of one size: multi-crop's smaller crops, or one view, are refused.
+        ("emp_ssl", "augmentation=multicrop_digits", r"\[16, 16, 8, 8, 8, 8\]: method=emp_ssl takes 2 or more patches"),
+        ("emp_ssl", "augmentation=clip", r"\[16\]: method=emp_ssl takes 2 or more patches of one size"),
     ],
 )
 def test_views_a_method_cannot_use_are_refused_with_the_reason(method, views, message):

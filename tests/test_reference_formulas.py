@@ -2,33 +2,45 @@
 DINOv3's Gram anchoring's losses against hand-written references of the formulas their authors' code computes
 (ML4ITS/vibcreg, SwAV's main_deepclusterv2.py, facebookresearch/ijepa, the LeJEPA paper's algorithm, the DCL and MMCR
 papers' objectives, the TiCo objective as the TiCo-pytorch code computes it, facebookresearch/directclr,
-SsnL/align_uniform, facebookresearch/dinov3's GramLoss), each with a
+SsnL/align_uniform, facebookresearch/dinov3's GramLoss; EMP-SSL's, FroSSL's and SSL-EY's against
+tsb0601/EMP-SSL, OFSkean/FroSSL and jameschapman19/SSL-EY; SimMIM's against microsoft/SimMIM's models/simmim.py, AIM's
+against the paper's next-patch objective after the prefix), each with a
 variant they must reject (what solo used to compute, or a likely slip). Their exactness under DDP is the checker's
 (tests/test_distributed.py)."""
 
 import cmath
 import math
+import random
 
 import pytest
 import torch
 import torch.nn.functional as F
 
+from solo.backbones.vit import patchify
+from solo.data.views.masks import CoarseRandomMask, PrefixMask
 from solo.errors import ConfigError
 from solo.losses import (
     align_uniform_loss,
     dcl_loss,
     deepcluster_loss,
     directclr_loss,
+    emp_ssl_loss,
+    frossl_loss,
     gram_loss,
     lejepa_loss,
+    masked_patch_l1,
     masked_patch_mse,
     masked_patch_smooth_l1,
     mmcr_loss,
+    next_patch_mse,
     nt_xent_loss,
+    ssl_ey_loss,
     tico_loss,
     vibcreg_loss,
 )
+from solo.methods.aim import AIM, AIMConfig
 from solo.methods.directclr import DirectCLR, DirectCLRConfig
+from solo.methods.simmim import SimMIM, SimMIMConfig
 from solo.train.trainer import build_model
 from tests.test_accumulate import CASES
 from tests.test_train import TINY, compose_cfg
@@ -524,3 +536,282 @@ def test_gram_anchoring_is_dinov3s_image_level_loss_in_value_and_gradient():
     batch_level = ((flat_s @ flat_s.T - flat_a @ flat_a.T) ** 2).mean()
     for wrong in (raw, batch_level):
         assert abs(got.item() - wrong.item()) > 1e-2 * got.item()
+
+
+# --- EMP-SSL ---------------------------------------------------------------------------------------------------------
+
+
+def _authors_emp_ssl(views, eps, lambd, normalise=True):
+    """tsb0601/EMP-SSL: z = F.normalize(projection); TotalCodingRate(W = z^T, d x m) = logdet(I + d / (m eps) W W^T) / 2,
+    averaged over the patches; the similarity: the mean over patches and samples of cos(z_i, mean over patches of z);
+    loss = -lambd * similarity - TCR. Sample by sample; `normalise=False`: lightly's EMPSSLLoss, which takes the
+    embeddings as given."""
+    z = [[v / v.norm() if normalise else v for v in view] for view in views]
+    num_views, n, d = len(z), len(z[0]), len(z[0][0])
+    rates = []
+    for view in z:
+        w = torch.stack(view).T
+        rates.append(torch.logdet(torch.eye(d, dtype=w.dtype) + d / (n * eps) * w @ w.T) / 2)
+    similarity = 0
+    for i in range(n):
+        mean = sum(view[i] for view in z) / num_views
+        similarity = similarity + sum(view[i] @ mean / (view[i].norm() * mean.norm()) for view in z)
+    return -lambd * similarity / (num_views * n) - sum(rates) / num_views
+
+
+def test_emp_ssl_is_the_authors_coding_rate_and_patch_similarity_in_value_and_gradient():
+    """Four patches of 10 images in 5 dimensions, against the authors' loss written sample by sample. Told apart: the
+    embeddings unnormalised (lightly's), epsilon squared once more (the paper writes eps^2 = 0.2), and the coding rate
+    of two halves of the batch (what ranks that do not all-reduce compute)."""
+    g = _generator(11)
+    base = torch.randn(10, 5, generator=g, dtype=torch.float64)
+    views = [(base + 0.6 * torch.randn(10, 5, generator=g, dtype=torch.float64)).requires_grad_() for _ in range(4)]
+    got, want = emp_ssl_loss(views, eps=0.2, lambd=200.0), _authors_emp_ssl(views, 0.2, 200.0)
+    assert got.item() == pytest.approx(want.item(), rel=1e-12)
+    for a, b in zip(torch.autograd.grad(got, views), torch.autograd.grad(want, views)):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+
+    views = [v.detach() for v in views]
+    rate = emp_ssl_loss(views, 0.2, 0.0).item()
+    halves = sum(emp_ssl_loss([v[s] for v in views], 0.2, 0.0).item() for s in (slice(0, 5), slice(5, None))) / 2
+    for wrong, right in (
+        (_authors_emp_ssl(views, 0.2, 200.0, normalise=False).item(), got.item()),
+        (emp_ssl_loss(views, 0.04, 0.0).item(), rate),
+        (halves, rate),
+    ):
+        assert abs(wrong - right) > 1e-2 * abs(right)
+
+
+# --- FroSSL ----------------------------------------------------------------------------------------------------------
+
+
+def _authors_frossl(z_a, z_b, invariance_weight):
+    """OFSkean/FroSSL's frossl_loss_func (linear kernel): each view standardised along the batch ((z - mean) / std),
+    each column scaled to norm sqrt(D); mse = nn.MSELoss; K = z^T z / N; loss = invariance_weight * mse - sum over the
+    views of -2 log ||K||_F. Column by column."""
+    n, d = z_a.shape
+
+    def normalised(z):
+        columns = []
+        for j in range(d):
+            c = (z[:, j] - z[:, j].mean()) / z[:, j].std()
+            columns.append(d**0.5 * c / c.norm())
+        return torch.stack(columns, dim=1)
+
+    a, b = normalised(z_a), normalised(z_b)
+    mse = sum(((a[i] - b[i]) ** 2).sum() for i in range(n)) / (n * d)
+    entropies = [-2 * torch.log(torch.sqrt(((v.T @ v / n) ** 2).sum())) for v in (a, b)]
+    return invariance_weight * mse - sum(entropies)
+
+
+@pytest.mark.parametrize("invariance_weight", [1.0, 2.0])
+def test_frossl_is_the_authors_two_view_loss_in_value_and_gradient(invariance_weight):
+    """Against the authors' two-view loss column by column, in value and gradient. Told apart: each sample's embedding
+    L2-normalised instead of each dimension standardised (the authors' multi-view code), and the covariances of two
+    halves of the batch (what ranks that do not all-reduce compute)."""
+    g = _generator(12)
+    base = torch.randn(11, 4, generator=g, dtype=torch.float64)
+    z1, z2 = ((base + 0.5 * torch.randn(11, 4, generator=g, dtype=torch.float64)).requires_grad_() for _ in "12")
+    got, want = frossl_loss(z1, z2, invariance_weight), _authors_frossl(z1, z2, invariance_weight)
+    assert got.item() == pytest.approx(want.item(), rel=1e-12)
+    for a, b in zip(torch.autograd.grad(got, (z1, z2)), torch.autograd.grad(want, (z1, z2))):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+
+    z1, z2 = z1.detach(), z2.detach()
+    regulariser = frossl_loss(z1, z2, 0.0).item()
+    rows = [2 * F.normalize(z, dim=1) for z in (z1, z2)]  # sqrt(D) = 2
+    by_rows = sum(torch.log(((r.T @ r / 11) ** 2).sum()) for r in rows).item()
+    halves = sum(frossl_loss(z1[s], z2[s], 0.0).item() for s in (slice(0, 5), slice(5, None))) / 2
+    for wrong in (by_rows, halves):
+        assert abs(wrong - regulariser) > 1e-2 * abs(regulariser)
+
+
+# --- SSL-EY ----------------------------------------------------------------------------------------------------------
+
+
+def _authors_ssl_ey(z1, z2):
+    """jameschapman19/SSL-EY: x, y centred with the batch's means; C = 2 x^T y / (N - 1); V = (x^T x + y^T y) / (N - 1);
+    loss = -2 tr(C) + tr(V V). Entry by entry."""
+    n, d = z1.shape
+    x, y = z1 - z1.mean(dim=0), z2 - z2.mean(dim=0)
+
+    def cov(a, b, i, j):
+        return sum(a[k, i] * b[k, j] for k in range(n)) / (n - 1)
+
+    trace_c = sum(2 * cov(x, y, i, i) for i in range(d))
+    v = [[cov(x, x, i, j) + cov(y, y, i, j) for j in range(d)] for i in range(d)]
+    return -2 * trace_c + sum(v[i][j] * v[j][i] for i in range(d) for j in range(d))
+
+
+def test_ssl_ey_is_the_authors_objective_in_value_and_gradient():
+    """Against the authors' loss entry by entry, in value and gradient. Told apart: the covariances over N instead of
+    N - 1, the paper's unbiased estimate of tr(V V) from two independent halves (tr(V_a V_b)), and the mean of two
+    halves' losses (what ranks that do not gather compute)."""
+    g = _generator(13)
+    base = torch.randn(9, 4, generator=g, dtype=torch.float64)
+    z1, z2 = ((base + 0.5 * torch.randn(9, 4, generator=g, dtype=torch.float64)).requires_grad_() for _ in "12")
+    got, want = ssl_ey_loss(z1, z2), _authors_ssl_ey(z1, z2)
+    assert got.item() == pytest.approx(want.item(), rel=1e-12)
+    for a, b in zip(torch.autograd.grad(got, (z1, z2)), torch.autograd.grad(want, (z1, z2))):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+
+    z1, z2 = z1.detach(), z2.detach()
+    x, y = z1 - z1.mean(dim=0), z2 - z2.mean(dim=0)
+    over_n = (-4 * (x * y).sum() / 9 + (((x.T @ x + y.T @ y) / 9) ** 2).sum()).item()
+
+    def auto(s):
+        a, b = z1[s] - z1[s].mean(dim=0), z2[s] - z2[s].mean(dim=0)
+        return (a.T @ a + b.T @ b) / (len(a) - 1)
+
+    split = (-4 * (x * y).sum() / 8 + torch.trace(auto(slice(0, 4)) @ auto(slice(4, None)))).item()
+    halves = sum(ssl_ey_loss(z1[s], z2[s]).item() for s in (slice(0, 4), slice(4, None))) / 2
+    for wrong in (over_n, split, halves):
+        assert abs(wrong - got.item()) > 1e-2 * abs(got.item())
+
+
+# --- SimMIM ----------------------------------------------------------------------------------------------------------
+
+
+def _tiny_vit(seed: int):
+    from timm.models.vision_transformer import VisionTransformer
+
+    torch.manual_seed(seed)
+    return VisionTransformer(img_size=16, patch_size=4, embed_dim=32, depth=2, num_heads=2, num_classes=0).double()
+
+
+def _simmim_code_loss(x, x_rec, mask, patch):
+    """microsoft/SimMIM models/simmim.py on (B, 3, H, W) images: the patch mask (B, h, w) repeated to pixels, the L1
+    error summed over the masked pixels, divided by their count and by the 3 channels."""
+    pixels = mask.repeat_interleave(patch, 1).repeat_interleave(patch, 2).unsqueeze(1)
+    return (F.l1_loss(x, x_rec, reduction="none") * pixels).sum() / pixels.sum() / 3
+
+
+def test_simmim_is_its_codes_mean_over_the_masked_pixels_in_value_and_gradient():
+    """4 images of 8 px in 2 px patches (a 4 x 4 grid), masks of 3 to 12 patches: solo's loss on the patchified
+    images against SimMIM's on the images, in value and gradient. Rejected: each image's mean, then their mean (the
+    samples weigh alike whatever they hide), and the mean over every pixel, hidden or not."""
+    g = _generator(11)
+    images = torch.randn(4, 3, 8, 8, generator=g, dtype=torch.float64)
+    mask = torch.rand(4, 4, 4, generator=g) < torch.tensor([0.2, 0.4, 0.6, 0.8])[:, None, None]
+    mask[0, 0, :3] = True
+    # Errors that grow from image to image, and larger on the hidden pixels than on the visible ones.
+    scale = torch.arange(1.0, 5.0, dtype=torch.float64)[:, None, None, None] * (
+        1 + 2 * mask.repeat_interleave(2, 1).repeat_interleave(2, 2)[:, None]
+    )
+    noise = torch.randn(4, 3, 8, 8, generator=g, dtype=torch.float64)
+    reconstruction = (images + scale * noise).requires_grad_()
+    got = masked_patch_l1(patchify(reconstruction, 2), patchify(images, 2), mask.flatten(1))
+    want = _simmim_code_loss(images, reconstruction, mask, 2)
+    assert got.item() == pytest.approx(want.item(), rel=1e-12)
+    torch.testing.assert_close(
+        torch.autograd.grad(got, reconstruction)[0], torch.autograd.grad(want, reconstruction)[0], rtol=1e-10, atol=0
+    )
+
+    errors = (reconstruction - images).abs().detach()
+    per_image = torch.stack(
+        [_simmim_code_loss(images[i : i + 1], reconstruction[i : i + 1], mask[i : i + 1], 2) for i in range(4)]
+    )
+    for wrong in (per_image.mean(), errors.mean()):
+        assert abs(got.item() - wrong.item()) > 1e-2 * got.item()
+
+
+def test_simmim_masks_are_its_mask_generators_squares():
+    """A 6 x 6 grid of patches in 2 x 2 squares (9 of them), ratio 0.6: ceil(5.4) = 6 squares hidden, each whole."""
+    random.seed(0)
+    generator = CoarseRandomMask((6, 6), 2, 0.6)
+    for _ in range(20):
+        mask = generator().reshape(6, 6)
+        squares = mask.reshape(3, 2, 3, 2).permute(0, 2, 1, 3).flatten(2)  # (3, 3, 4): each square's 4 patches
+        assert (squares.all(-1) | ~squares.any(-1)).all(), "a square is hidden whole or not at all"
+        assert int(squares.all(-1).sum()) == 6 == generator.hidden // 4
+
+
+def test_simmim_encoder_never_sees_the_hidden_pixels():
+    """The mask token replaces a hidden patch's embedding before the encoder: changing a hidden patch's pixels
+    changes no prediction, changing a visible one's changes them."""
+    method = SimMIM(_tiny_vit(0), 32, SimMIMConfig(mask_patch_size=4)).double()
+    method.feeds_probe = False
+    g = _generator(12)
+    images = torch.randn(2, 3, 16, 16, generator=g, dtype=torch.float64)
+    mask = torch.zeros(2, 16, dtype=torch.bool)
+    mask[:, [0, 5, 6, 15]] = True
+
+    def predict(x):
+        return method.encode({"views": [x], "mask": mask})["prediction"]
+
+    before = predict(images)
+    for patch, hidden in ((5, True), (9, False)):
+        changed = images.clone()
+        row, col = divmod(patch, 4)
+        changed[:, :, 4 * row : 4 * row + 4, 4 * col : 4 * col + 4] += 1.0
+        assert torch.equal(predict(changed), before) == hidden, patch
+
+
+# --- AIM -------------------------------------------------------------------------------------------------------------
+
+
+def _aim_paper_loss(outputs, patches, prefix):
+    """For each image with prefix length K, each patch j >= K against the output at position j - 1 (the next patch in
+    raster order), the squared error averaged over its pixels; the mean over every such patch of the batch."""
+    errors = [
+        sum((outputs[b, j - 1, k] - patches[b, j, k]) ** 2 for k in range(patches.shape[2])) / patches.shape[2]
+        for b, length in enumerate(prefix)
+        for j in range(length, patches.shape[1])
+    ]
+    return sum(errors) / len(errors)
+
+
+def test_aim_is_the_next_patch_error_after_the_prefix_in_value_and_gradient():
+    """3 images of 6 patches of 4 values with prefixes of 1, 3 and 5: solo's loss against the per-patch sum, in
+    value and gradient. Rejected: each image's mean, then their mean, and each output against its own patch (no
+    shift)."""
+    g = _generator(13)
+    patches = torch.randn(3, 6, 4, generator=g, dtype=torch.float64)
+    outputs = torch.randn(3, 6, 4, generator=g, dtype=torch.float64, requires_grad=True)
+    prefix = [1, 3, 5]
+    predicted = torch.arange(6) >= torch.tensor(prefix)[:, None]
+    got, want = next_patch_mse(outputs, patches, predicted), _aim_paper_loss(outputs, patches, prefix)
+    assert got.item() == pytest.approx(want.item(), rel=1e-12)
+    torch.testing.assert_close(
+        torch.autograd.grad(got, outputs)[0], torch.autograd.grad(want, outputs)[0], rtol=1e-10, atol=0
+    )
+
+    o, p = outputs.detach(), patches
+    per_image = sum(_aim_paper_loss(o[b : b + 1], p[b : b + 1], prefix[b : b + 1]) for b in range(3)) / 3
+    unshifted = masked_patch_mse(o, p, predicted)
+    for wrong in (per_image, unshifted):
+        assert abs(got.item() - wrong.item()) > 1e-2 * got.item()
+
+
+def test_aim_prefixes_are_uniform_over_one_to_all_but_one():
+    random.seed(0)
+    lengths = [int((~PrefixMask(6)()).sum()) for _ in range(300)]
+    assert set(lengths) == {1, 2, 3, 4, 5}
+    masks = [PrefixMask(6)() for _ in range(20)]
+    assert all(torch.equal(m, torch.arange(6) >= int((~m).sum())) for m in masks), "the prefix comes first"
+
+
+def test_aim_attention_is_bidirectional_in_the_prefix_and_causal_after():
+    """Each patch of each image changed in turn: the outputs that change are exactly those of the positions that
+    may see it, every position for a prefix patch (a causal mask would leave the earlier prefix positions alone),
+    the patch's own and later positions for the others (bidirectional attention would change every output)."""
+    method = AIM(_tiny_vit(1), 32, AIMConfig(head_width=16, head_depth=1)).double()
+    method.feeds_probe = False
+    g = _generator(14)
+    images = torch.randn(2, 3, 16, 16, generator=g, dtype=torch.float64)
+    prefix = [3, 10]
+    predicted = torch.arange(16) >= torch.tensor(prefix)[:, None]
+
+    def predict(x):
+        return method.encode({"views": [x], "mask": predicted})["prediction"]
+
+    before = predict(images)
+    for b, length in enumerate(prefix):
+        for patch in range(16):
+            changed = images.clone()
+            row, col = divmod(patch, 4)
+            changed[b, :, 4 * row : 4 * row + 4, 4 * col : 4 * col + 4] += 1.0
+            moved = (predict(changed)[b] - before[b]).abs().amax(dim=-1) > 0
+            sees = [patch < length or patch <= i for i in range(16)]
+            assert moved.tolist() == sees, (b, patch)
+            assert torch.equal(predict(changed)[1 - b], before[1 - b])

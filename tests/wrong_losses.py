@@ -2,8 +2,8 @@
 
 Used to show that the gradient checker rejects them: a check that cannot fail proves nothing. Then the
 wrong variants of the self-supervised losses (VICReg, SigLIP, DINO, SwAV, MoCo v3, BYOL, SupCon, NNCLR, W-MSE,
-VIbCReg, I-JEPA, DINOv3's Gram anchoring, DeepClusterV2, LeJEPA, DCL, MMCR, TiCo, DirectCLR,
-alignment-uniformity) that popular implementations ship (WRONG_SSL). At the end, two losses for the checker's error paths: one that raises
+VIbCReg, I-JEPA, SimMIM, AIM, DINOv3's Gram anchoring, DeepClusterV2, LeJEPA, DCL, MMCR, TiCo, DirectCLR,
+alignment-uniformity, EMP-SSL, FroSSL, SSL-EY) that popular implementations ship (WRONG_SSL). At the end, two losses for the checker's error paths: one that raises
 on one rank, one that ignores its scalar.
 """
 
@@ -314,6 +314,32 @@ def mae_mean_of_rank_means(z1, z2):
     return local(z1, z2) + local(z2, z1)
 
 
+def simmim_mean_of_rank_means(z1, z2):
+    """SimMIM's L1 as its code takes it: the sum over this rank's masked pixels divided by their count, then averaged
+    over ranks by DDP: the global mean only when every rank holds as many masked patches."""
+
+    def local(prediction, target):
+        prediction, target = prediction.reshape(len(prediction), 2, 2), target.reshape(len(target), 2, 2)
+        mask = (torch.sin(100 * target[..., 0].detach()) > 0)[..., None].expand_as(target)
+        return ((prediction - target.detach()).abs() * mask).sum() / mask.sum()
+
+    return local(z1, z2) + local(z2, z1)
+
+
+def aim_mean_of_rank_means(z1, z2):
+    """AIM's next-patch squared error averaged over this rank's predicted patches, then over ranks by DDP: the
+    global mean only when every rank predicts as many patches (prefixes of random length break it)."""
+
+    def local(outputs, patches):
+        outputs, patches = outputs.reshape(len(outputs), 4), patches.reshape(len(patches), 4).detach()
+        prefix = 1 + ((torch.sin(100 * patches[:, 0]) + 1) * 1.5).long().clamp(max=2)
+        predicted = torch.arange(4) >= prefix[:, None]
+        errors = (outputs[:, :-1] - patches[:, 1:]).pow(2)
+        return errors[predicted[:, 1:]].mean()
+
+    return local(z1, z2) + local(z2, z1)
+
+
 def gram_rank_mse(z1, z2):
     """DINOv3's GramLoss: one MSE over this rank's images' Gram matrices, then averaged over ranks by DDP: right only
     when every rank holds as many images."""
@@ -478,6 +504,39 @@ def align_uniform_per_rank_pairs(z1, z2):
     return (u1 - u2).norm(dim=1).pow(2).mean() + (uniformity(u1) + uniformity(u2)) / 2
 
 
+def emp_ssl_per_rank_tcr(z1, z2):
+    """EMP-SSL (the checker's case: views z1, z2, z1 * z2; eps 0.2, lambda 2) with each view's coding rate over this
+    rank's rows alone (m the local count), its mean averaged by DDP: the authors' code and lightly's EMPSSLLoss under
+    DDP."""
+    u = torch.stack([F.normalize(v, dim=1) for v in (z1, z2, z1 * z2)])  # (V, n, D)
+    n, d = u.shape[1], u.shape[2]
+    rates = torch.logdet(torch.eye(d, dtype=u.dtype) + d / (n * 0.2) * u.transpose(1, 2) @ u) / 2
+    return -rates.mean() - 2.0 * F.cosine_similarity(u, u.mean(dim=0, keepdim=True), dim=-1).mean()
+
+
+def frossl_per_rank_covariance(z1, z2):
+    """FroSSL (the checker's case: invariance weight 1) with each view standardised and its covariance taken over this
+    rank's rows alone, its mean averaged by DDP: the authors' code (no gather) and lightly's FroSSLLoss under DDP."""
+
+    def scaled(z):
+        z = (z - z.mean(dim=0)) / z.std(dim=0)
+        return z.shape[1] ** 0.5 * z / z.norm(dim=0)
+
+    a, b = scaled(z1), scaled(z2)
+    covariances = [v.T @ v / len(v) for v in (a, b)]
+    return F.mse_loss(a, b) + sum(2 * torch.linalg.matrix_norm(k).log() for k in covariances)
+
+
+def ssl_ey_per_rank_covariances(z1, z2):
+    """SSL-EY with the covariances (and their means) of this rank's rows alone, its mean averaged by DDP: lightly's
+    SSLEYLoss without gather_distributed (its default)."""
+    a, b = z1 - z1.mean(dim=0), z2 - z2.mean(dim=0)
+    n = len(a)
+    gamma = 2 * a.T @ b / (n - 1)
+    delta = (a.T @ a + b.T @ b) / (n - 1)
+    return -2 * torch.trace(gamma) + torch.trace(delta @ delta)
+
+
 WRONG_SSL = [
     f"tests.wrong_losses:{name}"
     for name in (
@@ -494,6 +553,8 @@ WRONG_SSL = [
         "wmse_per_rank_whitening",
         "vibcreg_per_gpu_statistics",
         "mae_mean_of_rank_means",
+        "simmim_mean_of_rank_means",
+        "aim_mean_of_rank_means",
         "swav_sinkhorn_local_batch_times_world",  # only wrong with uneven per-rank batches
         "koleo_per_rank_neighbours",
         "ibot_mean_of_rank_means",  # only wrong with uneven per-rank batches
@@ -510,6 +571,9 @@ WRONG_SSL = [
         "tico_per_rank_covariance",
         "directclr_local_negatives",
         "align_uniform_per_rank_pairs",
+        "emp_ssl_per_rank_tcr",
+        "frossl_per_rank_covariance",
+        "ssl_ey_per_rank_covariances",
     )
 ]
 

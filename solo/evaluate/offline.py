@@ -30,6 +30,7 @@ from solo.loggers import Loggers
 from solo.methods import METHODS
 from solo.zoo.files import cache_dir
 from solo.zoo.pretrained import resolve
+from solo.zoo.teachers import with_teacher
 
 log = logging.getLogger("solo")
 
@@ -45,7 +46,7 @@ def evaluate_pretrained(cfg: DictConfig, run_dir: str | Path) -> dict:
 def _evaluate(cfg: DictConfig, run_dir: Path, env: DistEnv, device: torch.device) -> dict:
     say = log.info if env.is_main else (lambda *a, **k: None)
     d = cfg.data
-    pretrained = resolve(cfg.pretrained)
+    pretrained = with_teacher(resolve(cfg.pretrained))
     if pretrained.data["image_size"] != d.image_size:
         if pretrained.method.get("model"):  # open_clip's image towers take one size only
             raise ConfigError(

@@ -12,9 +12,17 @@ from solo.losses.contrastive import (
     supcon_loss,
 )
 from solo.losses.distill import feature_distillation_loss
+from solo.losses.emp_ssl import emp_ssl_loss
+from solo.losses.frossl import frossl_loss
 from solo.losses.koleo import koleo_loss
 from solo.losses.lejepa import lejepa_loss, random_directions
-from solo.losses.masked import masked_patch_mse, masked_patch_smooth_l1, normalised_patches
+from solo.losses.masked import (
+    masked_patch_l1,
+    masked_patch_mse,
+    masked_patch_smooth_l1,
+    next_patch_mse,
+    normalised_patches,
+)
 from solo.losses.mmcr import mmcr_loss
 from solo.losses.registry import LOSSES
 from solo.losses.regression import byol_loss, moco_queue_loss, mocov3_loss, ressl_loss, simsiam_loss
@@ -31,6 +39,7 @@ from solo.losses.self_distillation import (
     swav_loss,
 )
 from solo.losses.siglip import siglip_loss
+from solo.losses.ssl_ey import ssl_ey_loss
 from solo.losses.supervised import supervised_loss
 from solo.losses.tico import tico_loss
 from solo.losses.vicreg import vibcreg_loss, vicreg_loss
@@ -51,17 +60,21 @@ __all__ = [
     "dino_center",
     "dino_cross_entropy",
     "dino_loss",
+    "emp_ssl_loss",
     "feature_distillation_loss",
+    "frossl_loss",
     "gram_loss",
     "ibot_patch_loss",
     "koleo_loss",
     "lejepa_loss",
     "masked_center",
+    "masked_patch_l1",
     "masked_patch_mse",
     "masked_patch_smooth_l1",
     "mmcr_loss",
     "moco_queue_loss",
     "mocov3_loss",
+    "next_patch_mse",
     "nnclr_loss",
     "normalised_patches",
     "nt_xent_loss",
@@ -70,6 +83,7 @@ __all__ = [
     "siglip_loss",
     "simsiam_loss",
     "sinkhorn",
+    "ssl_ey_loss",
     "supcon_loss",
     "supervised_loss",
     "swav_loss",

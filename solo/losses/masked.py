@@ -1,4 +1,4 @@
-"""Losses over masked patches (MAE's, I-JEPA's): a mean over every masked patch of the global batch.
+"""Losses over masked patches (MAE's, I-JEPA's, SimMIM's, AIM's): a mean over every masked patch of the global batch.
 
 The usual implementation takes each rank's mean over its own masked patches and lets DDP average the ranks: the
 global mean only when every rank holds as many masked patches, which uneven or empty ranks (and masks whose size
@@ -54,6 +54,23 @@ def masked_patch_smooth_l1(
         return _masked_patch_mean(error, mask)
 
 
+def masked_patch_l1(prediction: torch.Tensor, target: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """SimMIM (Xie et al., 2022): the absolute error per pixel, averaged over every masked pixel of the global batch
+    (every patch holds as many pixels: the mean within each patch, then over the masked patches). Shapes as
+    masked_patch_mse's."""
+    with torch.autocast(prediction.device.type, enabled=False):
+        error = (full_precision(prediction) - full_precision(target.detach())).abs().mean(dim=-1)
+        return _masked_patch_mean(error, mask)
+
+
+def next_patch_mse(prediction: torch.Tensor, target: torch.Tensor, predicted: torch.Tensor) -> torch.Tensor:
+    """AIM (El-Nouby et al., 2024): each position's output predicts the next patch in raster order; the squared error
+    per pixel, averaged within the patch, then over every predicted patch of the global batch (those after each
+    sample's prefix). `prediction`: (B, N, P), row i the prediction of patch i + 1 (the last row predicts nothing);
+    `target`: (B, N, P); `predicted`: (B, N), True at the patches to predict (never the first)."""
+    return masked_patch_mse(prediction[:, :-1], target[:, 1:], predicted[:, 1:])
+
+
 def normalised_patches(patches: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     """Each patch's pixels standardised by the patch's own mean and (unbiased) variance: MAE's norm_pix_loss target."""
     mean, var = patches.mean(dim=-1, keepdim=True), patches.var(dim=-1, keepdim=True)
@@ -81,3 +98,22 @@ def ijepa_check(z1: torch.Tensor, z2: torch.Tensor) -> torch.Tensor:
 
     a, b = z1.reshape(len(z1), 2, 2), z2.reshape(len(z2), 2, 2)
     return loss(a, b) + loss(b, a)
+
+
+@LOSSES.register("simmim")
+def simmim_check(z1: torch.Tensor, z2: torch.Tensor) -> torch.Tensor:
+    a, b = z1.reshape(len(z1), 2, 2), z2.reshape(len(z2), 2, 2)
+    return masked_patch_l1(a, b, _check_mask(b)) + masked_patch_l1(b, a, _check_mask(a))
+
+
+def _check_prefix(target: torch.Tensor) -> torch.Tensor:
+    """Each row's 4 patches with a prefix of 1 to 3 of them, a pseudo-random function of its target's first value."""
+    length = 1 + ((torch.sin(100 * target[:, 0, 0].detach()) + 1) * 1.5).long().clamp(max=2)
+    return torch.arange(target.shape[1], device=target.device) >= length[:, None]
+
+
+@LOSSES.register("aim")
+def aim_check(z1: torch.Tensor, z2: torch.Tensor) -> torch.Tensor:
+    # Each row as 4 patches of 1 value, so that the prefix, hence the number of predicted patches, varies per row.
+    a, b = z1.reshape(len(z1), 4, 1), z2.reshape(len(z2), 4, 1)
+    return next_patch_mse(a, b, _check_prefix(b)) + next_patch_mse(b, a, _check_prefix(a))

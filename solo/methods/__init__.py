@@ -11,6 +11,7 @@ from omegaconf import OmegaConf
 
 from solo.backbones import build_backbone
 from solo.methods import (  # noqa: F401  (registers them)
+    aim,
     align_uniform,
     all4one,
     barlow_twins,
@@ -22,8 +23,11 @@ from solo.methods import (  # noqa: F401  (registers them)
     dinov2,
     directclr,
     distill,
+    emp_ssl,
+    frossl,
     ijepa,
     lejepa,
+    lit,
     mae,
     mmcr,
     mocov2plus,
@@ -34,7 +38,9 @@ from solo.methods import (  # noqa: F401  (registers them)
     ressl,
     siglip,
     simclr,
+    simmim,
     simsiam,
+    ssl_ey,
     supcon,
     supervised,
     swav,
@@ -67,10 +73,10 @@ def build_method(cfg, backbone, feature_dim: int, teacher: torch.nn.Module | Non
 
 def create_method(cfg, backbone_cfg, teacher: torch.nn.Module | None = None) -> Method:
     """The method of `cfg` (the `method` group) around a new backbone of `backbone_cfg` (the `backbone` group), unless
-    the method builds its own image encoder (CLIP and SigLIP with method.model: open_clip's); `teacher` as for
-    build_method."""
+    the method builds its own image encoder (CLIP and SigLIP with method.model: open_clip's; LiT: `teacher`, its locked
+    tower); `teacher` as for build_method."""
     if METHODS[cfg["name"]].target.builds_own_backbone(cfg):
-        return build_method(cfg, None, 0)
+        return build_method(cfg, None, 0, teacher)
     return build_method(cfg, *build_backbone(backbone_cfg), teacher)
 
 

@@ -75,7 +75,8 @@ class Method(nn.Module):
     pool: ClassVar[str] = "cls"
     # Whether forward's "features" come from `batch["probe_image"]`, each image through the evaluation transform (the
     # data pipeline adds it): for methods whose probe features cost a forward of their own anyway (MAE, I-JEPA,
-    # DINOv2), so that the probe learns on what it is evaluated on, not on augmented or masked views.
+    # DINOv2) or whose views are far from whole images (EMP-SSL's small patches), so that the probe learns on what it
+    # is evaluated on, not on augmented or masked views.
     probe_view: ClassVar[bool] = False
     # The augmentation recipes (options of the `augmentation` group) that augmentation=auto, the default, chooses: one
     # for the embedded digits, one for any other data (natural images: the paper's views at data.image_size).

@@ -17,7 +17,7 @@ from solo.eval.zero_shot import class_embeddings, evaluate_image_text
 from solo.losses import clip_loss
 from solo.losses.tiled import config_tile
 from solo.methods.base import Method, register_method
-from solo.methods.towers import check_pretrained, open_clip_image_size, open_clip_towers, solo_towers
+from solo.methods.towers import Towers, check_pretrained, open_clip_image_size, open_clip_towers, solo_towers
 from solo.schema import AT_LEAST_ONE, POSITIVE, TILE, Rule, ruled
 
 
@@ -57,23 +57,24 @@ class CLIPConfig(TowersConfig):
     loss_tile: str = ruled("none", TILE)  # none | auto | candidates per tile: the loss in memory B_local x tile
 
 
+def build_towers(backbone, feature_dim: int, cfg: TowersConfig) -> Towers:
+    """CLIP's and SigLIP's towers: open_clip's model method.model, or `backbone` and solo's text tower."""
+    if cfg.model:
+        return open_clip_towers(cfg.model, cfg.model_cfg, cfg.pretrained)
+    return solo_towers(backbone, feature_dim, cfg.embed_dim, cfg.text)
+
+
 class ImageTextMethod(Method):
     """An image tower and a text tower, each projected to the pairs' shared embedding space (solo.methods.towers:
-    solo's own, or open_clip's with method.model); subclasses give the loss in `joint` (CLIP, SigLIP).
-    `init_bias`: a learnt logit bias (SigLIP's), None for none."""
+    solo's own, or open_clip's with method.model; LiT's locked image tower); subclasses give the loss in `joint`
+    (CLIP, SigLIP, LiT). `init_bias`: a learnt logit bias (SigLIP's), None for none."""
 
     inputs = "image_text"
     num_views = 1  # one augmented image per pair
     # CLIP's one lightly cropped view, on any data
     augmentations = {"digits": "clip", "natural": "clip"}
 
-    def __init__(
-        self, backbone, feature_dim: int, cfg: TowersConfig, init_logit_scale: float, init_bias: float | None = None
-    ):
-        if cfg.model:
-            towers = open_clip_towers(cfg.model, cfg.model_cfg, cfg.pretrained)
-        else:
-            towers = solo_towers(backbone, feature_dim, cfg.embed_dim, cfg.text)
+    def __init__(self, towers: Towers, init_logit_scale: float, init_bias: float | None = None):
         super().__init__(towers.backbone, towers.feature_dim)
         self.image_projection = towers.image_projection
         self.text_tower = towers.text_tower
@@ -147,7 +148,7 @@ class ImageTextMethod(Method):
 @register_method("clip", schema=CLIPConfig)
 class CLIP(ImageTextMethod):
     def __init__(self, backbone, feature_dim: int, cfg: CLIPConfig):
-        super().__init__(backbone, feature_dim, cfg, cfg.init_logit_scale)
+        super().__init__(build_towers(backbone, feature_dim, cfg), cfg.init_logit_scale)
         self.max_logit_scale = cfg.max_logit_scale
         self.tile = config_tile(cfg.loss_tile)
 

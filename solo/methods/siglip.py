@@ -8,7 +8,7 @@ import torch
 
 from solo.losses import siglip_loss
 from solo.methods.base import register_method
-from solo.methods.clip import ImageTextMethod, TowersConfig
+from solo.methods.clip import ImageTextMethod, TowersConfig, build_towers
 from solo.schema import POSITIVE, ruled
 
 
@@ -22,7 +22,7 @@ class SigLIPConfig(TowersConfig):
 @register_method("siglip", schema=SigLIPConfig)
 class SigLIP(ImageTextMethod):
     def __init__(self, backbone, feature_dim: int, cfg: SigLIPConfig):
-        super().__init__(backbone, feature_dim, cfg, cfg.init_logit_scale, init_bias=cfg.init_bias)
+        super().__init__(build_towers(backbone, feature_dim, cfg), cfg.init_logit_scale, init_bias=cfg.init_bias)
 
     def joint(self, encoded: dict, batch: dict) -> dict:
         image = self.embed_features(encoded["image"])

@@ -18,6 +18,7 @@ from solo.data import DATASETS, build_eval_transform
 from solo.zoo.files import ChecksumError
 from solo.zoo.manifest import ManifestError, find_entry, read_manifest
 from solo.zoo.pretrained import export_backbone, export_open_clip, resolve
+from solo.zoo.teachers import with_teacher
 from solo.zoo.weights import Pretrained, load_strict, read_training_checkpoint, read_weights
 
 __all__ = [
@@ -52,7 +53,7 @@ def load(source: str, *, cache: str | None = None, offline: bool | None = None) 
     """The backbone (image methods) or the whole model (CLIP: both towers, `encode_image`, `encode_text`,
     `tokenizer`, `image_features`) in eval mode, from whatever main_linear.py's `pretrained=` takes: a zoo
     name, a solo .safetensors file, a training checkpoint (a step-<N> folder or .pt) or a pretraining run directory."""
-    pretrained = resolve(source, cache=cache, offline=offline)
+    pretrained = with_teacher(resolve(source, cache=cache, offline=offline))
     module = pretrained.build_model() if pretrained.contents == "model" else pretrained.build_backbone()
     return module.eval()
 

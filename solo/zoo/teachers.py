@@ -12,6 +12,7 @@ Built here, above solo.methods (which may not read the zoo), by the trainer, and
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import torch
@@ -27,6 +28,7 @@ from solo.methods.distill import FrozenTeacher
 from solo.methods.towers import open_clip_kwargs, quiet_open_clip
 from solo.zoo.manifest import read_manifest
 from solo.zoo.pretrained import resolve
+from solo.zoo.weights import Pretrained
 
 OPEN_CLIP = "open_clip:"
 
@@ -62,9 +64,21 @@ def load_teacher(method, data) -> FrozenTeacher:
     return FrozenTeacher(encoder, width, source, dataset_stats(data.name), stats)
 
 
+def with_teacher(pretrained: Pretrained) -> Pretrained:
+    """`pretrained` with the frozen module its method is built around (LiT's locked tower) loaded from the source its
+    config names, for building its model (its saved weights replace that module's); as it is for other methods."""
+    method = pretrained.method
+    builds = pretrained.contents == "model" or METHODS[method["name"]].target.builds_own_backbone(method)
+    if not (builds and METHODS[method["name"]].target.pretrained_teacher):
+        return pretrained
+    return dataclasses.replace(
+        pretrained, teacher=load_teacher(OmegaConf.create(method), OmegaConf.create(pretrained.data))
+    )
+
+
 def _solo(source: str) -> tuple[nn.Module, tuple]:
     try:
-        pretrained = resolve(source)
+        pretrained = with_teacher(resolve(source))
     except (SoloError, ValueError, KeyError) as e:
         raise ConfigError(f"method.teacher={source}: {e}") from None
     encoder = pretrained.build_backbone()

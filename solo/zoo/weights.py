@@ -42,6 +42,9 @@ class Pretrained:
     method: dict  # MethodConfig fields (name + hyper-parameters)
     data: dict  # name, image_size, mean, std: the preprocessing the weights expect
     source: str  # where they came from, for error messages
+    # The frozen pretrained module a method is built around (LiT's locked tower), loaded from its own source by
+    # solo.zoo.teachers.with_teacher: the saved weights then replace its own
+    teacher: nn.Module | None = None
 
     def describe(self) -> dict:
         return {"contents": self.contents, "backbone": self.backbone, "method": self.method, "data": self.data}
@@ -72,7 +75,9 @@ class Pretrained:
     def _new_model(self) -> nn.Module:
         # The weights come from this file: initial weights the method was trained from (method.pretrained) are not read.
         return create_method(
-            {**self.method, "pretrained": None} if "pretrained" in self.method else self.method, self.backbone
+            {**self.method, "pretrained": None} if "pretrained" in self.method else self.method,
+            self.backbone,
+            self.teacher,
         )
 
 

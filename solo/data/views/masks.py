@@ -34,6 +34,41 @@ class RandomMask:
 
 
 @dataclass(frozen=True)
+class CoarseRandomMask:
+    """SimMIM's masking: the grid of patches cut into cells of `scale` x `scale` patches (SimMIM's mask patches, e.g.
+    32 px over 16 px patches: scale 2), and `ceil(ratio * cells)` cells hidden, chosen uniformly (its
+    MaskGenerator's count); every patch of a hidden cell is hidden. Returns (patches,), row-major."""
+
+    grid: tuple[int, int]
+    scale: int
+    ratio: float
+
+    @property
+    def hidden(self) -> int:
+        cells = (self.grid[0] // self.scale) * (self.grid[1] // self.scale)
+        return math.ceil(self.ratio * cells) * self.scale**2
+
+    def __call__(self) -> torch.Tensor:
+        rows, cols = self.grid[0] // self.scale, self.grid[1] // self.scale
+        cells = torch.zeros(rows * cols, dtype=torch.bool)
+        cells[random.sample(range(rows * cols), math.ceil(self.ratio * rows * cols))] = True
+        cells = cells.reshape(rows, cols)
+        return cells.repeat_interleave(self.scale, 0).repeat_interleave(self.scale, 1).flatten()
+
+
+@dataclass(frozen=True)
+class PrefixMask:
+    """AIM's prefix: the first K patches in raster order, K drawn uniformly in {1, ..., patches - 1}, attend to each
+    other both ways; the others are predicted, each from the patches before it. Returns (patches,), True where a
+    patch is predicted (after the prefix)."""
+
+    num_patches: int
+
+    def __call__(self) -> torch.Tensor:
+        return torch.arange(self.num_patches) >= random.randint(1, self.num_patches - 1)
+
+
+@dataclass(frozen=True)
 class BlockMask:
     """iBOT's and DINOv2's masks, one per global crop: with probability `probability` a crop hides a share of its
     patches drawn uniformly in [ratio_min, ratio_max], as rectangles (BEiT's block-wise masking: blocks of at least

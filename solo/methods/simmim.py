@@ -1,0 +1,83 @@
+"""SimMIM (Xie et al., 2022): a Vision Transformer encodes every patch of an image, a learnt mask token in place of
+each hidden one; a linear head maps each token to its patch's raw pixels, and the loss is the L1 error on the hidden
+pixels only."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+
+from solo.backbones.vit import (
+    check_vit,
+    embed_patches,
+    grid_shape,
+    output_tokens,
+    patch_size,
+    patchify,
+    prefix_tokens,
+    run_blocks,
+)
+from solo.data.views.masks import CoarseRandomMask
+from solo.errors import ConfigError
+from solo.losses import masked_patch_l1
+from solo.methods.base import Method, register_method
+from solo.schema import AT_LEAST_ONE, FRACTION, ruled
+
+
+@dataclass
+class SimMIMConfig:
+    name: str = "simmim"
+    mask_ratio: float = ruled(0.6, FRACTION)  # the share of each image's mask patches hidden (rounded up)
+    mask_patch_size: int = ruled(32, AT_LEAST_ONE)  # px: the side of the squares hidden, a multiple of the patch size
+
+
+@register_method("simmim", schema=SimMIMConfig)
+class SimMIM(Method):
+    """One view per image and its mask (solo.data.views.masks.CoarseRandomMask, drawn per sample). `encode` runs the
+    backbone on every patch, the hidden ones' embeddings replaced by the mask token before the position embeddings
+    (SimMIM's ViT), and the linear head on the patch tokens; when an online probe reads them, also the backbone on
+    the whole image as validation sees it (`probe_view`), without a graph. `joint` is the loss: the mean absolute
+    error over every hidden pixel of the global batch (solo.losses.masked_patch_l1)."""
+
+    augmentations = {"digits": "one_view_digits", "natural": "simmim"}
+
+    probe_view = True
+    num_views = 1
+
+    def __init__(self, backbone, feature_dim: int, cfg: SimMIMConfig):
+        super().__init__(backbone, feature_dim)
+        check_vit(backbone, self.name)
+        self.cfg = cfg
+        self.patch = patch_size(backbone)
+        size = backbone.patch_embed.img_size[0]
+        if cfg.mask_patch_size % self.patch or size % cfg.mask_patch_size:
+            raise ConfigError(
+                f"method.mask_patch_size={cfg.mask_patch_size}: the squares hidden must be whole patches "
+                f"({self.patch} px) and tile the {size} px image; choose a multiple of {self.patch} that divides {size}"
+            )
+        self.mask_token = nn.Parameter(torch.zeros(backbone.embed_dim))
+        nn.init.trunc_normal_(self.mask_token, std=0.02, a=-0.02, b=0.02)  # SimMIM's ViT
+        # SimMIM's decoder: a 1 x 1 convolution to stride^2 x 3 channels and a pixel shuffle, i.e. one linear map per
+        # token to its patch's pixels (here in patchify's order).
+        self.head = nn.Linear(backbone.embed_dim, self.patch**2 * 3)
+
+    def masks(self) -> CoarseRandomMask:
+        return CoarseRandomMask(grid_shape(self.backbone), self.cfg.mask_patch_size // self.patch, self.cfg.mask_ratio)
+
+    def encode(self, batch: dict) -> dict:
+        images, mask = batch["views"][0], batch["mask"]
+        vit = self.backbone
+        patches = embed_patches(vit, images, mask, self.mask_token)
+        tokens = run_blocks(vit, torch.cat([prefix_tokens(vit, len(images)), patches], 1))
+        encoded = {"prediction": self.head(tokens[:, vit.num_prefix_tokens :])}
+        if self.feeds_probe:  # the probe learns on what it is evaluated on (Method.probe_view)
+            with torch.no_grad():
+                encoded["features"] = vit.forward_head(output_tokens(vit, batch["probe_image"]))
+        return encoded
+
+    def joint(self, encoded: dict, batch: dict) -> dict:
+        target = patchify(batch["views"][0], self.patch)
+        loss = masked_patch_l1(encoded["prediction"], target, batch["mask"])
+        return {"loss": loss, "features": encoded.get("features"), "labels": batch["label"]}
