@@ -53,6 +53,7 @@ RECIPES = {
     # Trained with the squared error, before smooth L1 (the official code's) became I-JEPA's default.
     "ijepa-digits-vittiny6": "method=ijepa method.loss=mse",
     "simmim-digits-vittiny6": "method=simmim",
+    "aim-digits-vittiny6": "method=aim",
     # Distilled from the SimCLR entry above (method.teacher's digits default): a half-width ResNet-18 from scratch.
     "distill-digits-resnet18half": "method=distill",
     # LiT: a text tower trained on the CLIP entry's image tower, locked (method.teacher's digits default).
