@@ -136,6 +136,12 @@ def output_tokens(
     return run_blocks(vit, torch.cat([prefix_tokens(vit, len(images)), patches], dim=1))
 
 
+def pooled_feature(vit: nn.Module, images: torch.Tensor) -> torch.Tensor:
+    """The model's pooled feature (`vit(images)`) through `output_tokens`: its blocks called one by one as the methods
+    call them (FSDP's units), and an empty batch allowed."""
+    return vit.forward_head(output_tokens(vit, images))
+
+
 def first_positions(mask: torch.Tensor, count: int) -> torch.Tensor:
     """(B, count): each sample's first `count` positions where `mask` (B, N) is True, in order, then the others. A
     stable sort of the mask instead of nonzero(): no host read, so the step does not wait for the device."""

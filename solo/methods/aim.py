@@ -14,10 +14,10 @@ from solo.backbones.vit import (
     embed_patches,
     grid_shape,
     num_patches,
-    output_tokens,
     patch_size,
     patchify,
     pool_patch_tokens,
+    pooled_feature,
     prefix_tokens,
     run_blocks,
     sincos_positions,
@@ -108,7 +108,7 @@ class AIM(Method):
         encoded = {"prediction": self.head(outputs[:, extra:])}
         if self.feeds_probe:  # the probe learns on what it is evaluated on (Method.probe_view)
             with torch.no_grad():
-                encoded["features"] = vit.forward_head(output_tokens(vit, batch["probe_image"]))
+                encoded["features"] = pooled_feature(vit, batch["probe_image"])
         return encoded
 
     def joint(self, encoded: dict, batch: dict) -> dict:

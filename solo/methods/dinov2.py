@@ -16,6 +16,7 @@ from solo.backbones.vit import (
     grid_shape,
     output_tokens,
     pool_patch_tokens,
+    pooled_feature,
     take,
 )
 from solo.data.views.masks import BlockMask
@@ -151,7 +152,7 @@ class DINOv2(SelfDistillation):
             encoded["gram_anchor"] = [tokens[:, prefix:] for tokens in anchor]
         if self.feeds_probe:  # the probe learns on what it is evaluated on (Method.probe_view)
             with torch.no_grad():
-                encoded["features"] = vit.forward_head(output_tokens(vit, batch["probe_image"]))
+                encoded["features"] = pooled_feature(vit, batch["probe_image"])
         return encoded
 
     def joint(self, encoded: dict, batch: dict) -> dict:

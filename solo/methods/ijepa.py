@@ -17,6 +17,7 @@ from solo.backbones.vit import (
     grid_shape,
     output_tokens,
     pool_patch_tokens,
+    pooled_feature,
     prefix_tokens,
     run_blocks,
     sincos_positions,
@@ -168,7 +169,7 @@ class IJEPA(Method):
         encoded = {"prediction": prediction, "target": target, "valid": target_valid}
         if self.feeds_probe:  # the probe learns on what it is evaluated on (Method.probe_view)
             with torch.no_grad():
-                encoded["features"] = vit.forward_head(output_tokens(vit, batch["probe_image"]))
+                encoded["features"] = pooled_feature(vit, batch["probe_image"])
         return encoded
 
     def joint(self, encoded: dict, batch: dict) -> dict:

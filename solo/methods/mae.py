@@ -15,9 +15,9 @@ from solo.backbones.vit import (
     grid_shape,
     keep,
     num_patches,
-    output_tokens,
     patch_size,
     patchify,
+    pooled_feature,
     prefix_tokens,
     run_blocks,
     sincos_positions,
@@ -113,7 +113,7 @@ class MAE(Method):
         encoded = {"prediction": self.decoder(run_blocks(vit, tokens), mask)}
         if self.feeds_probe:  # the probe learns on what it is evaluated on (Method.probe_view)
             with torch.no_grad():
-                encoded["features"] = vit.forward_head(output_tokens(vit, batch["probe_image"]))
+                encoded["features"] = pooled_feature(vit, batch["probe_image"])
         return encoded
 
     def joint(self, encoded: dict, batch: dict) -> dict:

@@ -13,10 +13,10 @@ from solo.backbones.vit import (
     check_vit,
     embed_patches,
     grid_shape,
-    output_tokens,
     patch_size,
     patchify,
     pool_patch_tokens,
+    pooled_feature,
     prefix_tokens,
     run_blocks,
 )
@@ -79,7 +79,7 @@ class SimMIM(Method):
         encoded = {"prediction": self.head(tokens[:, vit.num_prefix_tokens :])}
         if self.feeds_probe:  # the probe learns on what it is evaluated on (Method.probe_view)
             with torch.no_grad():
-                encoded["features"] = vit.forward_head(output_tokens(vit, batch["probe_image"]))
+                encoded["features"] = pooled_feature(vit, batch["probe_image"])
         return encoded
 
     def joint(self, encoded: dict, batch: dict) -> dict:
