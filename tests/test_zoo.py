@@ -241,6 +241,20 @@ def test_list_command_prints_every_entry_with_its_results():
         assert any(line.startswith(name) and f"linear {linear:.3f}" in line for line in out.splitlines())
 
 
-def test_export_refuses_the_small_stem():
+def test_export_refuses_the_small_stem(tmp_path):
     with pytest.raises(ValueError, match="small_stem=true"):
-        export_backbone(solo.zoo.list()[0], "/tmp/never-written.safetensors")
+        export_backbone(solo.zoo.list()[0], tmp_path / "never-written.safetensors")
+    # LiT's image backbone is its locked tower, the teacher's weights unchanged, and its text tower is solo's (not
+    # open_clip's): the command points at the tower's source in one line, exit status 2, and writes nothing.
+    out = subprocess.run(
+        [sys.executable, "-m", "solo.zoo", "export", "lit-digits-resnet18half", str(tmp_path / "lit.pth")],
+        capture_output=True,
+        text=True,
+    )
+    assert out.returncode == 2, out.stderr
+    assert out.stderr.startswith(
+        "error: lit-digits-resnet18half: a lit model's image backbone is its locked method.teacher="
+        "clip-digits-resnet18half, saved unchanged; export or load that source instead"
+    )
+    assert "Traceback" not in out.stderr and out.stderr.count("\n") == 1
+    assert not (tmp_path / "lit.pth").exists()

@@ -1,8 +1,10 @@
 """python -m solo.zoo list | export <pretrained> <out.safetensors | out.pth | out.bin>"""
 
 import argparse
+import sys
 
 import solo.zoo
+from solo.errors import SoloError
 
 
 def main() -> None:
@@ -20,6 +22,14 @@ def main() -> None:
     )
     export.add_argument("out")
     args = parser.parse_args()
+    try:
+        run(args)
+    except SoloError as e:  # what the user can act on: one line, exit status 2, as the training entry points
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+
+
+def run(args: argparse.Namespace) -> None:
     if args.command == "list":
         for name in solo.zoo.list():
             e = solo.zoo.entry(name)

@@ -10,7 +10,8 @@ import torch
 
 from solo.distributed.checkpoint import find_checkpoints, is_checkpoint
 from solo.distributed.env import rank
-from solo.errors import CheckpointError, NotFound, require
+from solo.errors import CheckpointError, ConfigError, NotFound, require
+from solo.methods import METHODS
 from solo.zoo.files import entry_file
 from solo.zoo.manifest import find_entry, read_manifest
 from solo.zoo.weights import Pretrained, read_training_checkpoint, read_weights
@@ -66,7 +67,7 @@ def export_open_clip(source: str | Path, out: str | Path) -> str:
     pretrained = resolve(source)
     m = pretrained.method
     if pretrained.contents != "model" or not m.get("model"):
-        raise ValueError(
+        raise ConfigError(
             f"{source}: a {m['name']} model without open_clip towers (method.model unset), which open_clip cannot "
             "load; `python -m solo.zoo export` writes its image backbone for timm or torchvision"
         )
@@ -111,12 +112,18 @@ def export_backbone(source: str | Path, out: str | Path) -> str:
     pretrained = resolve(source)
     b = pretrained.backbone
     if pretrained.method.get("model"):
-        raise ValueError(
+        raise ConfigError(
             f"{source}: its image tower is open_clip's {pretrained.method['model']}, not a timm or "
             "torchvision backbone; export_open_clip writes the whole model for open_clip"
         )
+    m = pretrained.method
+    if METHODS[m["name"]].target.pretrained_teacher and METHODS[m["name"]].target.builds_own_backbone(m):
+        raise ConfigError(
+            f"{source}: a {m['name']} model's image backbone is its locked method.teacher={m['teacher']}, saved "
+            "unchanged; export or load that source instead"
+        )
     if b["small_stem"]:
-        raise ValueError(
+        raise ConfigError(
             f"{source}: backbone {b['name']} was trained with small_stem=true (3x3 stride-1 conv1, no max-pool), "
             "which no stock timm or torchvision model has; load it with solo.zoo.load / main_linear.py, or "
             "pretrain with backbone.small_stem=false to get an exportable backbone"
