@@ -28,7 +28,7 @@ sys.path.insert(0, str(REPO))
 from solo.zoo.manifest import MANIFEST, markdown_table, read_manifest, validate_entry  # noqa: E402
 from solo.zoo.weights import read_training_checkpoint, save_weights, sha256_file  # noqa: E402
 
-NEW_METHODS = "mocov2plus ressl nnclr nnbyol nnsiam simsiam all4one wmse vibcreg deepclusterv2 dcl lejepa mmcr tico directclr align_uniform emp_ssl frossl ssl_ey"
+NEW_METHODS = "mocov2plus ressl nnclr nnbyol nnsiam simsiam all4one wmse vibcreg deepclusterv2 dcl lejepa mmcr tico directclr align_uniform emp_ssl frossl ssl_ey vicregl detcon"
 RECIPES = {
     "simclr-digits-resnet18half": "method=simclr backbone=resnet18_half",
     "barlow_twins-digits-resnet18half": "method=barlow_twins backbone=resnet18_half",
@@ -54,6 +54,9 @@ RECIPES = {
     "ijepa-digits-vittiny6": "method=ijepa method.loss=mse",
     "simmim-digits-vittiny6": "method=simmim",
     "aim-digits-vittiny6": "method=aim",
+    "msn-digits-vittiny6": "method=msn",
+    "pmsn-digits-vittiny6": "method=pmsn",
+    "capi-digits-vittiny6": "method=capi",
     # Distilled from the SimCLR entry above (method.teacher's digits default): a half-width ResNet-18 from scratch.
     "distill-digits-resnet18half": "method=distill",
     # LiT: a text tower trained on the CLIP entry's image tower, locked (method.teacher's digits default).

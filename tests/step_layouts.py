@@ -57,6 +57,7 @@ def step(env, device, out: str, layout: list[int], steps: int, overrides: list[s
         device=device,
         masks=trainer.model.method.masks(),
         probe_view=trainer.model.method.probe_view,
+        view_boxes=trainer.model.method.view_geometry,
     )
     start = sum(layout[: env.rank])
     for index, batch in zip(range(steps), loaders.train):

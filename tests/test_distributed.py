@@ -111,6 +111,14 @@ WRONG_SSL_OF = {
     "emp_ssl_per_rank_tcr": "emp_ssl",
     "frossl_per_rank_covariance": "frossl",
     "ssl_ey_per_rank_covariances": "ssl_ey",
+    "capi_per_rank_sinkhorn": "capi",
+    "capi_mean_of_rank_means": "capi",
+    "msn_per_rank_me_max": "msn",
+    "msn_mean_of_rank_means": "msn",
+    "msn_per_rank_sinkhorn": "msn",
+    "pmsn_per_rank_prior_matching": "pmsn",
+    "detcon_local_negatives": "detcon",
+    "vicregl_per_rank_local_statistics": "vicregl",
 }
 
 
@@ -133,6 +141,7 @@ UNEVEN_ONLY = (
     "ibot_mean_of_rank_means",
     "gram_rank_mse",
     "lejepa_mean_of_rank_means",
+    "msn_mean_of_rank_means",
 )
 
 

@@ -91,6 +91,12 @@ METHOD = {
     "frossl": HEADS,
     # The cross- and auto-covariances of the global batch, centred with its means.
     "ssl_ey": HEADS,
+    # The test ResNet's 2 x 2 maps: every cell matched by feature, 2 and 3 by location from the views' boxes; the local
+    # statistics per matched slot over the global batch.
+    "vicregl": HEADS + ["method.maps_hidden_dim=16", "method.maps_output_dim=8", "method.num_matches=[2,3]"],
+    # The test ResNet's 2 x 2 maps pooled over a 2 x 2 grid of the image and the whole image; each region's negatives
+    # every region of both views of the global batch.
+    "detcon": HEADS + ["method.grid=2", "method.image_region=true"],
     # timm's test ViT (width 64, 6 blocks, any crop size) on 4 px patches: 2 global 16 px crops, most of them masked,
     # and 4 local 8 px ones; the teacher temperature warms up over the first epoch.
     "dinov2": [
@@ -166,6 +172,38 @@ METHOD = {
         "method.head_width=16",
         "method.head_depth=1",
     ],
+    # timm's test ViT on a 4 x 4 grid of 4 px patches: 10 hidden outside a visible block of 6, 5 of them predicted
+    # (per sample); a one-block predictor, 16 prototypes, Sinkhorn-Knopp per position over the global batch.
+    "capi": [
+        "backbone.name=test_vit",
+        "backbone.small_stem=false",
+        "+backbone.kwargs.img_size=16",
+        "+backbone.kwargs.patch_size=4",
+        "method.num_prototypes=16",
+        "method.predictor_depth=1",
+        "method.predictor_heads=2",
+        "method.prediction_subsampling=0.5",
+        "method.base_momentum=0.9",
+    ],
+    # timm's test ViT on a 4 x 4 grid of 4 px patches: the target crop whole, the anchor crop with 4 of its 16 patches
+    # dropped (per sample), 4 focal 8 px crops; 16 prototypes, the targets' Sinkhorn-Knopp and the mean-entropy term
+    # (PMSN: the power-law prior) over the global batch, the teacher's BatchNorms synchronised.
+    **{
+        name: [
+            "backbone.name=test_vit",
+            "backbone.small_stem=false",
+            "+backbone.kwargs.img_size=16",
+            "+backbone.kwargs.patch_size=4",
+            "augmentation=multicrop_digits",
+            "method.proj_hidden_dim=32",
+            "method.proj_output_dim=16",
+            "method.num_prototypes=16",
+            "method.mask_ratio=0.25",
+            "method.base_momentum=0.9",
+            "optim=lars",  # as dinov2's: AdamW lifts float64 rounding in elements whose gradient is near 0
+        ]
+        for name in ("msn", "pmsn")
+    },
 }
 STEPS = 6
 
@@ -391,7 +429,7 @@ def test_unknown_method_lists_every_method():
     with pytest.raises(MissingConfigException) as err:
         compose_cfg(["method=bool"])
     builtin = [m.name for m in METHODS if m.target.__module__.startswith("solo.")]  # other tests register their own
-    assert len(builtin) == 37 and all(name in str(err.value) for name in builtin)
+    assert len(builtin) == 42 and all(name in str(err.value) for name in builtin)
 
 
 @pytest.mark.parametrize(
@@ -400,7 +438,7 @@ def test_unknown_method_lists_every_method():
         (
             "byol",
             "augmentation=multicrop_digits",
-            r"only used by methods that take local crops \(dino, dinov2, lejepa, mmcr, swav",
+            r"only used by methods that take local crops \(dino, dinov2, lejepa, mmcr, msn, pmsn, swav",
         ),
         (
             "dino",

@@ -4,7 +4,8 @@ DINOv3's Gram anchoring's losses against hand-written references of the formulas
 papers' objectives, the TiCo objective as the TiCo-pytorch code computes it, facebookresearch/directclr,
 SsnL/align_uniform, facebookresearch/dinov3's GramLoss; EMP-SSL's, FroSSL's and SSL-EY's against
 tsb0601/EMP-SSL, OFSkean/FroSSL and jameschapman19/SSL-EY; SimMIM's against microsoft/SimMIM's models/simmim.py, AIM's
-against the paper's next-patch objective after the prefix), each with a
+against the paper's next-patch objective after the prefix, CAPI's against the paper's Sinkhorn-Knopp targets and
+cross-entropies; MSN's against facebookresearch/msn's loss, PMSN's against lightly's prior matching), each with a
 variant they must reject (what solo used to compute, or a likely slip). Their exactness under DDP is the checker's
 (tests/test_distributed.py)."""
 
@@ -16,13 +17,16 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from solo.backbones.vit import patchify
-from solo.data.views.masks import CoarseRandomMask, PrefixMask
+from solo.backbones.vit import patchify, take
+from solo.data.views.masks import CoarseRandomMask, InverseBlockMask, PrefixMask
 from solo.errors import ConfigError
 from solo.losses import (
     align_uniform_loss,
+    capi_clustering,
+    capi_loss,
     dcl_loss,
     deepcluster_loss,
+    detcon_loss,
     directclr_loss,
     emp_ssl_loss,
     frossl_loss,
@@ -37,9 +41,15 @@ from solo.losses import (
     ssl_ey_loss,
     tico_loss,
     vibcreg_loss,
+    vicreg_loss,
+    vicregl_loss,
 )
+from solo.losses.vicregl import nearest_matches
 from solo.methods.aim import AIM, AIMConfig
+from solo.methods.capi import CAPI, CAPIConfig
+from solo.methods.detcon import grid_regions
 from solo.methods.directclr import DirectCLR, DirectCLRConfig
+from solo.methods.local import cell_centres
 from solo.methods.simmim import SimMIM, SimMIMConfig
 from solo.train.trainer import build_model
 from tests.test_accumulate import CASES
@@ -815,3 +825,403 @@ def test_aim_attention_is_bidirectional_in_the_prefix_and_causal_after():
             sees = [patch < length or patch <= i for i in range(16)]
             assert moved.tolist() == sees, (b, patch)
             assert torch.equal(predict(changed)[1 - b], before[1 - b])
+
+
+# --- VICRegL ---------------------------------------------------------------------------------------------------------
+
+
+def _authors_nearest(input_maps, candidate_maps, distances, num_matches):
+    """facebookresearch/VICRegL's neirest_neighbores: each input cell's nearest candidate, the num_matches input cells
+    nearest to theirs kept (a mask from the ranks of the sorted distances), in cell order."""
+    batch = input_maps.size(0)
+    num_matches = input_maps.size(1) if num_matches is None else num_matches
+    values, nearest = distances.topk(k=1, largest=False)
+    values, nearest = values.squeeze(-1), nearest.squeeze(-1)
+    ranks = torch.sort(torch.sort(values, dim=1).indices, dim=1).indices
+    mask = ranks < num_matches
+    chosen = nearest.masked_select(mask).reshape(batch, num_matches)
+    inputs = torch.arange(values.size(1)).repeat(batch, 1).masked_select(mask).reshape(batch, num_matches)
+    pick = lambda maps, index: torch.gather(maps, 1, index[:, :, None].expand(-1, -1, maps.size(2)))  # noqa: E731
+    return pick(input_maps, inputs), pick(candidate_maps, chosen)
+
+
+def _authors_local_vicreg(x, y, inv, var, cov):
+    """Their _vicreg_loss on (B, K, C) matched cells, one process (gather_center: the batch mean removed)."""
+    repr_loss = inv * F.mse_loss(x, y)
+    x, y = x - x.mean(dim=0), y - y.mean(dim=0)
+    std_x, std_y = torch.sqrt(x.var(dim=0) + 1e-4), torch.sqrt(y.var(dim=0) + 1e-4)
+    std_loss = var * (F.relu(1 - std_x).mean() / 2 + F.relu(1 - std_y).mean() / 2)
+    x, y = x.permute(1, 0, 2), y.permute(1, 0, 2)
+    n, c = x.shape[1:]
+    off = ~torch.eye(c, dtype=torch.bool)
+    x, y = x - x.mean(dim=-2, keepdim=True), y - y.mean(dim=-2, keepdim=True)
+    cov_x, cov_y = (torch.einsum("...nc,...nd->...cd", t, t) / (n - 1) for t in (x, y))
+    cov_loss = (cov_x[..., off].pow(2).sum(-1) / c) / 2 + (cov_y[..., off].pow(2).sum(-1) / c) / 2
+    return repr_loss, std_loss, cov * cov_loss.mean()
+
+
+def _authors_vicregl(embeddings, maps, locations, alpha, num_matches, inv=25.0, var=25.0, cov=1.0):
+    """main_vicregl.py's forward for two views, one process, l2_all_matches=1, local_loss ACCUMULATING over the
+    ordered pairs (its loop as the paper describes it; the released loop assigns, keeping the last pair alone)."""
+    e1, e2 = embeddings
+    global_inv = inv * (F.mse_loss(e1, e2) + F.mse_loss(e2, e1)) / 2
+    global_var = global_cov = 0.0
+    for e in embeddings:
+        x = e - e.mean(dim=0)
+        global_var = global_var + F.relu(1 - torch.sqrt(x.var(dim=0) + 1e-4)).mean()
+        c = x.T @ x / (x.size(0) - 1)
+        global_cov = global_cov + (c - torch.diag(torch.diagonal(c))).pow(2).sum() / e.shape[1]
+    global_loss = global_inv + var * global_var / 2 + cov * global_cov / 2
+
+    def local_pair(m1, m2, l1, l2):
+        total = 0.0
+        for (a, b), (k1, k2) in (
+            ((torch.cdist(m1, m2), torch.cdist(m2, m1)), (None, None)),
+            ((torch.cdist(l1, l2), torch.cdist(l2, l1)), num_matches),
+        ):
+            one, two = _authors_nearest(m1, m2, a, k1), _authors_nearest(m2, m1, b, k2)
+            total = total + sum(sum(_authors_local_vicreg(*p, inv, var, cov)) / 2 for p in (one, two))
+        return total
+
+    (m1, m2), (l1, l2) = maps, locations
+    local_loss = (local_pair(m1, m2, l1, l2) + local_pair(m2, m1, l2, l1)) / 2
+    return alpha * global_loss + (1 - alpha) * local_loss
+
+
+def _vicregl_case(seed=21, n=9, cells=4, c=3, d=5):
+    g = _generator(seed)
+    z = [torch.randn(n, d, generator=g, dtype=torch.float64).requires_grad_() for _ in "12"]
+    maps = [torch.randn(n, cells, c, generator=g, dtype=torch.float64).requires_grad_() for _ in "12"]
+    locations = [torch.rand(n, cells, 2, generator=g, dtype=torch.float64) for _ in "12"]
+    return z, maps, locations
+
+
+def test_vicregl_is_the_authors_loss_in_value_and_gradient():
+    """Against main_vicregl.py's global and local terms, matching included, in value and gradient, with unequal
+    location matches (3 and 2 of 4 cells). Told apart: VICReg's summed covariance term (lightly's VICRegLLoss halves
+    nu for it, as here) and the local terms' statistics over all cells at once instead of per matched slot."""
+    z, maps, locations = _vicregl_case()
+    params = dict(alpha=0.75, num_matches=(3, 2))
+    got = vicregl_loss(*z, *maps, *locations, **params)
+    want = _authors_vicregl(z, maps, locations, **params)
+    assert got.item() == pytest.approx(want.item(), rel=1e-12)
+    inputs = (*z, *maps)
+    for a, b in zip(torch.autograd.grad(got, inputs), torch.autograd.grad(want, inputs)):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+
+    with torch.no_grad():
+        global_only = vicregl_loss(*z, *maps, *locations, alpha=1.0, num_matches=(3, 2))
+        vicregs = vicreg_loss(*z)  # VICReg's own loss: the two covariance terms summed
+        pooled_cells = vicregl_loss(*z, *(m.reshape(9, 1, -1).repeat(1, 4, 1) for m in maps), *locations, **params)
+    assert abs(vicregs - global_only) > 1e-3 * global_only
+    assert abs(pooled_cells - got) > 1e-2 * abs(got)
+
+
+def test_vicregl_location_matching_pairs_the_cells_that_show_the_same_place():
+    """Two views of one image, the second the first's mirror: location matching pairs cell (r, c) with (r, w - 1 - c)
+    (cell_centres from the views' boxes), so local embeddings that are the mirrored map give no local invariance."""
+    boxes = torch.tensor([[0.1, 0.2, 0.6, 0.6, 0.0], [0.1, 0.2, 0.6, 0.6, 1.0]])
+    c1, c2 = (cell_centres(b[None], 2, 3) for b in boxes)
+    torch.testing.assert_close(c1[0, 0], torch.tensor([0.1 + 0.15, 0.2 + 0.1], dtype=torch.float64))
+    torch.testing.assert_close(c2.view(2, 3, 2).flip(1), c1.view(2, 3, 2))
+    kept, match = nearest_matches(torch.cdist(c1, c2), None)
+    assert match[0].tolist() == [2, 1, 0, 5, 4, 3] and kept[0].tolist() == list(range(6))
+
+
+# --- MSN and PMSN ----------------------------------------------------------------------------------------------------
+
+
+def _authors_msn(anchors, target, prototypes, tau, sharpen_t, prior=None):
+    """facebookresearch/msn src/losses.py as its training loop calls it (one process): soft nearest neighbours on
+    normalised rows and prototypes (identity labels), targets p ** (1 / T) renormalised and balanced by its
+    distributed_sinkhorn (3 iterations, from the sharpened probabilities), the cross-entropy mean over the anchor rows
+    (its views stacked), and me-max -sum(log(avg ** -avg)) + log K; with `prior`, lightly's PMSN regulariser
+    F.kl_div(avg.log(), prior, reduction="sum")."""
+    protos = prototypes / prototypes.norm(dim=1, keepdim=True)
+
+    def snn(x):
+        return torch.softmax((x / x.norm(dim=1, keepdim=True)) @ protos.T / tau, dim=1)
+
+    probs = snn(torch.cat(anchors))
+    with torch.no_grad():
+        sharp = snn(target) ** (1.0 / sharpen_t)
+        q = (sharp / sharp.sum(dim=1, keepdim=True)).T
+        b, k = q.shape[1], q.shape[0]
+        q = q / q.sum()
+        for _ in range(3):
+            q = q / q.sum(dim=1, keepdim=True) / k
+            q = q / q.sum(dim=0, keepdim=True) / b
+        targets = (q * b).T.repeat(len(anchors), 1)
+    loss = torch.mean(torch.sum(torch.log(probs ** (-targets)), dim=1))
+    avg = probs.mean(dim=0)
+    if prior is None:
+        return loss - torch.sum(torch.log(avg ** (-avg))) + math.log(len(avg))
+    return loss + F.kl_div(avg.log(), prior, reduction="sum")
+
+
+@pytest.mark.parametrize("pmsn", [False, True], ids=["msn", "pmsn"])
+def test_msn_is_the_authors_loss_and_pmsn_lightlys_prior_matching_in_value_and_gradient(pmsn):
+    """Three anchor views of 7 samples (the masked crop and two focal ones), 5 prototypes in 6 dimensions, the papers'
+    temperatures: solo's msn_loss against the authors' code (MSN) and lightly's PMSN regulariser with a prior written
+    here (k ** -0.25, normalised), in value and in the gradient of the anchors and the prototypes. Rejected: the
+    other direction of the KL divergence, and Sinkhorn-Knopp started from exp(logits / sharpen) without the sharpened
+    probabilities' per-sample normalisation (what SwAV's codes start from)."""
+    from solo.losses import msn_loss, power_law_prior, prototype_logits, sinkhorn
+
+    g = _generator(11)
+    base = torch.randn(7, 6, generator=g, dtype=torch.float64)
+    anchors = [(base + 0.7 * torch.randn(7, 6, generator=g, dtype=torch.float64)).requires_grad_() for _ in range(3)]
+    target = base + 0.3 * torch.randn(7, 6, generator=g, dtype=torch.float64)
+    prototypes = torch.randn(5, 6, generator=g, dtype=torch.float64).requires_grad_()
+    shares = torch.tensor([k**-0.25 for k in range(1, 6)], dtype=torch.float64)
+    prior = shares / shares.sum() if pmsn else None
+    if pmsn:
+        torch.testing.assert_close(power_law_prior(5, 0.25), prior, rtol=1e-14, atol=0)
+
+    got = msn_loss(anchors, target, prototypes, 0.1, 0.25, 3, 1.0, prior)
+    want = _authors_msn(anchors, target, prototypes, 0.1, 0.25, prior)
+    assert got.item() == pytest.approx(want.item(), rel=1e-12)
+    inputs = [*anchors, prototypes]
+    for a, b in zip(torch.autograd.grad(got, inputs), torch.autograd.grad(want, inputs)):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+
+    with torch.no_grad():
+        value = got.item()
+        if pmsn:
+            probs = torch.cat([torch.softmax(prototype_logits(a, prototypes, 0.1), dim=1) for a in anchors])
+            avg = probs.mean(dim=0)
+            reverse = value - F.kl_div(avg.log(), prior, reduction="sum").item() + (avg * (avg / prior).log()).sum()
+            assert abs(value - reverse.item()) > 1e-3 * abs(value)
+        logits = prototype_logits(target, prototypes, 0.1)
+        swav_start = sinkhorn(logits / 0.25, 1.0, 3)  # from exp(logits / sharpen), rows not normalised
+        authors_start = sinkhorn(F.log_softmax(logits / 0.25, dim=1), 1.0, 3)
+        assert (swav_start - authors_start).abs().max() > 1e-3
+
+
+# --- CAPI ------------------------------------------------------------------------------------------------------------
+
+
+def _paper_sinkhorn(scores, temperature, iterations=3):
+    """The paper's Sinkhorn-Knopp on one (tokens, K) matrix: exp(scores / temperature), then alternately every
+    prototype's column and every token's row normalised to sum to 1."""
+    q = torch.exp(scores.detach() / temperature)
+    for _ in range(iterations):
+        q = q / q.sum(dim=0, keepdim=True)
+        q = q / q.sum(dim=1, keepdim=True)
+    return q
+
+
+def _paper_capi(student, scores, predicted, positionwise):
+    """CAPI's two losses, written from the paper's equations token by token: targets Q from Sinkhorn-Knopp (per
+    position over the images, or over every token at once); the clustering loss, the mean over every token of
+    -sum_k Q log softmax(scores / 0.12); the prediction loss, the mean over every predicted patch of -sum_k Q log
+    softmax(student / 0.12). `student`: (n, P, K) the predictor's scores at every position; `predicted`: (n, P)."""
+    n, p, k = scores.shape
+    if positionwise:
+        targets = torch.stack([_paper_sinkhorn(scores[:, j], 0.06) for j in range(p)], dim=1)
+    else:
+        targets = _paper_sinkhorn(scores.reshape(n * p, k), 0.06).reshape(n, p, k)
+    clustering, prediction = [], []
+    for i in range(n):
+        for j in range(p):
+            clustering.append(-(targets[i, j] * torch.log_softmax(scores[i, j] / 0.12, dim=0)).sum())
+            if predicted[i, j]:
+                prediction.append(-(targets[i, j] * torch.log_softmax(student[i, j] / 0.12, dim=0)).sum())
+    return sum(prediction) / len(prediction), sum(clustering) / len(clustering)
+
+
+@pytest.mark.parametrize("positionwise", [True, False])
+def test_capi_is_the_papers_clustering_and_prediction_loss_in_value_and_gradient(positionwise):
+    """6 images of 4 patch positions, 5 prototypes, 2 predicted patches per image: solo's losses against the paper's
+    equations, in value and gradient (the student's scores get the prediction loss's, the clustering head's scores
+    the clustering loss's; the targets carry none). Rejected: the teacher's softmax as targets (no Sinkhorn-Knopp),
+    and Sinkhorn-Knopp over the other grouping of the tokens (per position against over all)."""
+    g = _generator(31)
+    scores = (2 * torch.randn(6, 4, 5, generator=g, dtype=torch.float64)).requires_grad_()
+    student = torch.randn(6, 4, 5, generator=g, dtype=torch.float64, requires_grad=True)
+    predict_at = torch.stack([torch.randperm(4, generator=g)[:2] for _ in range(6)])
+    predicted = torch.zeros(6, 4, dtype=torch.bool).scatter(1, predict_at, True)
+
+    targets, clustering = capi_clustering(scores, 0.06, 0.12, 3, positionwise)
+    prediction = capi_loss(take(student, predict_at), take(targets, predict_at), 0.12)
+    want_prediction, want_clustering = _paper_capi(student, scores, predicted, positionwise)
+    assert prediction.item() == pytest.approx(want_prediction.item(), rel=1e-12)
+    assert clustering.item() == pytest.approx(want_clustering.item(), rel=1e-12)
+    for got, want in ((prediction, want_prediction), (clustering, want_clustering)):
+        for x in (student, scores):
+            a = torch.autograd.grad(got, x, retain_graph=True, allow_unused=True)[0]
+            b = torch.autograd.grad(want, x, retain_graph=True, allow_unused=True)[0]
+            assert (a is None) == (b is None or not b.any())
+            if a is not None:
+                torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+
+    with torch.no_grad():
+        softmax_targets = F.softmax(scores / 0.06, dim=-1)
+        other_grouping, _ = _paper_capi(student, scores, predicted, not positionwise)
+        for wrong in (capi_loss(take(student, predict_at), take(softmax_targets, predict_at), 0.12), other_grouping):
+            assert abs(prediction.item() - wrong.item()) > 1e-3 * prediction.item()
+
+
+def _is_rolled_block(visible: torch.Tensor, count: int) -> bool:
+    """Whether the True patches of a (H, W) grid are, after some roll, the first `count` of a rectangle in raster
+    order."""
+    height, width = visible.shape
+    blocks = set()
+    for h, w in ((h, w) for h in range(1, height + 1) for w in range(1, width + 1) if h * w >= count):
+        for top, left in ((t, c) for t in range(height - h + 1) for c in range(width - w + 1)):
+            rows = [r * width + c for r in range(top, top + h) for c in range(left, left + w)]
+            blocks.add(frozenset(rows[:count]))
+    return any(
+        frozenset(visible.roll((r, c), (0, 1)).flatten().nonzero().flatten().tolist()) in blocks
+        for r in range(height)
+        for c in range(width)
+    )
+
+
+def test_capi_masks_hide_all_but_one_rolled_block_and_predict_among_the_hidden():
+    """A 6 x 6 grid, ratio 0.65 (int(23.4) = 23 hidden, 13 visible), a third of the hidden predicted (7): the visible
+    patches are one rolled block, cut to 13 in raster order; the predicted ones are hidden; the counts are exact."""
+    random.seed(0)
+    generator = InverseBlockMask((6, 6), 0.65, 1 / 3)
+    assert (generator.hidden, generator.predicted) == (23, 7)
+    for _ in range(10):
+        hidden, predicted = generator()
+        assert int(hidden.sum()) == 23 and int(predicted.sum()) == 7 and not (predicted & ~hidden).any()
+        assert _is_rolled_block(~hidden.reshape(6, 6), 13)
+    assert not _is_rolled_block((torch.arange(36) % 3 == 0).reshape(6, 6), 12)  # scattered: no block
+
+
+def test_capi_encoder_never_sees_the_hidden_pixels():
+    """The student encodes the visible patches only: changing a hidden patch's pixels changes no prediction, changing
+    a visible one's changes them (the teacher sees both)."""
+    cfg = CAPIConfig(num_prototypes=8, predictor_depth=1, predictor_heads=2, prediction_subsampling=1.0)
+    method = CAPI(_tiny_vit(0), 32, cfg).double()
+    method.feeds_probe = False
+    images = torch.randn(2, 3, 16, 16, generator=_generator(32), dtype=torch.float64)
+    hidden = torch.ones(2, 16, dtype=torch.bool)
+    hidden[:, [0, 1, 4, 5, 8]] = False  # 11 hidden (int(0.65 x 16) = 10 is the config's: here any count is read)
+    hidden[:, 9] = False
+    masks = torch.stack([hidden, hidden], dim=1)
+
+    def encode(x):
+        return method.encode({"views": [x], "mask": masks})
+
+    before = encode(images)
+    for patch, is_hidden in ((6, True), (5, False)):
+        changed = images.clone()
+        row, col = divmod(patch, 4)
+        changed[:, :, 4 * row : 4 * row + 4, 4 * col : 4 * col + 4] += 1.0
+        after = encode(changed)
+        assert torch.equal(after["prediction"], before["prediction"]) == is_hidden, patch
+        assert not torch.equal(after["teacher"], before["teacher"])
+
+
+# --- DetCon ----------------------------------------------------------------------------------------------------------
+
+
+def _paper_detcon(regions, present, temperature, same_image_negatives=True):
+    """The paper's DetCon-S loss (their Equation 1 over a SimCLR pair) anchor by anchor: for region m of image i in
+    view k, shown in both views, -log of exp(<v, v'>) over exp(<v, v'>) plus the sum of exp(<v, u>) over its negatives
+    u (every region shown in its view, of both views of every image, but v and its positive v': the other regions of
+    its own image too, unless told otherwise), all unit vectors scaled by 1/sqrt(temperature); the mean over the
+    anchors of both views."""
+    views = [r / r.norm(dim=2, keepdim=True) / math.sqrt(temperature) for r in regions]
+    n, count = len(views[0]), views[0].shape[1]
+    anchors = []
+    for k in range(2):
+        for i in range(n):
+            for m in range(count):
+                if not (present[0][i, m] and present[1][i, m]):
+                    continue
+                v, positive = views[k][i, m], torch.exp(views[k][i, m] @ views[1 - k][i, m])
+                negatives = [
+                    torch.exp(v @ views[w][j, q])
+                    for w in range(2)
+                    for j in range(n)
+                    for q in range(count)
+                    if present[w][j, q] and (j, q) != (i, m) and (same_image_negatives or j != i)
+                ]
+                anchors.append(-torch.log(positive / (positive + sum(negatives))))
+    return sum(anchors) / len(anchors)
+
+
+def _lightly_detcon_s(regions, temperature):
+    """lightly's DetConSLoss (DeepMind's byol_nce_detcon) on regions that all show, mask ids 0 .. M - 1 in both views:
+    each view's anchors against the other view's and its own view's regions (its own entry removed), the cross
+    entropy weighted by 1 / M (the M distinct masks' `obj_area`), averaged over the (b, m) slots; the two views added."""
+    u1, u2 = (F.normalize(r, dim=2) for r in regions)
+    b, m, _ = u1.shape
+    own = torch.eye(b * m, dtype=torch.bool).view(b, m, b, m)
+
+    def one_way(a, other):
+        logits = torch.cat([torch.einsum("ikd,jld->ikjl", a, other), torch.einsum("ikd,jld->ikjl", a, a)], dim=2)
+        logits = (logits / temperature).masked_fill(torch.cat([torch.zeros_like(own), own], dim=2), -1e9)
+        positive = torch.einsum("ikd,ikd->ik", a, other) / temperature
+        return ((logits.reshape(b, m, -1).logsumexp(dim=2) - positive) / m).mean()
+
+    return one_way(u1, u2) + one_way(u2, u1)
+
+
+def _detcon_case(seed=45, n=4, count=3, d=5):
+    g = _generator(seed)
+    regions1 = torch.randn(n, count, d, generator=g, dtype=torch.float64)
+    regions2 = regions1 + 0.8 * torch.randn(n, count, d, generator=g, dtype=torch.float64)
+    present = [torch.rand(n, count, generator=g) > 0.3 for _ in range(2)]
+    for p in present:
+        p[:, 0] = True  # each image has an anchor
+    present[1][1, 1] = False
+    present[0][2, 2] = True  # one region shown in one view only: a candidate there, not an anchor
+    present[1][2, 2] = False
+    return [regions1.requires_grad_(), regions2.requires_grad_()], present
+
+
+def test_detcon_is_the_papers_loss_in_value_and_gradient():
+    """Against the paper's loss written anchor by anchor, with regions missing from one view or both, in value and
+    gradient. Told apart: the other regions of the anchor's own image left out of its negatives, and regions missing
+    from a view kept among the candidates."""
+    regions, present = _detcon_case()
+    got, want = detcon_loss(*regions, *present, temperature=0.1), _paper_detcon(regions, present, 0.1)
+    assert got.item() == pytest.approx(want.item(), rel=1e-12)
+    for g, w in zip(torch.autograd.grad(got, regions), torch.autograd.grad(want, regions)):
+        torch.testing.assert_close(g, w, rtol=1e-12, atol=1e-14)
+
+    regions = [r.detach() for r in regions]
+    value = got.item()
+    assert abs(value - _paper_detcon(regions, present, 0.1, same_image_negatives=False).item()) > 1e-2 * value
+    every = [torch.ones_like(p) for p in present]
+    both_shown = [p & q for p, q in zip(present, present[::-1])]
+    kept = detcon_loss(*regions, *every, temperature=0.1).item()  # absent regions are candidates too ...
+    assert abs(kept - _paper_detcon(regions, every, 0.1).item()) <= 1e-12 * kept
+    assert abs(value - detcon_loss(*regions, *both_shown, temperature=0.1).item()) > 1e-3 * value  # ... or not
+
+
+def test_detcon_is_lightlys_detcon_s_times_the_regions_over_two_when_every_region_shows():
+    """lightly (and DeepMind's code) weigh each anchor by 1 / M and add the views' means: solo's mean over the anchors
+    is that times M / 2. With every region shown, the same negatives."""
+    regions, _ = _detcon_case(seed=46)
+    regions = [r.detach() for r in regions]
+    every = [torch.ones(4, 3, dtype=torch.bool)] * 2
+    got = detcon_loss(*regions, *every, temperature=0.1).item()
+    assert got == pytest.approx(_lightly_detcon_s(regions, 0.1).item() * 3 / 2, rel=1e-12)
+
+
+def test_detcon_regions_are_the_grid_masks_average_pooled_to_the_map():
+    """A 2 x 2 map of a view, regions of a 2 x 2 grid of the image: the fraction of each cell in each region, by
+    hand. The view [1/8, 5/8) x [1/4, 3/4) mirrored: its left column shows the image's [1/2, 3/4), its right one
+    [1/4, 1/2); its top cells lie in the top regions, its bottom cells half in the top and half in the bottom ones (the
+    cell-centre rule would put them wholly in the bottom ones). A view of the top-left quarter shows that region only."""
+    boxes = torch.tensor(
+        [[1 / 8, 1 / 4, 1 / 2, 1 / 2, 1.0], [0.0, 0.0, 1.0, 1.0, 0.0], [0.0, 0.0, 0.5, 0.5, 0.0]], dtype=torch.float64
+    )
+    fractions, present = grid_regions(boxes, 2, 2, 2)
+    # regions (top-left, top-right, bottom-left, bottom-right) x cells (top-left, top-right, bottom-left, bottom-right)
+    mirrored = torch.tensor(
+        [[0, 1, 0, 0.5], [1, 0, 0.5, 0], [0, 0, 0, 0.5], [0, 0, 0.5, 0]],
+        dtype=torch.float64,
+    )
+    torch.testing.assert_close(fractions[0], mirrored, rtol=0, atol=1e-15)
+    torch.testing.assert_close(fractions[1], torch.eye(4, dtype=torch.float64), rtol=0, atol=1e-15)
+    torch.testing.assert_close(fractions[2, 0], torch.ones(4, dtype=torch.float64), rtol=0, atol=1e-15)
+    assert present.tolist() == [[True] * 4, [True] * 4, [True, False, False, False]]
+    unmirrored, _ = grid_regions(boxes[:1] * torch.tensor([1.0, 1, 1, 1, 0], dtype=torch.float64), 2, 2, 2)
+    assert not torch.allclose(unmirrored[0], mirrored)

@@ -3,17 +3,31 @@
 Used to show that the gradient checker rejects them: a check that cannot fail proves nothing. Then the
 wrong variants of the self-supervised losses (VICReg, SigLIP, DINO, SwAV, MoCo v3, BYOL, SupCon, NNCLR, W-MSE,
 VIbCReg, I-JEPA, SimMIM, AIM, DINOv3's Gram anchoring, DeepClusterV2, LeJEPA, DCL, MMCR, TiCo, DirectCLR,
-alignment-uniformity, EMP-SSL, FroSSL, SSL-EY) that popular implementations ship (WRONG_SSL). At the end, two losses for the checker's error paths: one that raises
+alignment-uniformity, EMP-SSL, FroSSL, SSL-EY, CAPI, MSN, PMSN, VICRegL, DetCon) that popular implementations ship
+(WRONG_SSL). At the end, two losses for the checker's error paths: one that raises
 on one rank, one that ignores its scalar.
 """
+
+import math
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
 from solo.distributed import all_reduce, batch_sizes, gather, rank, world_size
-from solo.losses import LOSSES, dcl_loss, dino_loss, lejepa_loss, nt_xent_loss, random_directions, whiten
+from solo.losses import (
+    LOSSES,
+    dcl_loss,
+    dino_loss,
+    lejepa_loss,
+    nt_xent_loss,
+    random_directions,
+    vicregl_loss,
+    whiten,
+)
 from solo.losses.barlow_twins import _standardise
+from solo.losses.msn import CHECK_PROTOTYPES, power_law_prior, prototype_logits
+from solo.losses.self_distillation import sinkhorn
 from solo.losses.tico import earlier_covariance
 from tests.checker_user_losses import siglip_terms
 
@@ -537,6 +551,145 @@ def ssl_ey_per_rank_covariances(z1, z2):
     return -2 * torch.trace(gamma) + torch.trace(delta @ delta)
 
 
+def _capi_case(z1, z2):
+    """capi's checker case (solo.losses.capi): the student's rows as 2 patches of 2 scores, the clustering head's
+    likewise, a pseudo-random subset of the patches predicted."""
+    student, teacher = z1.reshape(len(z1), 2, 2), z2.reshape(len(z2), 2, 2)
+    return student, teacher, torch.sin(100 * student[..., 0].detach()) > 0
+
+
+def capi_per_rank_sinkhorn(z1, z2):
+    """CAPI with its Sinkhorn-Knopp over this rank's tokens only (each position's column sums not all-reduced); the
+    means over the global batch as solo's."""
+    from solo.losses import capi_loss
+
+    student, teacher, predicted = _capi_case(z1, z2)
+    with torch.no_grad():
+        q = torch.exp(teacher.detach().transpose(0, 1) / 0.5)  # (positions, n, K)
+        for _ in range(3):
+            q = q / q.sum(dim=1, keepdim=True)
+            q = q / q.sum(dim=2, keepdim=True)
+        targets = q.transpose(0, 1)
+    return capi_loss(student[predicted], targets[predicted], 0.2) + capi_loss(teacher, targets, 0.3)
+
+
+def capi_mean_of_rank_means(z1, z2):
+    """CAPI with solo's global Sinkhorn-Knopp but the authors' means: the student's loss over this rank's predicted
+    patches (`loss.sum() / len(loss)`) and the clustering loss over its tokens (`.mean()`), averaged over ranks by
+    DDP."""
+    from solo.losses import capi_clustering
+
+    student, teacher, predicted = _capi_case(z1, z2)
+    targets, _ = capi_clustering(teacher, 0.5, 0.3, 3)
+    student_ce = -(targets[predicted] * F.log_softmax(student[predicted] / 0.2, dim=-1)).sum(dim=-1)
+    clustering_ce = -(targets * F.log_softmax(teacher / 0.3, dim=-1)).sum(dim=-1)
+    return student_ce.sum() / max(len(student_ce), 1) + clustering_ce.mean()
+
+
+def _msn_wrong(anchors, target, prior, sinkhorn_over="global", mean_over="global"):
+    """msn_loss of solo.losses.msn's checker case (its prototypes and temperatures) with the targets' Sinkhorn-Knopp
+    over the "global" batch or this "rank"'s, and the mean anchor probability of the "global" batch, this "rank"'s
+    rows, or the mean of the "rank_means" (the authors' AllReduce of each rank's mean, divided by W)."""
+    prototypes = torch.tensor(CHECK_PROTOTYPES, dtype=target.dtype)
+    rows = sum(batch_sizes(target.shape[0])) * len(anchors)
+    with torch.no_grad():
+        log_sharpened = F.log_softmax(prototype_logits(target.detach(), prototypes, 0.5) / 0.5, dim=1)
+        if sinkhorn_over == "rank":
+            targets = _local_sinkhorn(log_sharpened, epsilon=1.0)
+        else:
+            targets = sinkhorn(log_sharpened, 1.0, 3)
+    log_probs = [F.log_softmax(prototype_logits(a, prototypes, 0.5), dim=1) for a in anchors]
+    loss = -sum((targets * lp).sum() for lp in log_probs) * (world_size() / rows)
+    probs = torch.cat([lp.exp() for lp in log_probs])
+    if mean_over == "rank":
+        mean = probs.mean(dim=0)
+    elif mean_over == "rank_means":
+        mean = all_reduce(probs.mean(dim=0)) / world_size()
+    else:
+        mean = all_reduce(probs.sum(dim=0)) / rows
+    if prior is None:
+        return loss + (mean * mean.log()).sum() + math.log(len(mean))
+    return loss + (prior * (prior.log() - mean.log())).sum()
+
+
+def _msn_wrong_case(z1, z2, prior=None, **wrong):
+    return _msn_wrong([z1, z1 + z2], z2.detach(), prior, **wrong) + _msn_wrong([z2], z1.detach(), prior, **wrong)
+
+
+def msn_per_rank_me_max(z1, z2):
+    """MSN with the mean-entropy term of each rank's mean anchor probability: lightly's MSNLoss without
+    gather_distributed (its default)."""
+    return _msn_wrong_case(z1, z2, mean_over="rank")
+
+
+def msn_mean_of_rank_means(z1, z2):
+    """MSN with the mean anchor probability the mean of the ranks' means, as the authors' AllReduce computes it."""
+    return _msn_wrong_case(z1, z2, mean_over="rank_means")
+
+
+def msn_per_rank_sinkhorn(z1, z2):
+    """MSN with the targets balanced over this rank's samples only: lightly's default, and the authors' code in one
+    process per node."""
+    return _msn_wrong_case(z1, z2, sinkhorn_over="rank")
+
+
+def pmsn_per_rank_prior_matching(z1, z2):
+    """PMSN with each rank's mean anchor probability matched to the prior: lightly's PMSNLoss by default."""
+    return _msn_wrong_case(z1, z2, prior=power_law_prior(len(CHECK_PROTOTYPES), 0.25, z1.dtype), mean_over="rank")
+
+
+def vicregl_per_rank_local_statistics(z1, z2):
+    """VICRegL with its global terms exact but the local terms' means, variances and covariances those of this rank's
+    rows alone, averaged by DDP: the authors' local terms without their gather, lightly's VICRegLLoss without
+    gather_distributed (its default)."""
+    from solo.losses.vicregl import _check_maps, _matched, nearest_matches
+
+    (maps1, centres1), (maps2, centres2) = _check_maps(z1), _check_maps(z2)
+    exact_global = vicregl_loss(z1, z2, maps1, maps2, centres1, centres2, alpha=1.0)
+
+    def terms(x, y):
+        out = F.mse_loss(x, y) * 25.0
+        for side in (x, y):
+            cov = torch.einsum("bkc,bkd->kcd", side - side.mean(dim=0), side - side.mean(dim=0)) / (len(side) - 1)
+            variance = torch.diagonal(cov, dim1=1, dim2=2)
+            out = out + 25.0 * F.relu(1 - torch.sqrt(variance + 1e-4)).mean() / 2
+            out = out + ((cov - torch.diag_embed(variance)).pow(2).sum(dim=(1, 2)) / side.shape[2]).mean() / 2
+        return out
+
+    with torch.no_grad():
+        by_feature, by_location = torch.cdist(maps1, maps2), torch.cdist(centres1, centres2)
+    local = (
+        terms(*_matched(maps1, maps2, *nearest_matches(by_feature, None))) / 2
+        + terms(*_matched(maps2, maps1, *nearest_matches(by_feature.transpose(1, 2), None))) / 2
+    )
+    for first, second in ((2, 3), (3, 2)):  # vicregl_check's num_matches, each ordered pair of views
+        local = local + terms(*_matched(maps1, maps2, *nearest_matches(by_location, first))) / 4
+        local = local + terms(*_matched(maps2, maps1, *nearest_matches(by_location.transpose(1, 2), second))) / 4
+    return 0.5 * exact_global + 0.5 * local
+
+
+def detcon_local_negatives(z1, z2):
+    """DetCon-S (the checker's case, temperature 0.1) with this rank's regions as the only candidates, its mean over
+    its own anchors averaged by DDP: lightly's DetConSLoss without gather_distributed."""
+    from solo.losses.detcon import _check_regions
+
+    (regions1, present1), (regions2, present2) = _check_regions(z1), _check_regions(z2)
+    u = F.normalize(torch.stack([regions1, regions2], dim=1), dim=3).flatten(0, 2)  # image, view, region
+    shown = torch.stack([present1, present2], dim=1).flatten()
+    both = torch.stack([present1 & present2] * 2, dim=1).flatten()
+    regions = regions1.shape[1]
+    losses = []
+    for a in range(len(u)):
+        if not both[a]:
+            continue
+        image, view, region = a // (2 * regions), a // regions % 2, a % regions
+        positive = (image * 2 + 1 - view) * regions + region
+        others = [c for c in range(len(u)) if c != a and shown[c]]
+        logits = torch.stack([u[a] @ u[c] for c in others]) / 0.1
+        losses.append(torch.logsumexp(logits, dim=0) - u[a] @ u[positive] / 0.1)
+    return torch.stack(losses).mean()
+
+
 WRONG_SSL = [
     f"tests.wrong_losses:{name}"
     for name in (
@@ -574,6 +727,14 @@ WRONG_SSL = [
         "emp_ssl_per_rank_tcr",
         "frossl_per_rank_covariance",
         "ssl_ey_per_rank_covariances",
+        "capi_per_rank_sinkhorn",
+        "capi_mean_of_rank_means",
+        "msn_per_rank_me_max",
+        "msn_mean_of_rank_means",  # only wrong with uneven per-rank batches
+        "msn_per_rank_sinkhorn",
+        "pmsn_per_rank_prior_matching",
+        "detcon_local_negatives",
+        "vicregl_per_rank_local_statistics",
     )
 ]
 

@@ -60,6 +60,31 @@ def feature_width(backbone: torch.nn.Module, image_size: int) -> int:
     return width
 
 
+# The global pools of ResNets: timm's (and other timm CNNs') `global_pool`, torchvision's `avgpool`.
+GLOBAL_POOLS = ("global_pool", "avgpool")
+
+
+def pooled_and_map(backbone: nn.Module, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """`backbone(images)`, the pooled features every method reads, and the map they pool, (B, C, h, w): the last
+    stage's output, as its global pool takes it. Read by a hook on the pool around the backbone's own forward, so that
+    what runs (and FSDP's hooks on that forward) is what runs for every other method, and the pooled path unchanged."""
+    pool = next(
+        (getattr(backbone, name) for name in GLOBAL_POOLS if isinstance(getattr(backbone, name, None), nn.Module)), None
+    )
+    if pool is None:
+        raise ConfigError(
+            f"{type(backbone).__name__} has no global pool ({' or '.join(GLOBAL_POOLS)}) whose input is its spatial map: "
+            "this method takes a ResNet-style backbone (timm's or torchvision's ResNets)"
+        )
+    maps = []
+    handle = pool.register_forward_hook(lambda module, args, out: maps.append(args[0]))
+    try:
+        pooled = backbone(images)
+    finally:
+        handle.remove()
+    return pooled, maps[0]
+
+
 # Where backbones keep their blocks: timm ViTs, EfficientNets and ConvNeXts, Swin, nn.TransformerEncoder, open_clip.
 BLOCK_LISTS = ("blocks", "stages", "layers", "resblocks")
 # ResNets (torchvision's and timm's) keep their stages as layer1 ... layer4.

@@ -2,6 +2,7 @@
 
 from solo.losses._checks import NonFiniteError
 from solo.losses.barlow_twins import all4one_feature_loss, barlow_twins_loss
+from solo.losses.capi import capi_clustering, capi_loss
 from solo.losses.contrastive import (
     align_uniform_loss,
     clip_loss,
@@ -11,6 +12,7 @@ from solo.losses.contrastive import (
     nt_xent_loss,
     supcon_loss,
 )
+from solo.losses.detcon import detcon_loss
 from solo.losses.distill import feature_distillation_loss
 from solo.losses.emp_ssl import emp_ssl_loss
 from solo.losses.frossl import frossl_loss
@@ -24,6 +26,7 @@ from solo.losses.masked import (
     normalised_patches,
 )
 from solo.losses.mmcr import mmcr_loss
+from solo.losses.msn import msn_loss, msn_targets, power_law_prior, prototype_logits
 from solo.losses.registry import LOSSES
 from solo.losses.regression import byol_loss, moco_queue_loss, mocov3_loss, ressl_loss, simsiam_loss
 from solo.losses.self_distillation import (
@@ -43,6 +46,7 @@ from solo.losses.ssl_ey import ssl_ey_loss
 from solo.losses.supervised import supervised_loss
 from solo.losses.tico import tico_loss
 from solo.losses.vicreg import vibcreg_loss, vicreg_loss
+from solo.losses.vicregl import vicregl_loss
 from solo.losses.whitening import whiten, wmse_loss
 
 __all__ = [
@@ -52,10 +56,13 @@ __all__ = [
     "all4one_feature_loss",
     "barlow_twins_loss",
     "byol_loss",
+    "capi_clustering",
+    "capi_loss",
     "centred_softmax",
     "clip_loss",
     "dcl_loss",
     "deepcluster_loss",
+    "detcon_loss",
     "directclr_loss",
     "dino_center",
     "dino_cross_entropy",
@@ -74,10 +81,14 @@ __all__ = [
     "mmcr_loss",
     "moco_queue_loss",
     "mocov3_loss",
+    "msn_loss",
+    "msn_targets",
     "next_patch_mse",
     "nnclr_loss",
     "normalised_patches",
     "nt_xent_loss",
+    "power_law_prior",
+    "prototype_logits",
     "random_directions",
     "ressl_loss",
     "siglip_loss",
@@ -90,6 +101,7 @@ __all__ = [
     "tico_loss",
     "vibcreg_loss",
     "vicreg_loss",
+    "vicregl_loss",
     "whiten",
     "wmse_loss",
 ]

@@ -176,17 +176,17 @@ def _global_max(x: torch.Tensor) -> torch.Tensor:
 def _sinkhorn(
     scores: torch.Tensor, epsilon: float, iterations: int, n_total, valid: torch.Tensor | None = None
 ) -> torch.Tensor:
-    k = scores.shape[1]
+    *groups, n, k = scores.shape  # (..., n, K): the leading dimensions are independent problems
     # Each prototype's global max out of the exponent: a per-column factor, which the first column
     # normalisation removes exactly (SwAV's first division by the total sum is redundant for the same reason).
     # A rank with no rows contributes -inf (amax of nothing would raise), so that it still joins the all-reduces.
-    local_max = scores.amax(dim=0) if len(scores) else scores.new_full((k,), float("-inf"))
-    q = torch.exp((scores - _global_max(local_max)) / epsilon)
+    local_max = scores.amax(dim=-2) if n else scores.new_full((*groups, k), float("-inf"))
+    q = torch.exp((scores - _global_max(local_max).unsqueeze(-2)) / epsilon)
     if valid is not None:  # rows that are not samples (iBOT's unmasked patches) hold no mass
         q = q * valid[:, None]
     for _ in range(iterations):
-        q = q / (all_reduce(q.sum(dim=0)) * k)  # every prototype holds 1/K of the mass, over the global batch
-        q = q / (q.sum(dim=1, keepdim=True).clamp_min(torch.finfo(q.dtype).tiny) * n_total)  # every sample 1/N
+        q = q / (all_reduce(q.sum(dim=-2, keepdim=True)) * k)  # every prototype 1/K of the mass, over the global batch
+        q = q / (q.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(q.dtype).tiny) * n_total)  # every sample 1/N
     return q * n_total
 
 
@@ -199,15 +199,19 @@ def sinkhorn(
     all ranks, all-reduced) and every sample's row to hold 1/N; `iterations` rounds. Returns this rank's
     (n, K) codes scaled so that each row sums to 1 (SwAV's Q * B), detached, in full precision. With `valid` (n,),
     only those rows are samples (N their global count, all-reduced): the others get codes of 0 (DINOv2's centring
-    of the masked patches' targets).
+    of the masked patches' targets). Scores of shape (G, n, K) are G problems solved apart, each over the global
+    batch (CAPI's Sinkhorn-Knopp per patch position).
     """
-    check_pair(scores, scores, "scores", "scores")
+    if scores.dim() == 3:
+        check_pair(scores.flatten(0, 1), scores.flatten(0, 1), "scores", "scores")
+    else:
+        check_pair(scores, scores, "scores", "scores")
     check_positive(epsilon, "epsilon")
     if isinstance(iterations, bool) or not isinstance(iterations, int) or iterations < 1:
         raise ValueError(f"iterations must be an int >= 1, got {iterations!r}")
     with torch.no_grad(), torch.autocast(scores.device.type, enabled=False):
         if valid is None:
-            n_total = sum(batch_sizes(scores.shape[0], scores.device))
+            n_total = sum(batch_sizes(scores.shape[-2], scores.device))
         else:
             n_total = all_reduce(valid.sum().to(torch.float64)).clamp_min(1)
         return _sinkhorn(full_precision(scores.detach()), _scalar(epsilon), iterations, n_total, valid)

@@ -16,9 +16,11 @@ from solo.methods import (  # noqa: F401  (registers them)
     all4one,
     barlow_twins,
     byol,
+    capi,
     clip,
     dcl,
     deepclusterv2,
+    detcon,
     dino,
     dinov2,
     directclr,
@@ -32,6 +34,7 @@ from solo.methods import (  # noqa: F401  (registers them)
     mmcr,
     mocov2plus,
     mocov3,
+    msn,
     nnbyol,
     nnclr,
     nnsiam,
@@ -47,6 +50,7 @@ from solo.methods import (  # noqa: F401  (registers them)
     tico,
     vibcreg,
     vicreg,
+    vicregl,
     wmse,
 )
 from solo.methods.base import METHODS, Method, register_method

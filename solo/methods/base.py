@@ -78,6 +78,10 @@ class Method(nn.Module):
     # DINOv2) or whose views are far from whole images (EMP-SSL's small patches), so that the probe learns on what it
     # is evaluated on, not on augmented or masked views.
     probe_view: ClassVar[bool] = False
+    # Whether its batches carry `batch["view_boxes"]`, (B, V, 5): each view's crop box in the image and its flip (see
+    # solo.data.views.multiview.view_boxes), for losses that pair the views' feature-map cells by where they lie in
+    # the image (VICRegL, DetCon: solo.methods.local).
+    view_geometry: ClassVar[bool] = False
     # The augmentation recipes (options of the `augmentation` group) that augmentation=auto, the default, chooses: one
     # for the embedded digits, one for any other data (natural images: the paper's views at data.image_size).
     augmentations: ClassVar[dict[str, str]] = {"digits": "digits", "natural": "simclr"}

@@ -76,12 +76,14 @@ def build_loaders(
     zero_shot_folder: str | None = None,
     masks=None,
     probe_view: bool = False,
+    view_boxes: bool = False,
 ) -> Loaders:
     """`views`: the augmentation's view recipes; `tokenizer`: for image-text pairs; `knn`: build the train_eval loader;
     `device`: the training device (pinned memory on CUDA; data.augment_on=auto makes the views there on CUDA);
     `zero_shot_folder`: an ImageFolder split to classify zero-shot (image-text methods); `masks`: the method's patch
     mask generator (solo.data.views.masks), drawn per sample with its views; `probe_view`: the train batches also
-    carry each image through the evaluation transform, `"probe_image"`, for the online probe to learn on."""
+    carry each image through the evaluation transform, `"probe_image"`, for the online probe to learn on; `view_boxes`:
+    they carry each view's crop box and flip, `"view_boxes"` (solo.methods.base.Method.view_geometry)."""
     entry = DATASETS[d.name]
     mean, std = entry.stats
     transforms = build_view_transforms(views, d.image_size, mean, std)
@@ -97,7 +99,14 @@ def build_loaders(
         train_set = ImageTextDataset(splits.train, transforms[0], tokenizer, seed=seed, skip_bad=skip, raw=on_device)
     else:
         train_set = MultiViewDataset(
-            splits.train, transforms, seed=seed, skip_bad=skip, raw=on_device, masks=masks, probe_transform=probe
+            splits.train,
+            transforms,
+            seed=seed,
+            skip_bad=skip,
+            raw=on_device,
+            masks=masks,
+            probe_transform=probe,
+            view_boxes=view_boxes,
         )
     workers = loader_workers(d.num_workers)
     loader_args = dict(num_workers=workers, pin_memory=device.type == "cuda", persistent_workers=workers > 0)

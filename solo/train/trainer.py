@@ -195,6 +195,7 @@ class Trainer:
             zero_shot_folder=t.zero_shot_folder,
             masks=model.method.masks(),
             probe_view=model.method.probe_view and model.method.feeds_probe,
+            view_boxes=model.method.view_geometry,
         )
         self.source = source = self.loaders.train
         # Views made on the device: the next batch's are launched from a thread of their own while this step launches

@@ -178,3 +178,44 @@ class MultiBlockMask:
             f"on a {self.grid[0]} x {self.grid[1]} grid: use fewer or smaller targets (method.num_targets, "
             "method.target_scale_max) or a larger context (method.context_scale_min)"
         )
+
+
+@dataclass(frozen=True)
+class InverseBlockMask:
+    """CAPI's masks (its InverseBlockMasking with `roll`): the visible patches are one rectangle of
+    `patches - hidden` patches (aspect ratio log-uniform in [min_aspect, 1 / min_aspect], bounded by the grid, cut to
+    that count in raster order), rolled by a random shift on both axes (so it may wrap round the edges); the others,
+    `int(ratio * patches)`, are hidden; `predicted` of them, chosen uniformly (CAPI's prediction subsampling), are
+    predicted. Every sample hides and predicts as many, so a batch's patches stack. Returns (2, patches): row 0 the
+    hidden patches, row 1 the predicted ones."""
+
+    grid: tuple[int, int]
+    ratio: float
+    subsampling: float
+    min_aspect: float = 0.5
+
+    @property
+    def hidden(self) -> int:
+        return int(self.ratio * self.grid[0] * self.grid[1])
+
+    @property
+    def predicted(self) -> int:
+        return int(self.subsampling * self.hidden)
+
+    def __call__(self) -> torch.Tensor:
+        height, width = self.grid
+        visible = height * width - self.hidden
+        low = max(math.log(self.min_aspect), math.log(visible / width**2))
+        high = min(-math.log(self.min_aspect), math.log(height**2 / (visible + 1e-5)))
+        aspect = math.exp(random.uniform(low, high))
+        h, w = math.ceil(math.sqrt(visible * aspect)), math.ceil(math.sqrt(visible / aspect))
+        top, left = random.randint(0, height - h), random.randint(0, width - w)
+        block = torch.zeros(height, width, dtype=torch.bool)
+        block[top : top + h, left : left + w] = True
+        kept = torch.zeros(height * width, dtype=torch.bool)
+        kept[block.flatten().nonzero().flatten()[:visible]] = True
+        shift = (random.randint(0, height - 1), random.randint(0, width - 1))
+        hidden = ~kept.reshape(height, width).roll(shift, (0, 1)).flatten()
+        predicted = torch.zeros_like(hidden)
+        predicted[random.sample(hidden.nonzero().flatten().tolist(), self.predicted)] = True
+        return torch.stack([hidden, predicted])

@@ -9,6 +9,7 @@ from torchvision.io import ImageReadMode, decode_jpeg
 
 from solo.data.decode import ImageReadError, raw_image, raw_pixels, read_or_skip
 from solo.data.sampling.seeding import sample_seed, seeded_rng
+from solo.data.views.augment import AT
 
 
 def epoch_and_index(key, length: int, owner: str) -> Tuple[int, int]:
@@ -45,6 +46,9 @@ class MultiViewDataset:
     sample's seeded scope after its views' (stream ``len(view_transforms)``). ``probe_transform`` (the evaluation
     transform) adds ``"probe_image"``, the sample as validation sees it, for an online probe that learns on what it is
     evaluated on (solo.methods.base.Method.probe_view); with ``raw``, solo.data.views.augment.DeviceViews makes it.
+    ``view_boxes`` adds ``"view_boxes"``, each view's geometry (see `view_boxes`), for methods that match the views'
+    feature-map cells by where they lie in the image (solo.methods.base.Method.view_geometry); drawn here, it is the
+    same on the CPU and the device path.
     """
 
     def __init__(
@@ -56,6 +60,7 @@ class MultiViewDataset:
         raw: bool = False,
         masks: Callable[[], torch.Tensor] | None = None,
         probe_transform: Callable | None = None,
+        view_boxes: bool = False,
     ):
         if len(view_transforms) == 0:
             raise ValueError("MultiViewDataset needs at least one view transform")
@@ -66,6 +71,7 @@ class MultiViewDataset:
         self.raw = raw
         self.masks = masks
         self.probe_transform = probe_transform
+        self.view_boxes = view_boxes
 
     def __len__(self) -> int:
         return len(self.base)
@@ -97,6 +103,8 @@ class MultiViewDataset:
             with seeded_rng(sample_seed(self.seed, epoch, index, v)):
                 params.append(recipe.draw(height, width))
         sample = {"image": image, "params": params, "label": int(label), "index": index, "skipped": int(used != index)}
+        if self.view_boxes:
+            sample["view_boxes"] = view_boxes(torch.stack(params), height, width)
         if self.masks is not None:
             with seeded_rng(sample_seed(self.seed, epoch, index, len(self.view_transforms))):
                 sample["mask"] = self.masks()
@@ -116,6 +124,14 @@ class MultiViewDataset:
             except RuntimeError as e:
                 raise ImageReadError(f"cannot read {name}: {e}") from e
         return (image, height, width), self.base.label(index)
+
+
+def view_boxes(params: torch.Tensor, height: int, width: int) -> torch.Tensor:
+    """Each view's crop box in the image and its flip, (V, 5) float32: top, left, height and width in units of the
+    image's height and width (the box's rows are [top, top + height) of [0, 1)), then 1.0 where the view is mirrored
+    left-right after the crop. `params`: the views' (V, len(FIELDS)) parameters (solo.data.views.augment)."""
+    box = params[:, [AT["top"], AT["left"], AT["height"], AT["width"], AT["flip"]]]
+    return (box / box.new_tensor([height, width, height, width, 1.0])).float()
 
 
 def collate_raw(samples: list[dict]) -> dict:

@@ -1,0 +1,25 @@
+"""Where each cell of a view's feature map lies in the image: what local methods (VICRegL) pair the views' cells by.
+
+A view is its crop box in the image and its flip (solo.data.views.multiview.view_boxes, `batch["view_boxes"]`): the
+view's pixel (v, u), in units of its height and width, shows the image at (top + height * v, left + width * u), with
+u -> 1 - u first where the view is mirrored. Cell (r, c) of an h x w map covers the view's [r / h, (r + 1) / h) x
+[c / w, (c + 1) / w), the input of a stride-s network cut into h x w equal parts (the receptive fields' centres).
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def cell_centres(boxes: torch.Tensor, height: int, width: int) -> torch.Tensor:
+    """The image coordinates (y, x), in units of the image's height and width, of the centres of the cells of each
+    view's `height` x `width` map: (B, height * width, 2), cells in row-major order (as map.flatten(2)). `boxes`: the
+    views' (B, 5) geometry (top, left, height, width, flip)."""
+    boxes = boxes.to(torch.float64)
+    v = (torch.arange(height, dtype=boxes.dtype, device=boxes.device) + 0.5) / height
+    u = (torch.arange(width, dtype=boxes.dtype, device=boxes.device) + 0.5) / width
+    top, left, box_height, box_width, flip = boxes.unbind(1)
+    u = torch.where(flip[:, None] > 0, 1 - u, u)  # (B, width): a mirrored view's column c shows the box's w - 1 - c
+    y = top[:, None] + box_height[:, None] * v  # (B, height)
+    x = left[:, None] + box_width[:, None] * u  # (B, width)
+    return torch.stack(torch.broadcast_tensors(y[:, :, None], x[:, None, :]), dim=-1).flatten(1, 2)
