@@ -199,6 +199,7 @@ METHOD = {
             "method.proj_output_dim=16",
             "method.num_prototypes=16",
             "method.mask_ratio=0.25",
+            "method.sinkhorn_iterations=3",  # the paper's (the digits default has none)
             "method.base_momentum=0.9",
             "optim=lars",  # as dinov2's: AdamW lifts float64 rounding in elements whose gradient is near 0
         ]
