@@ -106,12 +106,14 @@ def vicregl_loss(
 
 def _check_maps(z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """A row's 4 features as a 2 x 2 map of 3 cells' embeddings (different non-linear functions of them, so that the
-    feature matching has something to choose) and the cells' centres, shifted per row by a function of its first
-    value (so that the location matching keeps different cells per row)."""
+    feature matching has something to choose) and the cells' centres, each cell shifted by its own function of the
+    row's first values (so that the location matching keeps different cells per row). One shift for every cell of a
+    row would tie distances exactly (each cell's to its counterpart in the other view), and which of the tied cells
+    is kept would then hang on the last bit of the towers' output, which differs with the batch each process holds."""
     maps = torch.stack([z[:, :3], torch.tanh(z[:, 1:]), z[:, [0, 2, 3]] ** 2 / 2, torch.sin(z[:, :3] + 1)], dim=1)
     grid = torch.tensor([[0.25, 0.25], [0.25, 0.75], [0.75, 0.25], [0.75, 0.75]], dtype=z.dtype, device=z.device)
-    shift = 0.4 * torch.sin(100 * z[:, :2].detach())
-    return maps, grid + shift[:, None, :]
+    phase = torch.arange(4, dtype=z.dtype, device=z.device)[None, :, None]
+    return maps, grid + 0.4 * torch.sin(100 * z[:, None, :2].detach() + phase)
 
 
 @LOSSES.register("vicregl")  # a case for the gradient checker (python -m solo.losses.check)
