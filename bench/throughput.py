@@ -1,6 +1,6 @@
 #!/usr/bin/env python
-"""Samples/s and peak memory of solo's whole SimCLR training step against the limit: a bare PyTorch loop doing the
-same work, on 1 and on N processes, at the same global batch.
+"""Samples/s of solo's whole SimCLR training step against the limit: a bare PyTorch loop doing the same work, on 1
+and on N processes, at the same global batch.
 
     python bench/throughput.py --image-size 16 --default-job                 # the default digits job, 1 and 2 processes
     python bench/throughput.py --small-stem false --image-size 64            # ResNet-18 at 64 px, batch 64
@@ -12,15 +12,18 @@ data-parallel loop: DDP, BatchNorm per process, NT-Xent of each process's rows a
 torch's gradient-preserving all-gather. solo: its Trainer (the model, its data loader, `TrainStep`) stepping in a loop
 as `Trainer.fit` does, without the logging and checkpoints: `method=simclr optim=sgd trainer.probe=false` with the
 same backbone, projector sizes, batch and precision on `data=synthetic` (images generated and augmented by the
-DataLoader workers); or with `--default-job` main_pretrain.py's defaults as they are (the digits, augmented in the
+data loader); or with `--default-job` main_pretrain.py's defaults as they are (the digits, augmented in the
 main process, LARS, the online probe), only the batch set; or with `--jpegs N` N JPEG files of 400x300 px read with
 `data.augment_on=device`: the workers only read the files' bytes, the device decodes them (nvJPEG on a GPU) and makes
 the views, so the data path keeps up with a GPU (bench/data.py measures both paths). On N > 1 processes solo also runs
 with `trainer.sync_batchnorm=false`: what its exact global BatchNorm costs. On CUDA both use channels_last, as solo
-does there (`trainer.channels_last`). Peak memory: on CUDA the allocator's peak (`torch.cuda.max_memory_allocated`,
-tensors only), on the CPU the process's peak resident memory (the interpreter and libraries included), both over the
-timed steps, rank 0's. Samples/s are all processes' together (on the CPU they share the machine's cores); solo / bare
-compares the two at the same number of processes.
+does there (`trainer.channels_last`).
+
+The loops are built side by side in the same processes and timed in turns (`--rounds` turns of `--steps` steps
+each, the order reversed every other round): on a shared machine whose speed drifts by 10-20 % from one minute to
+the next, separate runs compare the drift, turns compare the loops. Samples/s are all processes' together (on the
+CPU they share the machine's cores); solo / bare compares the two at the same number of processes. `bare` and `solo`
+time one loop alone, with its peak memory (bench/gpu.py's throughput step).
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 import torch
@@ -115,9 +119,16 @@ def timed(step, s: Setup, device: torch.device, samples_per_step: int, build_s: 
 
 
 def bare(s: Setup, env: DistEnv | None = None) -> Measured:
-    """The limit, on this process: `s.batch` rows of two views. With `env` of W > 1 processes (torchrun), the bare
-    data-parallel loop: DDP, BatchNorm per process (torch's SyncBatchNorm runs on GPUs only), and NT-Xent over the
-    global batch through torch's gradient-preserving all-gather (each process's rows against every process's)."""
+    """The limit's rate on this process (see bare_step)."""
+    step, build_s = bare_step(s, env)
+    return timed(step, s, torch.device(s.device), s.batch * (env.world_size if env else 1), build_s)
+
+
+def bare_step(s: Setup, env: DistEnv | None = None):
+    """The limit's step, `step(index)`, and the seconds it took to build: on this process, `s.batch` rows of two
+    views. With `env` of W > 1 processes (torchrun), the bare data-parallel loop: DDP, BatchNorm per process (torch's
+    SyncBatchNorm runs on GPUs only), and NT-Xent over the global batch through torch's gradient-preserving
+    all-gather (each process's rows against every process's)."""
     device = torch.device(s.device)
     world, rank = (env.world_size, env.rank) if env else (1, 0)
     start = time.perf_counter()
@@ -152,7 +163,7 @@ def bare(s: Setup, env: DistEnv | None = None) -> Measured:
         loss.backward()
         optimizer.step()
 
-    return timed(step, s, device, s.batch * world, build_s)
+    return step, build_s
 
 
 def solo_overrides(s: Setup, jpegs: Path | None, probe: bool = False) -> list[str]:
@@ -211,50 +222,92 @@ def solo_trainer(overrides: list[str], run_dir: Path, env: DistEnv, device: torc
 
 
 def solo(s: Setup, env: DistEnv, jpegs: Path | None = None, more: list[str] = ()) -> Measured:
-    """solo's step in this process (one of env.world_size), as Trainer.fit steps: a batch from its source, on the
-    device (the views made there with data.augment_on=device, the next batch's in a thread while this one trains),
-    TrainStep."""
+    """solo's rate in this process (one of env.world_size; see solo_step)."""
+    with solo_step(s, env, jpegs, more) as (step, build_s, _):
+        return timed(step, s, torch.device(s.device), s.batch * env.world_size, build_s)
+
+
+@contextmanager
+def solo_step(s: Setup, env: DistEnv, jpegs: Path | None = None, more: list[str] = (), held: bool = False):
+    """solo's step in this process (one of env.world_size), `step(index)`, the seconds it took to build and how many
+    batches its loader's workers read ahead, as Trainer.fit steps: a batch from its source, on the device (the views made there with data.augment_on=device, the
+    next batch's in a thread while this one trains), TrainStep. `held`: every step trains on the first batch, read
+    once: the step without the data's cost."""
     device = torch.device(s.device)
     with tempfile.TemporaryDirectory() as run_dir:
         start = time.perf_counter()
         trainer = solo_trainer(solo_overrides(s, jpegs) + list(more), Path(run_dir), env, device)
         build_s = time.perf_counter() - start
         batches = endless(trainer.source)
+        first = next(batches) if held else None
         try:
-            return timed(
-                lambda index: trainer.train_step(next(batches), index),
-                s,
-                device,
-                s.batch * env.world_size,
-                build_s,
-            )
+            loader = trainer.source.loader
+            ahead = loader.num_workers * (loader.prefetch_factor or 0) if not held else 0
+            yield (lambda index: trainer.train_step(first or next(batches), index)), build_s, ahead
         finally:
             batches.close()
             stop_workers(trainer.source)
 
 
+def interleaved(steps: dict, s: Setup, samples_per_step: int, rounds: int) -> dict[str, float]:
+    """Samples/s of each of `steps` (name -> (step(index), batches read ahead)), timed in turns: each loop's
+    `s.warmup` steps, then `rounds` rounds of `s.steps` steps of each loop (the order reversed every other round), so
+    that a slow spell of the machine falls on every loop alike. A loop whose data workers read batches ahead made
+    them during the others' turns: its turn starts with that many steps untimed."""
+    device = torch.device(s.device)
+    for step, _ in steps.values():
+        for index in range(s.warmup):
+            step(index)
+    seconds, names, index = dict.fromkeys(steps, 0.0), list(steps), s.warmup
+    for turn in range(rounds):
+        for name in names if turn % 2 == 0 else names[::-1]:
+            step, ahead = steps[name]
+            for _ in range(ahead):
+                step(index)
+                index += 1
+            synchronize(device)
+            start = time.perf_counter()
+            for _ in range(s.steps):
+                step(index)
+                index += 1
+            synchronize(device)
+            seconds[name] += time.perf_counter() - start
+    return {name: samples_per_step * s.steps * rounds / seconds[name] for name in names}
+
+
+def compared(s: Setup, env: DistEnv, jpegs: Path | None, more: list[str], rounds: int) -> dict[str, float]:
+    """The bare loop, solo, solo on one batch read once (what the data costs: the views made, on the CPU in the
+    step's time), and on W > 1 processes solo with trainer.sync_batchnorm=false (what its exact global BatchNorm
+    costs), in this process, interleaved: samples/s of each, all processes together."""
+    with ExitStack() as stack:
+        steps = {"bare": (bare_step(s, env if env.world_size > 1 else None)[0], 0)}
+        steps["solo"] = stack.enter_context(solo_step(s, env, jpegs, more))[::2]
+        steps["held"] = stack.enter_context(solo_step(s, env, jpegs, more, held=True))[::2]
+        if env.world_size > 1:
+            local = [*more, "trainer.sync_batchnorm=false"]
+            steps["local"] = stack.enter_context(solo_step(s, env, jpegs, local))[::2]
+        return interleaved(steps, s, s.batch * env.world_size, rounds)
+
+
 def worker(job: str, more: list[str]) -> None:
-    """One rank of a torchrun launch of this file (`job`: which loop, the Setup and the JPEG folder, as JSON): the
-    loop's rate, printed by rank 0."""
+    """One rank of a torchrun launch of this file (`job`: the Setup, the JPEG folder and the rounds, as JSON): the
+    loops' rates, printed by rank 0."""
     job = json.loads(job)
     with process_group() as (env, device):
         s = Setup(**{**job["setup"], "device": str(device)})
-        if job["loop"] == "bare":
-            measured = bare(s, env)
-        else:
-            measured = solo(s, env, job["jpegs"] and Path(job["jpegs"]), more)
+        rates = compared(s, env, job["jpegs"] and Path(job["jpegs"]), more, job["rounds"])
         if env.is_main:
-            print(json.dumps(dataclasses.asdict(measured)))
+            print(json.dumps(rates))
 
 
-def launched(loop: str, s: Setup, nproc: int, jpegs: Path | None = None, more: list[str] = ()) -> Measured:
-    """`loop` ("solo" or "bare") on `nproc` processes of `s.batch` rows each, through torchrun."""
+def launched(s: Setup, nproc: int, jpegs: Path | None, more: list[str], rounds: int) -> dict[str, float]:
+    """`compared` on `nproc` processes of `s.batch` rows each, through torchrun."""
     launcher = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", "--standalone"]
-    job = json.dumps({"loop": loop, "setup": dataclasses.asdict(s), "jpegs": jpegs and str(jpegs)})
+    job = json.dumps({"setup": dataclasses.asdict(s), "jpegs": jpegs and str(jpegs), "rounds": rounds})
     out = subprocess.run(
         [*launcher, __file__, "--worker", job, *more], cwd=REPO, check=True, capture_output=True, text=True
     ).stdout
-    return Measured(**json.loads(out.strip().splitlines()[-1]))
+    return json.loads(out.strip().splitlines()[-1])
 
 
 def main() -> None:
@@ -268,7 +321,8 @@ def main() -> None:
     parser.add_argument("--precision", choices=["32", "bf16"], default="32")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--nproc", type=int, nargs="+", default=[1, 2], help="process counts")
-    parser.add_argument("--steps", type=int, default=30, help="timed steps (after --warmup)")
+    parser.add_argument("--steps", type=int, default=5, help="timed steps of each loop's turn")
+    parser.add_argument("--rounds", type=int, default=6, help="turns of each loop, interleaved")
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--jpegs", type=int, default=0, help="solo reads this many JPEGs (0: data=synthetic)")
     parser.add_argument(
@@ -297,18 +351,8 @@ def main() -> None:
         f"{args.precision}, {args.device}, {os.cpu_count()} CPUs ({torch.get_num_threads()} torch threads in one "
         f"process); solo: {solo_data}"
     )
-    per_device = args.device.startswith("cuda")
-    memory = "peak allocated" if per_device else "peak RSS"
-    print(f"| run | processes | samples/s | per process | solo / bare | {memory} (rank 0), GiB |")
-    print("|---|---|---|---|---|---|")
-
-    def row(name: str, nproc: int, got: Measured, ratio: str) -> None:
-        rate = got.samples_per_s
-        print(
-            f"| {name} | {nproc} | {rate:,.1f} | {rate / nproc:,.1f} | {ratio} | {got.peak_bytes / 2**30:.2f} |",
-            flush=True,
-        )
-
+    print("| run | processes | samples/s | per process | solo / bare |")
+    print("|---|---|---|---|---|")
     for nproc in args.nproc:
         s = Setup(
             args.backbone,
@@ -324,14 +368,20 @@ def main() -> None:
             default_job=args.default_job,
         )
         if nproc == 1:
-            limit, got = bare(s), solo(s, detect(), jpegs, args.solo_overrides)
+            rates = compared(s, detect(), jpegs, args.solo_overrides, args.rounds)
         else:
-            limit, got = launched("bare", s, nproc), launched("solo", s, nproc, jpegs, args.solo_overrides)
-        row("bare loop" + (" (DDP, all-gather NT-Xent)" if nproc > 1 else ""), nproc, limit, "1.00")
-        row("solo, method=simclr", nproc, got, f"{got.samples_per_s / limit.samples_per_s:.2f}")
-        if nproc > 1:  # what solo's exact global BatchNorm costs: the same without it
-            local = launched("solo", s, nproc, jpegs, [*args.solo_overrides, "trainer.sync_batchnorm=false"])
-            row("solo, trainer.sync_batchnorm=false", nproc, local, f"{local.samples_per_s / limit.samples_per_s:.2f}")
+            rates = launched(s, nproc, jpegs, args.solo_overrides, args.rounds)
+        names = {
+            "bare": "bare loop" + (" (DDP, all-gather NT-Xent)" if nproc > 1 else ""),
+            "solo": "solo, method=simclr",
+            "held": "solo, one batch read once (the step without the data)",
+            "local": "solo, trainer.sync_batchnorm=false",
+        }
+        for key, rate in rates.items():
+            print(
+                f"| {names[key]} | {nproc} | {rate:,.1f} | {rate / nproc:,.1f} | {rate / rates['bare']:.2f} |",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":
