@@ -396,26 +396,32 @@ def test_slurm_port_is_in_range_and_differs_between_jobs():
     assert len(ports) == 100 and all(15000 <= p < 35000 for p in ports)
 
 
-def _batchnorm_inputs(sizes):
+def _batchnorm_inputs(sizes, views=1):
+    """`views` views of the whole batch, (views, N, 3, 4, 4), and the gradient arriving at the output."""
     g = torch.Generator().manual_seed(0)
-    x = torch.randn(sum(sizes), 3, 4, 4, dtype=torch.float64, generator=g) * 2 + 5  # a large mean: stability matters
-    upstream = torch.randn(x.shape, dtype=torch.float64, generator=g)  # the gradient arriving at the output
+    shape = (views, sum(sizes), 3, 4, 4)
+    x = torch.randn(shape, dtype=torch.float64, generator=g) * 2 + 5  # a large mean: stability matters
+    x[1:] = x[1:] * 3 - 4  # each view with statistics of its own
+    upstream = torch.randn(shape, dtype=torch.float64, generator=g)
     return x, upstream
 
 
-def _batchnorm_worker(rank, world, store, sizes, device, queue):
-    from solo.distributed.batchnorm import convert_sync_batchnorm
+def _batchnorm_worker(rank, world, store, sizes, device, views, grouped, queue):
+    from solo.distributed.batchnorm import convert_sync_batchnorm, row_groups
 
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
-    x, upstream = _batchnorm_inputs(sizes)
-    start = sum(sizes[:rank])
-    mine = x[start : start + sizes[rank]].to(device).requires_grad_()
+    x, upstream = _batchnorm_inputs(sizes, views)
+    start, stop = sum(sizes[:rank]), sum(sizes[: rank + 1])
+    # This rank's rows of every view, the views one after the other in one call (solo.methods.base.through).
+    mine = x[:, start:stop].reshape(-1, *x.shape[2:]).to(device).requires_grad_()
     bn = torch.nn.Sequential(torch.nn.BatchNorm2d(3, dtype=torch.float64)).to(device)
     with torch.no_grad():
         bn[0].weight.copy_(torch.tensor([0.5, 1.0, 2.0])), bn[0].bias.copy_(torch.tensor([0.1, -0.2, 0.3]))
     bn = convert_sync_batchnorm(bn)
     # The objective is the sum over ranks of what each rank computes (solo's convention): sum(y * upstream).
-    (bn(mine) * upstream[start : start + sizes[rank]].to(device)).sum().backward()
+    with row_groups(views if grouped else 1):
+        out = bn(mine)
+    (out * upstream[:, start:stop].reshape(mine.shape).to(device)).sum().backward()
     grads = [bn[0].weight.grad.clone(), bn[0].bias.grad.clone()]
     for g in grads:  # the parameters' gradients are local: DDP sums them (and divides by W, as for any loss)
         dist.all_reduce(g)
@@ -423,7 +429,7 @@ def _batchnorm_worker(rank, world, store, sizes, device, queue):
         (
             rank,
             type(bn[0]).__module__,
-            mine.grad.cpu().numpy(),
+            mine.grad.view(views, -1, *x.shape[2:]).cpu().numpy(),
             [g.cpu().numpy() for g in grads],
             bn[0].running_mean.cpu().numpy(),
             bn[0].running_var.cpu().numpy(),
@@ -431,6 +437,42 @@ def _batchnorm_worker(rank, world, store, sizes, device, queue):
     )
     dist.barrier()
     dist.destroy_process_group()
+
+
+def _sync_batchnorm_against_one_process(device, sizes, views=1, grouped=True):
+    """Every rank's gradients and running statistics against one BatchNorm called on the whole batch of each view in
+    turn: None where they agree (rtol 1e-10), else what differs."""
+    world = len(sizes)
+    ctx = worker_context()
+    queue = ctx.SimpleQueue()
+    with tempfile.TemporaryDirectory() as tmp:
+        mp.start_processes(
+            _batchnorm_worker,
+            args=(world, f"{tmp}/store", sizes, device, views, grouped, queue),
+            nprocs=world,
+            start_method="forkserver",
+        )
+    x, upstream = _batchnorm_inputs(sizes, views)
+    x.requires_grad_()
+    bn = torch.nn.BatchNorm2d(3, dtype=torch.float64)
+    with torch.no_grad():
+        bn.weight.copy_(torch.tensor([0.5, 1.0, 2.0])), bn.bias.copy_(torch.tensor([0.1, -0.2, 0.3]))
+    sum((bn(x[v]) * upstream[v]).sum() for v in range(views)).backward()
+    results, differs = {}, []
+    while not queue.empty():
+        rank, module, grad, param_grads, mean, var = queue.get()
+        results[rank] = module
+        start, stop = sum(sizes[:rank]), sum(sizes[: rank + 1])
+        if not torch.allclose(torch.from_numpy(grad), x.grad[:, start:stop], rtol=1e-10, atol=1e-12):
+            differs.append(f"rank {rank}: input gradient")
+        for got, want, name in zip(param_grads, (bn.weight.grad, bn.bias.grad), ("weight", "bias")):
+            if not torch.allclose(torch.from_numpy(got), want, rtol=1e-10):
+                differs.append(f"rank {rank}: {name} gradient")
+        for got, want, name in ((mean, bn.running_mean, "running mean"), (var, bn.running_var, "running var")):
+            if not torch.allclose(torch.from_numpy(got), want, rtol=1e-10):
+                differs.append(f"rank {rank}: {name}")
+    assert sorted(results) == list(range(world))
+    return set(results.values()), differs or None
 
 
 @pytest.mark.parametrize(
@@ -444,31 +486,19 @@ def _batchnorm_worker(rank, world, store, sizes, device, queue):
 def test_sync_batchnorm_equals_batchnorm_on_the_whole_batch(device, sizes):
     """W processes (uneven and empty shards included) give every rank exactly the gradient of one BatchNorm on the
     whole batch, and the same running statistics: solo's SyncBatchNorm on the CPU, torch's on a GPU (float64)."""
-    world = len(sizes)
-    ctx = worker_context()
-    queue = ctx.SimpleQueue()
-    with tempfile.TemporaryDirectory() as tmp:
-        mp.start_processes(
-            _batchnorm_worker,
-            args=(world, f"{tmp}/store", sizes, device, queue),
-            nprocs=world,
-            start_method="forkserver",
-        )
-    x, upstream = _batchnorm_inputs(sizes)
-    x.requires_grad_()
-    bn = torch.nn.BatchNorm2d(3, dtype=torch.float64)
-    with torch.no_grad():
-        bn.weight.copy_(torch.tensor([0.5, 1.0, 2.0])), bn.bias.copy_(torch.tensor([0.1, -0.2, 0.3]))
-    (bn(x) * upstream).sum().backward()
-    results = {}
-    while not queue.empty():
-        rank, module, grad, param_grads, mean, var = queue.get()
-        results[rank] = module
-        start = sum(sizes[:rank])
-        assert torch.allclose(torch.from_numpy(grad), x.grad[start : start + sizes[rank]], rtol=1e-10, atol=1e-12)
-        for got, want in zip(param_grads, (bn.weight.grad, bn.bias.grad)):
-            assert torch.allclose(torch.from_numpy(got), want, rtol=1e-10)
-        assert torch.allclose(torch.from_numpy(mean), bn.running_mean, rtol=1e-10)
-        assert torch.allclose(torch.from_numpy(var), bn.running_var, rtol=1e-10)
+    modules, differs = _sync_batchnorm_against_one_process(device, sizes)
+    assert differs is None, differs
     expected = "torch.nn.modules.batchnorm" if device == "cuda" else "solo.distributed.batchnorm"
-    assert sorted(results) == list(range(world)) and set(results.values()) == {expected}
+    assert modules == {expected}
+
+
+@pytest.mark.slow  # two launches of 3 processes: about 10 s
+@pytest.mark.parametrize("sizes", [[4, 0, 2]])
+def test_views_in_one_call_keep_their_own_global_statistics(sizes):
+    """Two views concatenated in one call under row_groups(2) (what solo.methods.base.through does with solo's
+    global BatchNorm) give the gradients and running statistics of one BatchNorm called on each view's whole batch in
+    turn; without the groups (one set of statistics for both views: the known-wrong way) they do not."""
+    _, differs = _sync_batchnorm_against_one_process("cpu", sizes, views=2)
+    assert differs is None, differs
+    _, differs = _sync_batchnorm_against_one_process("cpu", sizes, views=2, grouped=False)
+    assert differs and any("input gradient" in d for d in differs), differs

@@ -2,19 +2,64 @@
 
 torch.nn.SyncBatchNorm runs on GPUs only (fused kernels: one all-gather of every rank's mean, inverse
 standard deviation and count in the forward, one all-reduce in the backward). For CPU processes (gloo)
-solo has its own, built from the differentiable `gather`, with the same gradient convention as the losses
-(see collectives.py); on any device a W-process step equals a one-process step on the whole batch.
+solo has its own, with the same collectives and the same gradient convention as the losses (see
+collectives.py): on any device a W-process step equals a one-process step on the whole batch.
 `convert_sync_batchnorm` picks by where the module's tensors are.
 """
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+from contextvars import ContextVar
+
 import torch
 import torch.nn as nn
 
-from solo.distributed.collectives import gather
+from solo.distributed.collectives import gather, sum_over_ranks
 from solo.distributed.env import world_size
 from solo.dtypes import full_precision
+
+_row_groups: ContextVar[int] = ContextVar("solo_batchnorm_row_groups", default=1)
+
+
+@contextmanager
+def row_groups(count: int):
+    """Inside it, solo's SyncBatchNorm takes its input's rows as `count` equal groups, each normalised with its own
+    statistics over the global batch, every group in the same one collective each way: `count` views concatenated
+    in one call are normalised as `count` calls would normalise them, with a `count`-th of the collectives
+    (solo.methods.base.through)."""
+    token = _row_groups.set(count)
+    try:
+        yield
+    finally:
+        _row_groups.reset(token)
+
+
+def row_groups_replayed() -> tuple:
+    """Two context managers for activation checkpointing (torch.utils.checkpoint's `context_fn`): the first records
+    the row groups a block's forward runs under, the second sets them again for the forward run again in the
+    backward, which runs outside `row_groups`."""
+    state = {}
+
+    @contextmanager
+    def record():
+        state["groups"] = _row_groups.get()
+        yield
+
+    @contextmanager
+    def replay():
+        with row_groups(state.get("groups", 1)):
+            yield
+
+    return record(), replay()
+
+
+def normalises_row_groups(module: nn.Module) -> bool:
+    """Whether `module` has BatchNorm and every one is solo's SyncBatchNorm in a run of W > 1 processes: then views
+    concatenated in one call under `row_groups` keep their own batch statistics. Elsewhere (one process, a GPU's
+    torch.nn.SyncBatchNorm, trainer.sync_batchnorm=false) each view needs its own call."""
+    norms = [m for m in module.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+    return world_size() > 1 and bool(norms) and all(isinstance(m, SyncBatchNorm) for m in norms)
 
 
 class SyncBatchNorm(nn.modules.batchnorm._BatchNorm):
@@ -26,14 +71,15 @@ class SyncBatchNorm(nn.modules.batchnorm._BatchNorm):
         self._check_input_dim(x)
         if not self.training or world_size() == 1:
             return super().forward(x)
-        mean, var, count = global_moments(x)
-        shape = [1, -1] + [1] * (x.dim() - 2)
-        y = (full_precision(x) - mean.view(shape)) * torch.rsqrt(var + self.eps).view(shape)
-        if self.affine:
-            y = y * self.weight.view(shape) + self.bias.view(shape)
-        if self.track_running_stats:
-            self._update_running_stats(mean.detach(), var.detach(), count)
-        return y.to(x.dtype)
+        groups = _row_groups.get()
+        if x.shape[0] % groups:
+            raise ValueError(f"SyncBatchNorm: {x.shape[0]} rows cannot be {groups} equal groups (row_groups)")
+        with torch.no_grad():  # the gradient through the statistics is _GlobalNorm's backward
+            mean, var, count = global_moments(x, groups)
+        if self.track_running_stats:  # group by group, as separate calls would update them
+            for g in range(groups):
+                self._update_running_stats(mean[g], var[g], count[g])
+        return _GlobalNorm.apply(x, self.weight, self.bias, mean, var, count, self.eps)
 
     @torch.no_grad()
     def _update_running_stats(self, mean: torch.Tensor, var: torch.Tensor, count: torch.Tensor) -> None:
@@ -45,27 +91,92 @@ class SyncBatchNorm(nn.modules.batchnorm._BatchNorm):
         self.running_var.lerp_(unbiased.to(self.running_var.dtype), factor)
 
 
-def global_moments(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Per-channel mean and (biased) variance of `x` (batch, channels, ...) over every rank's batch, and the
-    global count, in at least float32 (as cuDNN's batch norm computes them), differentiable.
+def _grouped(t: torch.Tensor, groups: int) -> torch.Tensor:
+    """(G * n, C, ...) as (G, n, C, ...)."""
+    return t.view(groups, t.shape[0] // groups, *t.shape[1:])
 
-    Each rank centres its own batch about its own mean, then one all-gather brings every rank's (sum,
-    centred sum of squares, count), combined as Chan et al.'s parallel variance: as exact as a two-pass
+
+class _GlobalNorm(torch.autograd.Function):
+    """y = (x - mean) / sqrt(var + eps) * weight + bias, each group of rows with its own global `mean` and `var`
+    (G, C) over `count` (G,) samples. Backward: this rank's per-channel sums of dy and dy * x_hat (aten's fused
+    kernel), summed over the ranks in one collective for all groups, give the input's gradient through the
+    statistics exactly as a BatchNorm's on the whole batch; the weight's and bias's gradients are this rank's sums
+    (the data-parallel wrapper adds the ranks', as for every parameter)."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, mean, var, count, eps):
+        groups = mean.shape[0]
+        coefficient = [groups, 1, -1] + [1] * (x.dim() - 2)
+        invstd = torch.rsqrt(var + eps)
+        scale = invstd if weight is None else invstd * weight
+        shift = -mean * scale if bias is None else bias - mean * scale
+        x32 = full_precision(x)
+        y = torch.empty_like(x32, memory_format=torch.contiguous_format)  # not a view: ReLU(inplace) may change it
+        with torch.autocast(x.device.type, enabled=False):
+            torch.addcmul(
+                shift.view(coefficient), _grouped(x32, groups), scale.view(coefficient), out=_grouped(y, groups)
+            )
+        ctx.save_for_backward(x, weight, mean, invstd, count)
+        return y.to(x.dtype)
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, weight, mean, invstd, count = ctx.saved_tensors
+        groups, channels = mean.shape
+        coefficient = [groups, 1, -1] + [1] * (x.dim() - 2)
+        with torch.autocast(x.device.type, enabled=False):
+            xg, dyg = _grouped(full_precision(x), groups), _grouped(full_precision(dy).contiguous(), groups)
+            sums = []  # per group: this rank's sums of dy and of dy * x_hat
+            for g in range(groups):
+                if xg.shape[1]:
+                    _, dy_xhat, dy_sum = torch.ops.aten.native_batch_norm_backward(
+                        dyg[g], xg[g], weight, None, None, mean[g], invstd[g], True, 0.0, [False, True, True]
+                    )
+                else:  # aten's kernel divides by the sample count: a rank with none adds nothing
+                    dy_xhat = dy_sum = xg.new_zeros(channels)
+                sums.append(torch.stack([dy_sum, dy_xhat]))
+            local = torch.stack(sums)  # (G, 2, C)
+            every = sum_over_ranks(local) / count.view(groups, 1, 1)
+            scale = invstd if weight is None else invstd * weight
+            dx = None
+            if ctx.needs_input_grad[0]:
+                # dx = scale * (dy - mean(dy) - x_hat * mean(dy * x_hat)), the means over the group's global batch
+                centred = xg - mean.view(coefficient)
+                dx = torch.addcmul(
+                    (-scale * every[:, 0]).view(coefficient), centred, (-scale * invstd * every[:, 1]).view(coefficient)
+                )
+                dx = dx.addcmul_(dyg, scale.view(coefficient)).view(x.shape).to(x.dtype)
+        has_weight = weight is not None
+        grad_weight = local[:, 1].sum(0).to(weight.dtype) if has_weight and ctx.needs_input_grad[1] else None
+        grad_bias = local[:, 0].sum(0).to(weight.dtype) if has_weight and ctx.needs_input_grad[2] else None
+        return dx, grad_weight, grad_bias, None, None, None, None
+
+
+def global_moments(x: torch.Tensor, groups: int = 1) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per-channel mean and (biased) variance of each of `groups` equal groups of `x`'s rows (batch, channels, ...)
+    over every rank's batch, (G, C) each, and the global count per group (G,), in at least float32 (as cuDNN's batch
+    norm computes them).
+
+    Each rank takes its own groups' means and centred sums of squares (one pass), then one all-gather brings every
+    rank's (sum, centred sum of squares, count), combined as Chan et al.'s parallel variance: as exact as a two-pass
     variance over the whole batch, in one collective. A rank with no samples contributes nothing."""
-    x32 = full_precision(x)
-    dims = [0, *range(2, x.dim())]
-    channels = x32.shape[1]
-    n = x32.numel() // channels
-    local_sum = x32.sum(dims)
-    local_m2 = ((x32 - (local_sum / max(n, 1)).view([1, -1] + [1] * (x.dim() - 2))) ** 2).sum(dims)
-    stats = torch.cat([local_sum, local_m2, local_sum.new_full((1,), float(n))])
-    every = gather(stats.unsqueeze(0), [1] * world_size())  # (W, 2C + 1)
-    sums, m2s, counts = every[:, :channels], every[:, channels:-1], every[:, -1:].detach()
-    count = counts.sum()
+    xg = _grouped(full_precision(x), groups)
+    dims = [1, *range(3, xg.dim())]
+    channels = xg.shape[2]
+    n = xg[0].numel() // channels
+    if n:
+        local_var, local_mean = torch.var_mean(xg, dims, correction=0)
+        local_sum, local_m2 = local_mean * n, local_var * n
+    else:
+        local_sum = local_m2 = xg.new_zeros(groups, channels)
+    stats = torch.cat([local_sum, local_m2, local_sum.new_full((groups, 1), float(n))], dim=1)
+    every = gather(stats.view(1, -1), [1] * world_size()).view(-1, groups, 2 * channels + 1)  # (W, G, 2C + 1)
+    sums, m2s, counts = every[..., :channels], every[..., channels:-1], every[..., -1:]
+    count = counts.sum(0)  # (G, 1)
     mean = sums.sum(0) / count
     rank_means = sums / counts.clamp(min=1)
     m2 = m2s.sum(0) + (counts * (rank_means - mean) ** 2).sum(0)
-    return mean, m2 / count, count
+    return mean, m2 / count, count.view(groups)
 
 
 def convert_sync_batchnorm(module: nn.Module, skip: tuple[nn.Module, ...] = ()) -> nn.Module:

@@ -118,3 +118,15 @@ def all_reduce(x: torch.Tensor) -> torch.Tensor:
     if world_size() == 1:
         return x
     return _AllReduceSum.apply(x)
+
+
+def sum_over_ranks(x: torch.Tensor) -> torch.Tensor:
+    """The sum of every rank's `x`, added here in rank order (the same on every rank); not differentiable. For the
+    small tensors it is meant for (a BatchNorm's per-channel sums) one all-gather is the cheapest collective over gloo:
+    for 1,025 floats on 2 processes 0.34-0.47 ms, against 0.61-1.49 for a reduce-scatter and 1.08-1.30 for an
+    all-reduce (docs/performance.md)."""
+    if world_size() == 1:
+        return x
+    every = x.new_empty((world_size(), x.numel()))
+    _all_gather(every, x.reshape(1, -1).contiguous())
+    return every.sum(0).view(x.shape)

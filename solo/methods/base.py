@@ -29,6 +29,7 @@ import torch.nn as nn
 from torch.distributed.tensor import DTensor
 
 from solo.backbones.stochastic import without_randomness
+from solo.distributed.batchnorm import normalises_row_groups, row_groups
 from solo.errors import ConfigError
 from solo.optim import param_groups
 from solo.registry import Registry
@@ -192,10 +193,14 @@ def through(encoder: nn.Module, views: list[torch.Tensor], *per_view: list, forw
     per token) gives each sample the same output in any batch: the views of one size, with their inputs, are
     concatenated and go through one call (fewer kernels; under FSDP one all-gather per block, not one per view),
     rows j of it sample j % n of view j // n, as per-sample randomness (solo.backbones.stochastic) reads them. An
-    encoder with BatchNorm takes each view apart: its per-view batch statistics are part of the method."""
+    encoder with BatchNorm keeps each view's batch statistics, which are part of the method: with solo's global
+    BatchNorm (W > 1 CPU processes) the views of one size go through one call too, each view a group of rows with its
+    own statistics (solo.distributed.batchnorm.row_groups: one collective per layer for all of them, where separate
+    calls would take one per view); otherwise each view goes through a call of its own."""
     forward = forward or encoder
     inputs = list(zip(views, *per_view))
-    if any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in encoder.modules()):
+    has_batchnorm = any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in encoder.modules())
+    if has_batchnorm and not normalises_row_groups(encoder):
         return [forward(*args) for args in inputs]
     out = []
     for _, same_size in itertools.groupby(inputs, key=lambda args: args[0].shape[1:]):
@@ -203,7 +208,8 @@ def through(encoder: nn.Module, views: list[torch.Tensor], *per_view: list, forw
         if len(same_size) == 1:
             out.append(forward(*same_size[0]))
             continue
-        joined = forward(*(torch.cat(column) for column in zip(*same_size)))
+        with row_groups(len(same_size)):
+            joined = forward(*(torch.cat(column) for column in zip(*same_size)))
         out += joined.split([len(args[0]) for args in same_size])
     return out
 

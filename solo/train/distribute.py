@@ -30,7 +30,7 @@ from solo.backbones import WHERE_BLOCKS_ARE, blocks_of
 from solo.backbones.stochastic import recorded_and_replayed
 from solo.backbones.vit import is_vit, parts_called_apart
 from solo.distributed import world_size
-from solo.distributed.batchnorm import convert_sync_batchnorm
+from solo.distributed.batchnorm import convert_sync_batchnorm, row_groups_replayed
 from solo.errors import ConfigError
 
 # Buffers need no sync in the forward: with SyncBatchNorm every rank computes the same running statistics.
@@ -108,15 +108,22 @@ def checkpoint_blocks(model: nn.Module) -> None:
 
 
 def _recomputed_alike(block: nn.Module) -> tuple:
-    """(forward's, recomputation's) contexts: the per-sample draws replayed, the buffers left as they were."""
-    record, replay = recorded_and_replayed()
+    """(forward's, recomputation's) contexts: the per-sample draws and the views' row groups (global BatchNorm's
+    per-view statistics) replayed, the buffers left as they were."""
+    record_draws, replay_draws = recorded_and_replayed()
+    record_groups, replay_groups = row_groups_replayed()
+
+    @contextmanager
+    def forward():
+        with record_draws, record_groups:
+            yield
 
     @contextmanager
     def recompute():
-        with replay, kept_buffers(block):
+        with replay_draws, replay_groups, kept_buffers(block):
             yield
 
-    return record, recompute()
+    return forward(), recompute()
 
 
 @contextmanager
