@@ -101,7 +101,6 @@ class SyntheticDataset:
         self.seed = seed
         self._split_id = ("train", "val").index(split)  # train and val images differ for the same seed
         self.classes = [f"class_{c}" for c in range(num_classes)]
-        self._grid = np.arange(image_size, dtype=np.float32) * np.float32(2 * np.pi * 3 / image_size)  # 3 stripes
 
     def __len__(self) -> int:
         return self.num_samples
@@ -112,15 +111,13 @@ class SyntheticDataset:
         label = index % num_classes
         # A private generator: the global numpy/torch RNGs are never touched.
         rng = np.random.default_rng([self.seed, self._split_id, index])
-        colour = np.array(colorsys.hsv_to_rgb(label / num_classes, 0.7, 0.8), dtype=np.float32) * 255
-        angle, phase = np.pi * label / num_classes, rng.uniform(0, 2 * np.pi)
-        across, down = np.float32(np.cos(angle)) * self._grid, np.float32(np.sin(angle)) * self._grid
-        stripes = 40 * np.sin(across[None, :] + down[:, None] + np.float32(phase))
-        # Uniform noise of standard deviation 30: a sixth of the cost of normal noise, the largest part of the image's.
         size = self.image_size
-        pixels = (rng.random((size, size, 3), dtype=np.float32) - 0.5) * np.float32(30 * np.sqrt(12))
-        pixels += stripes[..., None]
-        pixels += colour
+        colour = np.array(colorsys.hsv_to_rgb(label / num_classes, 0.7, 0.8)) * 255.0
+        angle = np.pi * label / num_classes
+        yy, xx = np.mgrid[0:size, 0:size] * (2 * np.pi * 3 / size)  # 3 stripes per image
+        stripes = 40.0 * np.sin(np.cos(angle) * xx + np.sin(angle) * yy + rng.uniform(0, 2 * np.pi))
+        noise = rng.normal(0.0, 30.0, size=(size, size, 3))
+        pixels = colour + stripes[..., None] + noise
         return Image.fromarray(np.clip(pixels, 0, 255).astype(np.uint8), mode="RGB"), label
 
 
