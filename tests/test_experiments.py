@@ -1013,6 +1013,11 @@ def test_header_names_global_package_and_cites_a_source(name):
 @pytest.mark.parametrize("name", EXPERIMENTS)
 def test_composes_under_the_typed_schema(name):
     cfg = _compose(f"experiment={name}")
+    for key in ("base_momentum", "final_momentum", "center_momentum"):  # teacher momenta are fractions
+        if key in cfg.method:
+            assert 0.0 <= cfg.method[key] <= 1.0, (key, cfg.method[key])
+    if "base_momentum" in cfg.method:
+        assert cfg.method.base_momentum <= cfg.method.final_momentum
     missing = OmegaConf.missing_keys(cfg)
     assert missing <= {"data.root", "data.file"}, f"unset mandatory keys: {missing}"
     if missing:
@@ -1125,16 +1130,6 @@ def test_issue45_recipes_global_learning_rates_match_their_sources():
     # Three times the authors' loss, lr and weight decay: --lr 0.03 at --batch-size 128, --wd 1e-4, weights 3 and 1.
     assert math.isclose(scaled_lr(au.optim, 128), 3 * 0.03)
     assert math.isclose(3 * au.optim.weight_decay, 1e-4) and math.isclose(3 * au.method.lambd, 1.0)
-
-
-def test_teacher_momenta_are_fractions():
-    for name in EXPERIMENTS:
-        method = _compose(f"experiment={name}").method
-        for key in ("base_momentum", "final_momentum", "center_momentum"):
-            if key in method:
-                assert 0.0 <= method[key] <= 1.0, (name, key, method[key])
-        if "base_momentum" in method:
-            assert method.base_momentum <= method.final_momentum, name
 
 
 def test_command_line_overrides_beat_the_experiment():
