@@ -1,6 +1,7 @@
 """Dataset wrappers that turn base ``(image, label)`` samples into model inputs."""
 
 import operator
+import random
 from typing import Callable, Dict, Sequence, Tuple
 
 import torch
@@ -31,7 +32,7 @@ class MultiViewDataset:
 
     Keys are ``(epoch, index)`` tuples (the epoch-aware sampler yields them), so
     the epoch reaches DataLoader workers without shared state. View ``v``'s parameters
-    are drawn inside ``seeded_rng(sample_seed(seed, epoch, index, v))``: the result
+    are drawn from ``random.Random(sample_seed(seed, epoch, index, v))``: the result
     does not depend on rank, worker, world size or read order, and the caller's
     RNG state is left untouched.
 
@@ -98,10 +99,12 @@ class MultiViewDataset:
         """The sample's image (its next readable one, with skip_bad) and each view's parameters."""
         epoch, index = epoch_and_index(key, len(self), type(self).__name__)
         ((image, height, width), label), used = read_or_skip(self._read, index, len(self), self.skip_bad)
-        params = []
-        for v, recipe in enumerate(self.view_transforms):
-            with seeded_rng(sample_seed(self.seed, epoch, index, v)):
-                params.append(recipe.draw(height, width))
+        # A generator of its own per view: the same numbers as the process's seeded with it (seeded_rng), without
+        # saving and restoring the process's generators (34 of ~80 us a view).
+        params = [
+            recipe.draw(height, width, random.Random(sample_seed(self.seed, epoch, index, v)))
+            for v, recipe in enumerate(self.view_transforms)
+        ]
         sample = {"image": image, "params": params, "label": int(label), "index": index, "skipped": int(used != index)}
         if self.view_boxes:
             sample["view_boxes"] = view_boxes(torch.stack(params), height, width)
