@@ -6,12 +6,14 @@ randomness lives in :mod:`solo.data.multiview`.
 """
 
 import colorsys
+import math
 import os
 import pickle
 from dataclasses import dataclass
 from typing import List, Optional, Tuple
 
 import numpy as np
+import torch
 from PIL import Image
 
 from solo.data.decode import ImageReadError, read_file
@@ -101,6 +103,9 @@ class SyntheticDataset:
         self.seed = seed
         self._split_id = ("train", "val").index(split)  # train and val images differ for the same seed
         self.classes = [f"class_{c}" for c in range(num_classes)]
+        hues = [colorsys.hsv_to_rgb(c / num_classes, 0.7, 0.8) for c in range(num_classes)]
+        self._colours = torch.tensor(hues) * 255.0  # each class's mean colour, (num_classes, 3)
+        self._stripes: dict[int, torch.Tensor] = {}
 
     def __len__(self) -> int:
         return self.num_samples
@@ -109,16 +114,24 @@ class SyntheticDataset:
         index = _check_index(index, len(self), "synthetic")
         num_classes = len(self.classes)
         label = index % num_classes
-        # A private generator: the global numpy/torch RNGs are never touched.
-        rng = np.random.default_rng([self.seed, self._split_id, index])
-        size = self.image_size
-        colour = np.array(colorsys.hsv_to_rgb(label / num_classes, 0.7, 0.8)) * 255.0
-        angle = np.pi * label / num_classes
-        yy, xx = np.mgrid[0:size, 0:size] * (2 * np.pi * 3 / size)  # 3 stripes per image
-        stripes = 40.0 * np.sin(np.cos(angle) * xx + np.sin(angle) * yy + rng.uniform(0, 2 * np.pi))
-        noise = rng.normal(0.0, 30.0, size=(size, size, 3))
-        pixels = colour + stripes[..., None] + noise
-        return Image.fromarray(np.clip(pixels, 0, 255).astype(np.uint8), mode="RGB"), label
+        # A private generator: the global numpy/torch RNGs are never touched. torch's, not numpy's: its normal
+        # noise is 3 times faster (the images are a benchmark's data: 0.2 ms an image at 64 px, not 0.6).
+        seed = np.random.SeedSequence([self.seed, self._split_id, index]).generate_state(1, dtype=np.uint64)[0]
+        rng = torch.Generator().manual_seed(int(seed))
+        phase = float(torch.rand((), generator=rng, dtype=torch.float64)) * 2 * math.pi
+        pixels = torch.randn(self.image_size, self.image_size, 3, generator=rng).mul_(30.0)
+        pixels += self._colours[label]
+        pixels += torch.sin(self._waves(label) + phase).mul_(40.0)[..., None]
+        return Image.fromarray(pixels.clamp_(0, 255).to(torch.uint8).numpy(), mode="RGB"), label
+
+    def _waves(self, label: int) -> torch.Tensor:
+        """Class `label`'s stripes before their phase: 3 across the image, at the class's own angle."""
+        if label not in self._stripes:
+            angle = math.pi * label / len(self.classes)
+            y, x = torch.meshgrid(*[torch.arange(self.image_size, dtype=torch.float64)] * 2, indexing="ij")
+            along = (math.cos(angle) * x + math.sin(angle) * y) * (2 * math.pi * 3 / self.image_size)
+            self._stripes[label] = along.float()
+        return self._stripes[label]
 
 
 # ---------------------------------------------------------------------------- CIFAR
