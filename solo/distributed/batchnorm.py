@@ -157,16 +157,16 @@ def global_moments(x: torch.Tensor, groups: int = 1) -> tuple[torch.Tensor, torc
     over every rank's batch, (G, C) each, and the global count per group (G,), in at least float32 (as cuDNN's batch
     norm computes them).
 
-    Each rank takes its own groups' means and centred sums of squares (one pass), then one all-gather brings every
+    Each rank takes its own groups' sums and centred sums of squares (two passes), then one all-gather brings every
     rank's (sum, centred sum of squares, count), combined as Chan et al.'s parallel variance: as exact as a two-pass
     variance over the whole batch, in one collective. A rank with no samples contributes nothing."""
     xg = _grouped(full_precision(x), groups)
     dims = [1, *range(3, xg.dim())]
     channels = xg.shape[2]
     n = xg[0].numel() // channels
-    if n:
-        local_var, local_mean = torch.var_mean(xg, dims, correction=0)
-        local_sum, local_m2 = local_mean * n, local_var * n
+    if n:  # two passes, sum then centred squares: torch.var_mean is 3-5 times slower on the CPU
+        local_sum = xg.sum(dims)
+        local_m2 = (xg - (local_sum / n).view(groups, 1, channels, *[1] * (xg.dim() - 3))).square_().sum(dims)
     else:
         local_sum = local_m2 = xg.new_zeros(groups, channels)
     stats = torch.cat([local_sum, local_m2, local_sum.new_full((groups, 1), float(n))], dim=1)
