@@ -1,7 +1,7 @@
 """A view as its parameters: every random choice is drawn on the CPU, then applied to one image or to a batch.
 
 `ViewRecipe.draw` draws one view's parameters (crop box, flip, colour jitter factors and order, grayscale,
-blur sigma, solarisation) on the CPU from Python's RNG, which solo seeds per (seed, epoch, sample, view).
+blur sigma, solarisation) on the CPU from a Python generator, which solo seeds per (seed, epoch, sample, view).
 `ViewRecipe.apply_batch` applies them to a batch of images at once, each sample with its own parameters,
 on whatever device the images are: the whole batch on the GPU (`data.augment_on=device`), or each DataLoader
 worker's batch on the CPU (`data.augment_on=cpu`). One implementation for both, so a view is the same on

@@ -1,8 +1,8 @@
 """Image transforms: random views for pretraining (their recipes; solo.data.augment draws and applies them),
 a fixed one for evaluation.
 
-All randomness comes from the global CPU RNGs (torch and Python), so :func:`solo.data.seeding.seeded_rng` fully
-controls it.
+All randomness comes from Python's generator: one of the view's own (solo.data.views.multiview seeds one per
+sample and view), or the process's, which :func:`solo.data.seeding.seeded_rng` seeds.
 """
 
 from dataclasses import dataclass, field, fields
