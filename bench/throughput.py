@@ -230,9 +230,9 @@ def solo(s: Setup, env: DistEnv, jpegs: Path | None = None, more: list[str] = ()
 @contextmanager
 def solo_step(s: Setup, env: DistEnv, jpegs: Path | None = None, more: list[str] = (), held: bool = False):
     """solo's step in this process (one of env.world_size), `step(index)`, the seconds it took to build and how many
-    batches its loader's workers read ahead, as Trainer.fit steps: a batch from its source, on the device (the views made there with data.augment_on=device, the
-    next batch's in a thread while this one trains), TrainStep. `held`: every step trains on the first batch, read
-    once: the step without the data's cost."""
+    batches its loader's workers read ahead, as Trainer.fit steps: a batch from its source, on the device (the views
+    made there with data.augment_on=device, the next batch's in a thread while this one trains), TrainStep. `held`:
+    every step trains on the first batch, read once: the step without the data's cost."""
     device = torch.device(s.device)
     with tempfile.TemporaryDirectory() as run_dir:
         start = time.perf_counter()
@@ -243,7 +243,7 @@ def solo_step(s: Setup, env: DistEnv, jpegs: Path | None = None, more: list[str]
         try:
             loader = trainer.source.loader
             ahead = loader.num_workers * (loader.prefetch_factor or 0) if not held else 0
-            yield (lambda index: trainer.train_step(first or next(batches), index)), build_s, ahead
+            yield (lambda index: trainer.train_step(first if held else next(batches), index)), build_s, ahead
         finally:
             batches.close()
             stop_workers(trainer.source)
