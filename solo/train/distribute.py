@@ -39,6 +39,16 @@ _DDP_ARGS = inspect.signature(nn.parallel.DistributedDataParallel).parameters
 NO_BUFFER_SYNC = (
     {"forward_sync_buffers": False} if "forward_sync_buffers" in _DDP_ARGS else {"broadcast_buffers": False}
 )
+# DDP warns when a gradient's strides differ from its bucket's (for the first such gradient of the process). A 1x1
+# convolution's weight gradient (out, in, 1, 1) from channels_last inputs (solo's layout on GPUs; compiled kernels'
+# on the CPU) differs only in the strides of its size-1 dimensions: the same memory, nothing to act on
+# (pytorch/pytorch#157862), so that warning is not shown; any other is.
+warnings.filterwarnings(
+    "ignore",
+    message=r"(?s)Grad strides do not match bucket view strides.*"
+    r"grad\.sizes\(\) = \[\d+, (\d+), 1, 1\], strides\(\) = \[\1, 1, \d+, \d+\]\s*"
+    r"bucket_view\.sizes\(\) = \[\d+, \1, 1, 1\], strides\(\) = \[\1, 1, 1, 1\]",
+)
 
 
 def distribute(
