@@ -223,16 +223,17 @@ def solo_trainer(overrides: list[str], run_dir: Path, env: DistEnv, device: torc
 
 def solo(s: Setup, env: DistEnv, jpegs: Path | None = None, more: list[str] = ()) -> Measured:
     """solo's rate in this process (one of env.world_size; see solo_step)."""
-    with solo_step(s, env, jpegs, more) as (step, build_s, _):
+    with solo_step(s, env, jpegs, more) as (step, build_s, _, _):
         return timed(step, s, torch.device(s.device), s.batch * env.world_size, build_s)
 
 
 @contextmanager
 def solo_step(s: Setup, env: DistEnv, jpegs: Path | None = None, more: list[str] = (), held: bool = False):
-    """solo's step in this process (one of env.world_size), `step(index)`, the seconds it took to build and how many
-    batches its loader's workers read ahead, as Trainer.fit steps: a batch from its source, on the device (the views
-    made there with data.augment_on=device, the next batch's in a thread while this one trains), TrainStep. `held`:
-    every step trains on the first batch, read once: the step without the data's cost."""
+    """solo's step in this process (one of env.world_size), `step(index)`, as Trainer.fit steps: a batch from its
+    source, on the device (the views made there with data.augment_on=device, the next batch's in a thread while this
+    one trains), TrainStep; the seconds it took to build, how many batches its loader's workers read ahead, and a
+    reader of the CPU seconds those workers used so far. `held`: every step trains on the first batch, read once: the
+    step without the data's cost."""
     device = torch.device(s.device)
     with tempfile.TemporaryDirectory() as run_dir:
         start = time.perf_counter()
@@ -243,25 +244,39 @@ def solo_step(s: Setup, env: DistEnv, jpegs: Path | None = None, more: list[str]
         try:
             loader = trainer.source.loader
             ahead = loader.num_workers * (loader.prefetch_factor or 0) if not held else 0
-            yield (lambda index: trainer.train_step(first if held else next(batches), index)), build_s, ahead
+            step = lambda index: trainer.train_step(first if held else next(batches), index)  # noqa: E731
+            yield step, build_s, ahead, lambda: workers_cpu_seconds(loader)
         finally:
             batches.close()
             stop_workers(trainer.source)
 
 
-def interleaved(steps: dict, s: Setup, samples_per_step: int, rounds: int) -> dict[str, float]:
-    """Samples/s of each of `steps` (name -> (step(index), batches read ahead)), timed in turns: each loop's
-    `s.warmup` steps, then `rounds` rounds of `s.steps` steps of each loop (the order reversed every other round), so
-    that a slow spell of the machine falls on every loop alike. A loop whose data workers read batches ahead made
-    them during the others' turns: its turn starts with that many steps untimed."""
+def workers_cpu_seconds(loader) -> float:
+    """The CPU seconds (user and system) that `loader`'s live worker processes used so far; 0 without workers."""
+    total = 0.0
+    for process in getattr(getattr(loader, "_iterator", None), "_workers", []):
+        fields = Path(f"/proc/{process.pid}/stat").read_text().rsplit(")", 1)[1].split()  # Linux: utime, stime
+        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
+
+
+def interleaved(steps: dict, s: Setup, samples_per_step: int, rounds: int) -> tuple[dict[str, float], float]:
+    """Samples/s of each of `steps` (name -> (step(index), batches read ahead, its workers' CPU seconds so far)),
+    timed in turns: each loop's `s.warmup` steps, then `rounds` rounds of `s.steps` steps of each loop (the order
+    reversed every other round), so that a slow spell of the machine falls on every loop alike. A loop whose data
+    workers read batches ahead made them during the others' turns: its turn starts with that many steps untimed.
+    Also the CPU seconds solo's data workers used per step over the rounds (0 without workers)."""
     device = torch.device(s.device)
-    for step, _ in steps.values():
+    for step, *_ in steps.values():
         for index in range(s.warmup):
             step(index)
     seconds, names, index = dict.fromkeys(steps, 0.0), list(steps), s.warmup
+    workers_cpu, solo_steps = steps["solo"][2](), 0
     for turn in range(rounds):
         for name in names if turn % 2 == 0 else names[::-1]:
-            step, ahead = steps[name]
+            step, ahead, _ = steps[name]
+            if name == "solo":
+                solo_steps += ahead + s.steps
             for _ in range(ahead):
                 step(index)
                 index += 1
@@ -272,20 +287,26 @@ def interleaved(steps: dict, s: Setup, samples_per_step: int, rounds: int) -> di
                 index += 1
             synchronize(device)
             seconds[name] += time.perf_counter() - start
-    return {name: samples_per_step * s.steps * rounds / seconds[name] for name in names}
+    rates = {name: samples_per_step * s.steps * rounds / seconds[name] for name in names}
+    return rates, (steps["solo"][2]() - workers_cpu) / solo_steps
 
 
-def compared(s: Setup, env: DistEnv, jpegs: Path | None, more: list[str], rounds: int) -> dict[str, float]:
+def compared(s: Setup, env: DistEnv, jpegs: Path | None, more: list[str], rounds: int) -> tuple[dict, float]:
     """The bare loop, solo, solo on one batch read once (what the data costs: the views made, on the CPU in the
     step's time), and on W > 1 processes solo with trainer.sync_batchnorm=false (what its exact global BatchNorm
-    costs), in this process, interleaved: samples/s of each, all processes together."""
+    costs), in this process, interleaved: samples/s of each, all processes together; and the CPU seconds a step
+    of solo's data workers in this process."""
+
+    def loop(*args, **kwargs):  # (step, batches read ahead, its workers' CPU seconds so far)
+        step, _, ahead, workers_cpu = stack.enter_context(solo_step(*args, **kwargs))
+        return step, ahead, workers_cpu
+
     with ExitStack() as stack:
-        steps = {"bare": (bare_step(s, env if env.world_size > 1 else None)[0], 0)}
-        steps["solo"] = stack.enter_context(solo_step(s, env, jpegs, more))[::2]
-        steps["held"] = stack.enter_context(solo_step(s, env, jpegs, more, held=True))[::2]
+        steps = {"bare": (bare_step(s, env if env.world_size > 1 else None)[0], 0, lambda: 0.0)}
+        steps["solo"] = loop(s, env, jpegs, more)
+        steps["held"] = loop(s, env, jpegs, more, held=True)
         if env.world_size > 1:
-            local = [*more, "trainer.sync_batchnorm=false"]
-            steps["local"] = stack.enter_context(solo_step(s, env, jpegs, local))[::2]
+            steps["local"] = loop(s, env, jpegs, [*more, "trainer.sync_batchnorm=false"])
         return interleaved(steps, s, s.batch * env.world_size, rounds)
 
 
@@ -295,19 +316,20 @@ def worker(job: str, more: list[str]) -> None:
     job = json.loads(job)
     with process_group() as (env, device):
         s = Setup(**{**job["setup"], "device": str(device)})
-        rates = compared(s, env, job["jpegs"] and Path(job["jpegs"]), more, job["rounds"])
+        rates, workers_cpu = compared(s, env, job["jpegs"] and Path(job["jpegs"]), more, job["rounds"])
         if env.is_main:
-            print(json.dumps(rates))
+            print(json.dumps([rates, workers_cpu]))
 
 
-def launched(s: Setup, nproc: int, jpegs: Path | None, more: list[str], rounds: int) -> dict[str, float]:
+def launched(s: Setup, nproc: int, jpegs: Path | None, more: list[str], rounds: int) -> tuple[dict, float]:
     """`compared` on `nproc` processes of `s.batch` rows each, through torchrun."""
     launcher = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", "--standalone"]
     job = json.dumps({"setup": dataclasses.asdict(s), "jpegs": jpegs and str(jpegs), "rounds": rounds})
     out = subprocess.run(
         [*launcher, __file__, "--worker", job, *more], cwd=REPO, check=True, capture_output=True, text=True
     ).stdout
-    return json.loads(out.strip().splitlines()[-1])
+    rates, workers_cpu = json.loads(out.strip().splitlines()[-1])  # rank 0's
+    return rates, workers_cpu
 
 
 def main() -> None:
@@ -368,9 +390,9 @@ def main() -> None:
             default_job=args.default_job,
         )
         if nproc == 1:
-            rates = compared(s, detect(), jpegs, args.solo_overrides, args.rounds)
+            rates, workers_cpu = compared(s, detect(), jpegs, args.solo_overrides, args.rounds)
         else:
-            rates = launched(s, nproc, jpegs, args.solo_overrides, args.rounds)
+            rates, workers_cpu = launched(s, nproc, jpegs, args.solo_overrides, args.rounds)
         names = {
             "bare": "bare loop" + (" (DDP, all-gather NT-Xent)" if nproc > 1 else ""),
             "solo": "solo, method=simclr",
@@ -380,6 +402,16 @@ def main() -> None:
         for key, rate in rates.items():
             print(
                 f"| {names[key]} | {nproc} | {rate:,.1f} | {rate / nproc:,.1f} | {rate / rates['bare']:.2f} |",
+                flush=True,
+            )
+        if workers_cpu:  # their CPU time comes out of the model's where the model keeps the cores busy
+            cores = max(1, len(os.sched_getaffinity(0)) // nproc)
+            share = workers_cpu / (cores * args.batch / rates["held"])  # of a process's cores in a step without data
+            print(
+                f"solo's data workers: {1e3 * workers_cpu:.0f} ms of CPU a step (rank 0's), {share:.0%} of the time of "
+                f"its process's {cores} cores in a step without the data: where the model keeps those busy, solo / "
+                f"bare is at most {rates['held'] / rates['bare'] / (1 + share):.2f} (the step without the data's "
+                f"ratio over 1 + that share)",
                 flush=True,
             )
 
