@@ -1,18 +1,30 @@
-"""A view as its parameters: every random choice is drawn on the CPU, then applied to one image or to a batch.
+"""A view as its parameters: every random choice is drawn on the CPU, then applied to a whole batch at once.
 
 `ViewRecipe.draw` draws one view's parameters (crop box, flip, colour jitter factors and order, grayscale,
 blur sigma, solarisation) on the CPU from a Python generator, which solo seeds per (seed, epoch, sample, view).
-`ViewRecipe.apply_batch` applies them to a batch of images at once, each sample with its own parameters,
-on whatever device the images are: the whole batch on the GPU (`data.augment_on=device`), or each DataLoader
-worker's batch on the CPU (`data.augment_on=cpu`). One implementation for both, so a view is the same on
-either path (to the devices' rounding).
+`make_views` applies them to a batch of images, each sample with its own parameters, on whatever device the
+images are: the whole batch on the GPU (`data.augment_on=device`), or each DataLoader worker's batch on the CPU
+(`data.augment_on=cpu`). The views of one size are made together, every operation once for all their rows.
 
-The parameters and the pixel operations follow torchvision's transforms (RandomResizedCrop,
-RandomHorizontalFlip, ColorJitter in a random order inside RandomApply, RandomGrayscale, GaussianBlur inside
-RandomApply, RandomSolarize at 128 of 255): the tests check every operation against torchvision's functional
-ops on float images. Pixels are float32 in [0, 1] from the crop's resize on (no uint8 rounding in between).
-kornia's batched augmentations were not used: its ColorJitter takes one order of operations per batch (we
-need one per sample) and its resized crop samples without antialiasing, unlike torchvision's CPU path.
+Two ways to reach the rows an operation applies to, with the same pixels (tested bit for bit):
+
+- `whole_batch` (the device path): every operation runs on every row, and a row that does not have it keeps its
+  input exactly (a 0/1 weight in `torch.lerp`; a brightness, contrast or saturation factor of 1). The number of
+  operations is fixed by the recipes, never by the batch or its parameters: on a GPU the launches do not grow with
+  the batch, and nothing is read on the host.
+- row selection (the CPU workers' path): each operation gathers the rows that have it, changes them and puts them
+  back. Fewer pixels computed, which is what counts on a CPU core.
+
+The parameters and the colour operations follow torchvision's transforms (RandomResizedCrop, RandomHorizontalFlip,
+ColorJitter in a random order inside RandomApply, RandomGrayscale, GaussianBlur inside RandomApply, RandomSolarize
+at 128 of 255): the tests check them against torchvision's functional ops on float images. The crop and resize is
+torchvision's `roi_align` (adaptive sampling, `aligned=True`) on the batch of images: the box is sampled from the
+image as a continuous signal, each output pixel the mean of bilinear samples spread over its share of the box (as
+many per axis as the box is larger than the output). Upsampling is bilinear, as torchvision's resize; downsampling
+averages like its antialiased resize with a box instead of a triangle; unlike it, the outermost half pixel of the
+box reads the image beyond the box instead of repeating the box's edge (docs/data.md gives the distances). Pixels
+are float32 in [0, 1] from the crop on (no uint8 rounding in between). kornia's batched augmentations were not used:
+its ColorJitter takes one order of operations per batch (we need one per sample).
 """
 
 from __future__ import annotations
@@ -21,9 +33,11 @@ import math
 import random
 from typing import Callable, Sequence
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torchvision.io import ImageReadMode, decode_jpeg
+from torchvision.ops import roi_align
 
 from solo.data.decode import as_uint8_tensor
 from solo.errors import DataError
@@ -85,21 +99,22 @@ def crop_box(
 
 
 class ViewRecipe:
-    """One view: an augmentation recipe (solo.data.transforms.ViewAugmentation) at an output `size`, normalised
-    with `mean` and `std`. Called on an image (PIL or a uint8 (3, H, W) tensor) it is the CPU path: draw, apply."""
+    """One view: an augmentation recipe (solo.data.views.transforms.ViewAugmentation) at an output `size`,
+    normalised with `mean` and `std`. Called on an image (PIL or a uint8 (3, H, W) tensor) it is the CPU path:
+    draw, apply."""
 
     def __init__(self, aug, size: int, mean: Sequence[float], std: Sequence[float]):
         self.aug, self.size = aug, size
         self.mean, self.std = [float(m) for m in mean], [float(s) for s in std]
-        self._on_device: dict = {}  # device -> (mean, std) tensors
         self.kernel = blur_kernel_size(size)
         # Operations whose recipe can change nothing are left out of both paths.
         self.jitter_ops = [i for i, op in enumerate(JITTER) if getattr(aug, op) > 0] if aug.jitter_prob > 0 else []
 
-    def draw(self, height: int, width: int, rng=random) -> torch.Tensor:
-        """This view's parameters for an image of `height` x `width`, from Python's generator (~50 times faster
-        than torch's for scalars): `rng`, a random.Random (solo.data.views.multiview seeds one per sample and view),
-        or the module `random`, the process's (as solo.data.seeding.seeded_rng seeds it)."""
+    def draw(self, height: int, width: int, rng=random) -> list[float]:
+        """This view's parameters for an image of `height` x `width` (a list in FIELDS' order), from Python's
+        generator (~50 times faster than torch's for scalars): `rng`, a random.Random (solo.data.views.multiview
+        seeds one per sample and view), or the module `random`, the process's (as solo.data.sampling.seeding's
+        seeded_rng seeds it). A batch's parameters become one tensor when they are collated."""
         a = self.aug
 
         def coin(p: float) -> float:
@@ -119,138 +134,289 @@ class ViewRecipe:
         p[AT["blur"]] = coin(a.blur_prob)
         p[AT["sigma"]] = rng.uniform(0.1, 2.0)
         p[AT["solarize"]] = coin(a.solarize_prob)
-        return torch.tensor(p, dtype=torch.float64)
+        return p
 
     def __call__(self, image) -> torch.Tensor:
         """The CPU path: one view of one image (PIL or uint8 (3, H, W)), normalised float32 (3, size, size)."""
         pixels = as_uint8_tensor(image)
-        return self.apply_batch([pixels], self.draw(pixels.shape[-2], pixels.shape[-1])[None])[0]
+        params = torch.tensor([self.draw(pixels.shape[-2], pixels.shape[-1])], dtype=torch.float64)
+        return self.apply_batch([pixels], params)[0]
 
-    def apply_batch(self, images: torch.Tensor | list[torch.Tensor], p: torch.Tensor) -> torch.Tensor:
-        """The views of a batch, on the images' device: `images` uint8 (3, H_i, W_i) tensors (or one (B, 3, H, W)
-        tensor), `p` their (B, len(FIELDS)) parameters, on the CPU. Returns normalised float32 (B, 3, size, size).
+    def apply_batch(self, images, p: torch.Tensor, *, whole_batch: bool = False) -> torch.Tensor:
+        """This view of a batch (see make_views): `p` its (B, len(FIELDS)) parameters."""
+        return make_views([self], images, p[None], whole_batch=whole_batch)[0]
 
-        Each operation runs on the samples that have it (all of the batch, or those gathered, changed and put back
-        in place); which samples these are is read from the CPU copy of the parameters, never from the device."""
-        boxes = p[:, : AT["width"] + 1].long().tolist()
-        on = (p > 0).tolist()
 
-        def rows(field: str) -> list[int]:
-            return [i for i, flags in enumerate(on) if flags[AT[field]]]
+def make_views(
+    recipes: Sequence[ViewRecipe],
+    images,
+    params: torch.Tensor,
+    *,
+    whole_batch: bool = False,
+    device: torch.device | None = None,
+) -> list[torch.Tensor]:
+    """Each recipe's view of every image: normalised float32 (B, 3, size, size) tensors, on `device` (by default the
+    images').
 
-        x = crop_resize(images, boxes, self.size)  # a new tensor: the operations below may change it in place
-        x = on_rows(x, rows("flip"), lambda x, _: x.flip(-1))
-        x = self._jitter(x, p, rows("jitter"))
-        x = on_rows(x, rows("grayscale"), lambda x, _: grey(x).expand_as(x).contiguous())
-        if self.aug.blur_prob > 0:
-            x = on_rows(x, rows("blur"), lambda x, r: gaussian_blur(x, p[r, AT["sigma"]], self.kernel))
-        x = on_rows(x, rows("solarize"), solarize)
-        mean, std = self._normalisation(x.device)
-        return (x - mean) / std
+    `images`: uint8 (3, H_i, W_i) tensors (or one (B, 3, H, W) tensor) on one device; `params`: the views' (V, B,
+    len(FIELDS)) parameters, float64, on the CPU; `whole_batch`: the device path's way to reach the rows (see the
+    module's docstring). The views of one size are made together, rows v * B + i of one tensor."""
+    device = device or images[0].device
+    canvas = padded_canvas(images, device)
+    batch = canvas.shape[0]
+    out: list = [None] * len(recipes)
+    sizes: dict[int, list[int]] = {}
+    for v, recipe in enumerate(recipes):
+        sizes.setdefault(recipe.size, []).append(v)
+    for members in sizes.values():
+        p = (
+            params[members[0] : members[-1] + 1]
+            if members == list(range(members[0], members[-1] + 1))
+            else params[members]
+        )
+        p = p.flatten(0, 1).numpy()
+        views = _views_of_one_size([recipes[v] for v in members], canvas, p, whole_batch)
+        for v, view in zip(members, views.split(batch)):
+            out[v] = view
+    return out
 
-    def _normalisation(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        """The mean and std as (1, 3, 1, 1) tensors on `device`, sent there once: a copy from the host each step
-        would wait for the device's queue of kernels."""
-        if device not in self._on_device:
-            self._on_device[device] = tuple(torch.tensor(v).view(1, 3, 1, 1).to(device) for v in (self.mean, self.std))
-        return self._on_device[device]
 
-    def _jitter(self, x: torch.Tensor, p: torch.Tensor, jittered: list[int]) -> torch.Tensor:
-        """ColorJitter on the `jittered` samples, each sample's operations in its own order: at position k, each
-        operation runs on the samples that have it there, so every sample is changed once per position."""
-        orders = p[:, AT["order0"] : AT["order3"] + 1].long().tolist()
-        adjust = (*BLENDS, shift_hue)
-        for k in range(4):
-            for op in self.jitter_ops:
-                rows = [i for i in jittered if orders[i][k] == op]
-                factor = p[rows, AT[JITTER[op]]].to(x.device, torch.float32, non_blocking=True).view(-1, 1, 1, 1)
-                x = on_rows(x, rows, lambda x, _: adjust[op](x, factor))  # noqa: B023 (called at once, in this iteration)
+def padded_canvas(images, device: torch.device) -> torch.Tensor:
+    """The batch as one float32 (B, 3, H, W) tensor on `device`, each image at the top left, its last row and column
+    repeated to at least one pixel past its edge (so that a crop's samples in its last half pixel read the edge,
+    whatever the batch's other images: a sample's view does not depend on its neighbours). Images of several sizes:
+    one copy to the device of all their pixels, then one gather that places them."""
+    if isinstance(images, torch.Tensor):
+        return F.pad(images.to(device, non_blocking=True), (0, 1, 0, 1), mode="replicate").float()
+    # Each image's pixels as they lie in memory: (3, H, W) as decoded by PIL, or a view of (H, W, 3) as decode_jpeg
+    # gives them; any other layout copied to the first.
+    images = [im if im.is_contiguous() or _pixel_major(im) else im.contiguous() for im in images]
+    flat = torch.cat([im.as_strided((im.numel(),), (1,)) for im in images]).to(device, non_blocking=True)
+    heights, widths = (np.array([int(im.shape[axis]) for im in images])[:, None] for axis in (-2, -1))
+    starts = np.cumsum([0] + [im.numel() for im in images])[:-1, None]
+    strides = np.array([im.stride() for im in images])  # (B, 3): channel, row, column
+    index_type = np.int32 if starts[-1, 0] + images[-1].numel() < 2**31 else np.int64
+    # Every canvas pixel's position in `flat`, computed on the host (no launches) and sent with the pixels.
+    rows = np.minimum(np.arange(heights.max() + 1), heights - 1)  # (B, H + 1): the last row repeated
+    columns = np.minimum(np.arange(widths.max() + 1), widths - 1)
+    pixel = (starts + rows * strides[:, 1:2])[:, :, None] + (columns * strides[:, 2:3])[:, None, :]  # (B, H + 1, W + 1)
+    index = pixel[:, None] + (np.arange(3) * strides[:, :1])[:, :, None, None]
+    return flat[torch.from_numpy(index.astype(index_type)).to(device, non_blocking=True)].float()
+
+
+def _pixel_major(image: torch.Tensor) -> bool:
+    """Whether a (3, H, W) tensor is a view of dense (H, W, 3) memory."""
+    return image.stride() == (1, 3 * image.shape[2], 3)
+
+
+def crop_resize(canvas: torch.Tensor, boxes: torch.Tensor, size: int) -> torch.Tensor:
+    """`boxes` (R, 5): each row's image in `canvas` and its box (left, top, right, bottom) in pixels, resized to
+    size x size, in float32 [0, 1] (see the module's docstring). One call for all the rows."""
+    return roi_align(canvas, boxes, size, spatial_scale=1.0, sampling_ratio=0, aligned=True).div_(255.0)
+
+
+# The colour jitter as passes over all rows, each row's four operations in its own order: its brightness, contrast
+# and saturation before its hue rotation in the passes "before" (positions 0-3), the hue, then those after it in the
+# passes "after" (positions 1-3). A row with no blend in a pass keeps its pixels (f = 1).
+BLEND_PASSES = ("before0", "before1", "before2", "before3", "after1", "after2", "after3")
+# Per-row values the operations read (float32): which rows each operation changes (gates; the device gets those of
+# the operations that are not an exact identity where a row does not have them), and the operations' factors.
+GATES = ("flip", "hue", "grayscale", "blur", "solarize", *BLEND_PASSES)
+GATED = 5  # the first GATES, those the device path reads
+FACTORS = (*(f"{kind}_{step}" for step in BLEND_PASSES for kind in ("f", "mean", "grey")), "shift")
+
+
+def _row_values(p: np.ndarray, hue_on: np.ndarray) -> np.ndarray:
+    """GATES then FACTORS for every row, (len(GATES) + len(FACTORS), R) float32, from the rows' parameters `p` (R,
+    len(FIELDS)), on the host. A blend pass's factors f, mean and grey: x -> f x + mean x the image's mean grey +
+    grey x its grey image; torchvision's f x + (1 - f) other, other black (brightness), the mean grey (contrast) or
+    the grey image (saturation), with 1 - f where the other is, 0 elsewhere; f = 1 and zeros where the row has no
+    blend in that pass. `hue_on`: whether each row's recipe rotates the hue (a drawn shift of 0 is not an exact
+    identity, so it is gated); the hue's factor is 6 x its shift (in sixths of a turn)."""
+    rows = len(p)
+    order = p[:, AT["order0"] : AT["order3"] + 1].astype(np.int64)
+    jitter = p[:, AT["jitter"]] > 0
+    has_hue = jitter & hue_on & (order == 3).any(1)
+    hue_at = np.where(has_hue, (order == 3).argmax(1), 4)  # the hue's position, 4 where the row has none
+    gates = {name: p[:, AT[name]] > 0 for name in ("flip", "grayscale", "blur", "solarize")}
+    gates["hue"] = has_hue
+    factors = {"shift": (np.float32(6) * p[:, AT["hue"]].astype(np.float32))}
+    for step in BLEND_PASSES:
+        k = int(step[-1])
+        op = order[:, k]
+        on = jitter & (op < 3) & ((k < hue_at) if step.startswith("before") else (k > hue_at))
+        factor = p[np.arange(rows), AT["brightness"] + np.minimum(op, 2)].astype(np.float32)
+        f = np.where(on, factor, np.float32(1))
+        g = np.float32(1) - f
+        gates[step] = on
+        factors |= {f"f_{step}": f, f"mean_{step}": g * (on & (op == 1)), f"grey_{step}": g * (on & (op == 2))}
+    return np.stack([gates[name] for name in GATES] + [factors[name] for name in FACTORS]).astype(np.float32)
+
+
+def _blur_weights(sigma: np.ndarray, kernel: int) -> np.ndarray:
+    """Each row's Gaussian taps (R, kernel), torchvision's GaussianBlur kernel: exp(-(x / sigma)^2 / 2) at x evenly
+    spaced in +-(kernel - 1) / 2, normalised to sum 1."""
+    x = np.linspace(-(kernel - 1) / 2, (kernel - 1) / 2, kernel)
+    taps = np.exp(-0.5 * (x / sigma[:, None]) ** 2)
+    return (taps / taps.sum(1, keepdims=True)).astype(np.float32)
+
+
+class _WholeBatch:
+    """Every operation on every row: a row without it keeps its input exactly (see the module's docstring)."""
+
+    def __init__(self, gates: list[torch.Tensor], factors: list[torch.Tensor]):
+        self.gate, self.factor = dict(zip(GATES[:GATED], gates)), dict(zip(FACTORS, factors))
+
+    def apply(self, x: torch.Tensor, operation: Callable, gate: str, *factors, identity: bool = False):
+        """x after `operation(x, *factors)` (names of FACTORS, or tensors with a row each) on the rows whose `gate`
+        is on; `identity`: the factors of the rows whose gate is off already make it an exact identity."""
+        changed = operation(x, *(self.factor[f] if isinstance(f, str) else f for f in factors))
+        return changed if identity else torch.lerp(x, changed, self.gate[gate])
+
+
+class _SelectedRows:
+    """Each operation on the rows that have it, gathered and put back (which rows: read from the host's values)."""
+
+    def __init__(self, gates: np.ndarray, factors: list[torch.Tensor]):
+        self.rows = {name: np.flatnonzero(gate).tolist() for name, gate in zip(GATES, gates)}
+        self.factor = dict(zip(FACTORS, factors))
+
+    def apply(self, x: torch.Tensor, operation: Callable, gate: str, *factors, identity: bool = False):
+        rows = self.rows[gate]
+        values = [self.factor[f] if isinstance(f, str) else f for f in factors]
+        if len(rows) == len(x):
+            return operation(x, *values)
+        if rows:
+            where = torch.tensor(rows).to(x.device, non_blocking=True)
+            chosen = [value.index_select(0, where) for value in values]
+            x.index_copy_(0, where, operation(x.index_select(0, where), *chosen))
         return x
 
 
-def on_rows(x: torch.Tensor, rows: list[int], operation) -> torch.Tensor:
-    """x with x[rows] replaced by operation(x[rows], rows) (in place, unless every sample is in `rows`: then the
-    whole batch at once, into a new tensor)."""
-    if len(rows) == len(x):
-        return operation(x, rows)
-    if rows:
-        where = torch.tensor(rows).to(x.device, non_blocking=True)
-        x.index_copy_(0, where, operation(x.index_select(0, where), rows))
-    return x
+def _views_of_one_size(recipes: list[ViewRecipe], canvas: torch.Tensor, p: np.ndarray, whole_batch: bool):
+    """The views of `recipes` (all of one size) of the images in `canvas`: rows v * B + i, normalised float32.
+    `p`: their (V * B, len(FIELDS)) parameters. Everything the rows' operations read is computed on the host from
+    `p` and sent to the device in one copy: the crop boxes, the gates and factors, the blur's taps."""
+    size, kernel, batch, rows = recipes[0].size, recipes[0].kernel, canvas.shape[0], len(p)
+    hue_on = np.repeat([r.aug.hue > 0 for r in recipes], batch)
+    values = _row_values(p, hue_on)
+    left_top = p[:, [AT["left"], AT["top"]]]
+    boxes = np.concatenate(
+        [(np.arange(rows) % batch)[:, None], left_top, left_top + p[:, [AT["width"], AT["height"]]]], 1
+    )
+    blur = any(r.aug.blur_prob > 0 for r in recipes)
+    taps = np.repeat(_blur_weights(p[:, AT["sigma"]], kernel), 3, axis=0) if blur else np.zeros((0, kernel))
+    read = np.concatenate([values[:GATED], values[len(GATES) :]]) if whole_batch else values[len(GATES) :]
+    parts = (read, boxes.astype(np.float32), taps.astype(np.float32))
+    sent = torch.from_numpy(np.concatenate([part.reshape(-1) for part in parts]))
+    sent = sent.to(canvas.device, non_blocking=True).split([part.size for part in parts])
+    on_device = sent[0].view(-1, rows, 1, 1, 1).unbind(0)
+    if whole_batch:
+        on = _WholeBatch(on_device[:GATED], on_device[GATED:])
+    else:
+        on = _SelectedRows(values[: len(GATES)], on_device)
+
+    x = crop_resize(canvas, sent[1].view(rows, 5), size)  # a new tensor: the operations below may change it in place
+    jitter = {op for r in recipes for op in r.jitter_ops}
+    if any(r.aug.hflip_prob > 0 for r in recipes):
+        x = on.apply(x, lambda x: x.flip(-1), "flip")
+    passes = [s for s in BLEND_PASSES if s.startswith("before") or 3 in jitter] if jitter & {0, 1, 2} else []
+    factors = ("f", "mean", "grey") if 2 in jitter else ("f", "mean")  # no saturation: no grey image to blend with
+    for step in passes[:4]:
+        x = on.apply(x, blend, step, *(f"{kind}_{step}" for kind in factors), identity=True)
+    if 3 in jitter:
+        x = on.apply(x, shift_hue, "hue", "shift")
+    for step in passes[4:]:
+        x = on.apply(x, blend, step, *(f"{kind}_{step}" for kind in factors), identity=True)
+    if any(r.aug.grayscale_prob > 0 for r in recipes):
+        x = on.apply(x, lambda x: grey(x).expand_as(x), "grayscale")
+    if blur:
+        x = on.apply(x, gaussian_blur, "blur", sent[2].view(rows, 3, kernel))
+    if any(r.aug.solarize_prob > 0 for r in recipes):
+        x = on.apply(x, solarize, "solarize")
+    mean, std = _normalisation(recipes, batch, x.device)
+    return (x - mean) / std
 
 
-def solarize(x: torch.Tensor, rows=None) -> torch.Tensor:
-    """Pixels at or above the threshold inverted (RandomSolarize at 128 of 255)."""
-    return x + (x >= SOLARIZE_THRESHOLD).to(x.dtype) * (1 - 2 * x)  # not torch.where: 5 times slower on the CPU
+_CONSTANTS: dict = {}  # (what, ..., device) -> a small tensor made on its device once
 
 
-def crop_resize(images, boxes: list[list[int]], size: int) -> torch.Tensor:
-    """Each image's box (top, left, height, width) resized to size x size (bilinear, antialiased, as
-    torchvision's resized_crop), in float32 [0, 1]. One small resize per sample: boxes differ in size."""
-    out = []
-    for image, (top, left, h, w) in zip(images, boxes):
-        crop = image[None, :, top : top + h, left : left + w].float()
-        out.append(F.interpolate(crop, size=(size, size), mode="bilinear", antialias=True, align_corners=False))
-    return torch.cat(out).div_(255.0)
+def _constant(key: tuple, values, shape: tuple, device: torch.device, dtype=torch.float32) -> torch.Tensor:
+    """A small constant tensor, sent to its device once: a copy from the host each step would wait for the device's
+    queue of kernels."""
+    key = (*key, str(device), dtype)
+    if key not in _CONSTANTS:
+        _CONSTANTS[key] = torch.tensor(values, dtype=dtype).view(shape).to(device)
+    return _CONSTANTS[key]
+
+
+def _normalisation(recipes: list[ViewRecipe], batch: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The views' mean and std: (1, 3, 1, 1) where the recipes share them, else a row each."""
+    stats = [(tuple(r.mean), tuple(r.std)) for r in recipes]
+    repeat = 1 if len(set(stats)) == 1 else batch
+    stats = stats[:1] if repeat == 1 else stats
+    mean = [m for means, _ in stats for m in [means] * repeat]
+    std = [s for _, stds in stats for s in [stds] * repeat]
+    return (
+        _constant(("mean", tuple(mean)), mean, (-1, 3, 1, 1), device),
+        _constant(("std", tuple(std)), std, (-1, 3, 1, 1), device),
+    )
+
+
+def solarize(x: torch.Tensor) -> torch.Tensor:
+    """Pixels at or above the threshold inverted (RandomSolarize at 128 of 255, as torchvision computes it)."""
+    return torch.where(x >= SOLARIZE_THRESHOLD, 1 - x, x)
 
 
 def grey(x: torch.Tensor) -> torch.Tensor:
-    r, g, b = x.unbind(1)
-    return (GREY_WEIGHTS[0] * r + GREY_WEIGHTS[1] * g + GREY_WEIGHTS[2] * b).unsqueeze(1)
+    """The luma of (R, 3, H, W) images, (R, 1, H, W) (torchvision's rgb_to_grayscale)."""
+    return (x * _constant(("grey",), GREY_WEIGHTS, (1, 3, 1, 1), x.device, x.dtype)).sum(1, keepdim=True)
 
 
-def _blend(x: torch.Tensor, other: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
-    return (factor * x + (1 - factor) * other).clamp(0, 1)
-
-
-BLENDS = (
-    lambda x, f: _blend(x, torch.zeros_like(x), f),  # brightness: towards black
-    lambda x, f: _blend(x, grey(x).mean(dim=(1, 2, 3), keepdim=True), f),  # contrast: towards the mean grey
-    lambda x, f: _blend(x, grey(x), f),  # saturation: towards the grey image
-)
+def blend(x: torch.Tensor, f: torch.Tensor, to_mean: torch.Tensor, to_grey: torch.Tensor | None = None) -> torch.Tensor:
+    """ColorJitter's brightness, contrast or saturation, each row by its own factors (see _row_values): f x +
+    to_mean x the mean grey + to_grey x the grey image, clamped to [0, 1]; without `to_grey`, no row blends with its
+    grey image. f = 1 and zeros change nothing. Each step one operation (no fused multiply-add), so that a row's
+    pixels never depend on the batch."""
+    luma = grey(x)
+    other = to_mean * luma.mean(dim=(1, 2, 3), keepdim=True)
+    if to_grey is not None:
+        other = other + to_grey * luma  # where one of the two is non-zero, the other is an exact 0
+    return (f * x + other).clamp_(0, 1)
 
 
 def shift_hue(x: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
-    """Rotate each image's hue by its `shift` (B, 1, 1, 1) of a full turn, through HSV (torchvision's hexcone). In
-    arithmetic on 0/1 masks, not torch.where, and with amax/amin, not max/min: on the CPU those two are 5 and 20
-    times slower than an addition (5.5 against 14 ms for 40 images of 64 px)."""
-    high, low = x.amax(dim=1), x.amin(dim=1)
-    spread = high - low  # = value x saturation
-    r, g, b = x.unbind(1)
-    # The hue's sector: where the largest channel is (red before green before blue on ties), in sixths of a turn.
-    at_r = (high == r).to(x.dtype)
-    at_g = (high == g).to(x.dtype) * (1 - at_r)
-    at_b = 1 - at_r - at_g
-    within = (at_r * (g - b) + at_g * (b - r) + at_b * (r - g)) / spread.clamp_min(torch.finfo(x.dtype).tiny)
-    sixths = within + 2 * at_g + 4 * at_b + 6 * shift.view(-1, 1, 1)  # a grey pixel's: anything (spread 0 below)
-    # HSV -> RGB: each channel from its own offset around the colour wheel.
-    channels = []
-    for offset in (5.0, 3.0, 1.0):
-        k = sixths + offset
-        k = k - 6 * torch.floor(k / 6)
-        channels.append(high - spread * torch.minimum(k, 4 - k).clamp_(0, 1))
-    return torch.stack(channels, dim=1).clamp_(0, 1)
+    """Rotate each image's hue by its `shift` (R, 1, 1, 1), in sixths of a turn, through HSV (torchvision's
+    hexcone)."""
+    high, largest = x.max(dim=1, keepdim=True)  # the first largest channel: red before green before blue on ties
+    spread = high - x.amin(dim=1, keepdim=True)  # = value x saturation
+    # Where channel c is the largest, the hue is 2c + (the next channel - the one after) / spread, in sixths.
+    turns = x.index_select(1, _constant(("next",), [1, 2, 0], (3,), x.device, torch.long))
+    turns = turns - x.index_select(1, _constant(("after",), [2, 0, 1], (3,), x.device, torch.long))
+    sectors = _constant(("sectors",), [0.0, 2.0, 4.0], (1, 3, 1, 1), x.device, x.dtype)
+    sixths = (turns / spread.clamp_min(torch.finfo(x.dtype).tiny) + sectors).gather(1, largest) + shift
+    # HSV -> RGB: each channel from its own offset around the colour wheel (a grey pixel's hue: anything, spread 0).
+    k = torch.remainder(sixths + _constant(("offsets",), [5.0, 3.0, 1.0], (1, 3, 1, 1), x.device, x.dtype), 6)
+    return (high - spread * torch.minimum(k, 4 - k).clamp_(0, 1)).clamp_(0, 1)
 
 
-def gaussian_blur(x: torch.Tensor, sigma: torch.Tensor, kernel: int) -> torch.Tensor:
-    """Each image blurred with its own `sigma` (B,), by a separable `kernel`-tap Gaussian with reflected edges
-    (torchvision's GaussianBlur kernel: exp(-(t / sigma)^2) at t evenly spaced in +-(kernel - 1) / (2 sqrt 2))."""
+def gaussian_blur(x: torch.Tensor, taps: torch.Tensor) -> torch.Tensor:
+    """Each image blurred by its own separable Gaussian `taps` (R, 3, kernel): one grouped convolution per axis for
+    the whole batch, reflected edges (torchvision's GaussianBlur)."""
     b, c, h, w = x.shape
-    reach = (kernel - 1) / (2 * math.sqrt(2))
-    t = torch.linspace(-reach, reach, kernel, device=x.device, dtype=x.dtype)
-    sigma = sigma.to(x.device, x.dtype, non_blocking=True).view(-1, 1)
-    weights = torch.softmax(-((t / sigma) ** 2), dim=1).repeat_interleave(c, dim=0)  # (B*C, k)
+    kernel = taps.shape[-1]
     pad = kernel // 2
     flat = F.pad(x.reshape(1, b * c, h, w), (pad, pad, pad, pad), mode="reflect")
-    flat = F.conv2d(flat, weights.view(b * c, 1, 1, kernel), groups=b * c)
-    flat = F.conv2d(flat, weights.view(b * c, 1, kernel, 1), groups=b * c)
+    flat = F.conv2d(flat, taps.reshape(b * c, 1, 1, kernel), groups=b * c)
+    flat = F.conv2d(flat, taps.reshape(b * c, 1, kernel, 1), groups=b * c)
     return flat.view(b, c, h, w)
 
 
 class DeviceViews:
     """`data.augment_on=device`: turns a raw batch (uint8 images, each view's parameters; see
-    MultiViewDataset(raw=True)) into its views on the training device, the whole batch at once; with
-    `probe_transform` (the evaluation transform), also each image as validation sees it, `"probe_image"`."""
+    MultiViewDataset(raw=True)) into its views on the training device, the whole batch at once (`make_views`'
+    whole-batch way); with `probe_transform` (the evaluation transform), also each image as validation sees it,
+    `"probe_image"`."""
 
     def __init__(self, recipes: Sequence[ViewRecipe], pairs: bool, probe_transform: Callable | None = None):
         self.recipes, self.pairs, self.probe_transform = list(recipes), pairs, probe_transform
@@ -259,11 +425,13 @@ class DeviceViews:
         batch = dict(batch)
         images = batch.pop("image")
         images = decode(images, device) if isinstance(images, list) else images.to(device, non_blocking=True)
-        params = batch.pop("params")
-        if self.pairs:  # image-text pairs: one view, the image
-            batch["image"] = self.recipes[0].apply_batch(images, params)
+        params = batch.pop("params")  # (V, B, len(FIELDS)), on the host: make_views sends what the views need
+        recipes = self.recipes[:1] if self.pairs else self.recipes  # image-text pairs: one view, the image
+        views = make_views(recipes, images, params, whole_batch=True, device=device)
+        if self.pairs:
+            batch["image"] = views[0]
         else:
-            batch["views"] = [recipe.apply_batch(images, p) for recipe, p in zip(self.recipes, params)]
+            batch["views"] = views
         if self.probe_transform is not None:  # images of one size in one call, of several sizes one by one
             probe = self.probe_transform
             batch["probe_image"] = (
@@ -273,19 +441,23 @@ class DeviceViews:
 
 
 def decode(images: list[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
-    """The batch's images as uint8 (3, H, W) tensors on `device`: those still encoded (1-D JPEG bytes, see
-    solo.data.multiview.raw_image) decoded there in one call (nvJPEG on a GPU), the others moved there."""
+    """The batch's images as uint8 (3, H, W) tensors: those still encoded (1-D JPEG bytes, see
+    solo.data.decode.raw_image) decoded on `device` in one call (nvJPEG on a GPU). The others stay where they are
+    (make_views sends them to the device in one copy), unless some were decoded there: then they are moved too."""
     encoded = [i for i, image in enumerate(images) if image.dim() == 1]
+    if not encoded:
+        return images
+    try:
+        decoded = decode_jpeg([images[i] for i in encoded], mode=ImageReadMode.RGB, device=device)
+    except RuntimeError as e:
+        raise DataError(
+            f"decoding the batch's JPEG images on {device} failed ({e}): a file passed the DataLoader worker's "
+            "checks (header, end marker) but does not decode there. data.augment_on=cpu decodes each image in the "
+            "workers, where one that fails is named and, with data.on_bad_image=skip, skipped"
+        ) from None
     out = list(images)
-    if encoded:
-        try:
-            decoded = decode_jpeg([images[i] for i in encoded], mode=ImageReadMode.RGB, device=device)
-        except RuntimeError as e:
-            raise DataError(
-                f"decoding the batch's JPEG images on {device} failed ({e}): a file passed the DataLoader worker's "
-                "checks (header, end marker) but does not decode there. data.augment_on=cpu decodes each image in the "
-                "workers, where one that fails is named and, with data.on_bad_image=skip, skipped"
-            ) from None
-        for i, image in zip(encoded, decoded):
-            out[i] = image
+    for i, image in zip(encoded, decoded):
+        out[i] = image
+    if len(encoded) == len(images):
+        return out
     return [image.to(device, non_blocking=True) for image in out]

@@ -81,7 +81,7 @@ class ImageTextDataset:
         with seeded_rng(sample_seed(self.seed, epoch, key_index, 0)):
             if self.raw:
                 image, height, width = image
-                sample = {"image": image, "params": self.transform.draw(height, width)}
+                sample = {"image": image, "params": [self.transform.draw(height, width)]}  # one view
             else:
                 sample = {"image": self.transform(image)}
         options = self.pairs.caption_options(index)

@@ -10,7 +10,7 @@ from torchvision.io import ImageReadMode, decode_jpeg
 
 from solo.data.decode import ImageReadError, raw_image, raw_pixels, read_or_skip
 from solo.data.sampling.seeding import sample_seed, seeded_rng
-from solo.data.views.augment import AT
+from solo.data.views.augment import AT, make_views
 
 
 def epoch_and_index(key, length: int, owner: str) -> Tuple[int, int]:
@@ -85,14 +85,12 @@ class MultiViewDataset:
         if self.raw:
             return samples
         images = [sample.pop("image") for sample in samples]
-        params = [sample.pop("params") for sample in samples]
-        for sample, image in zip(samples, images):
-            sample["views"] = []
+        params = views_parameters([sample.pop("params") for sample in samples])
+        views = make_views(self.view_transforms, images, params)
+        for i, (sample, image) in enumerate(zip(samples, images)):
+            sample["views"] = [view[i] for view in views]
             if self.probe_transform is not None:
                 sample["probe_image"] = self.probe_transform(image)
-        for v, recipe in enumerate(self.view_transforms):
-            for sample, view in zip(samples, recipe.apply_batch(images, torch.stack([p[v] for p in params]))):
-                sample["views"].append(view)
         return samples
 
     def _raw_sample(self, key: Tuple[int, int]) -> Dict:
@@ -107,7 +105,7 @@ class MultiViewDataset:
         ]
         sample = {"image": image, "params": params, "label": int(label), "index": index, "skipped": int(used != index)}
         if self.view_boxes:
-            sample["view_boxes"] = view_boxes(torch.stack(params), height, width)
+            sample["view_boxes"] = view_boxes(torch.tensor(params, dtype=torch.float64), height, width)
         if self.masks is not None:
             with seeded_rng(sample_seed(self.seed, epoch, index, len(self.view_transforms))):
                 sample["mask"] = self.masks()
@@ -137,12 +135,19 @@ def view_boxes(params: torch.Tensor, height: int, width: int) -> torch.Tensor:
     return (box / box.new_tensor([height, width, height, width, 1.0])).float()
 
 
+def views_parameters(params: list[list[list[float]]]) -> torch.Tensor:
+    """The samples' view parameters (per sample, per view, ViewRecipe.draw's list) as one (V, B, len(FIELDS)) float64
+    tensor: what make_views takes."""
+    return torch.tensor(params, dtype=torch.float64).transpose(0, 1)
+
+
 def collate_raw(samples: list[dict]) -> dict:
     """DataLoader collation of raw samples: images of one size are stacked (one copy to the device), of several
-    sizes kept as a list; the rest is collated as usual."""
-    batch = default_collate([{k: v for k, v in s.items() if k != "image"} for s in samples])
+    sizes kept as a list; the views' parameters as one (V, B, len(FIELDS)) tensor; the rest is collated as usual."""
+    batch = default_collate([{k: v for k, v in s.items() if k not in ("image", "params")} for s in samples])
     images = [s["image"] for s in samples]
     batch["image"] = torch.stack(images) if len({im.shape for im in images}) == 1 else images
+    batch["params"] = views_parameters([s["params"] for s in samples])
     return batch
 
 
