@@ -200,14 +200,18 @@ def test_two_processes_accumulating_equal_one_process_on_the_whole_batch(tmp_pat
 
 
 class GhostBatchNorm(nn.Module):
-    """The reference for a BatchNorm backbone: the same BatchNorm applied to each chunk of `chunk` samples."""
+    """The reference for a BatchNorm backbone: the same BatchNorm applied to each chunk of `chunk` samples (of one view:
+    the views, concatenated in one call, hold whole chunks)."""
 
     def __init__(self, bn: nn.BatchNorm2d, chunk: int):
         super().__init__()
         self.bn, self.chunk = bn, chunk
 
     def forward(self, x):
-        return torch.cat([self.bn(part) for part in x.split(self.chunk)])
+        from solo.distributed.batchnorm import row_groups
+
+        with row_groups(1):  # each chunk's own statistics, whatever groups the call holds
+            return torch.cat([self.bn(part) for part in x.split(self.chunk)])
 
 
 def test_a_batchnorm_backbone_sees_micro_batch_statistics(tmp_path, monkeypatch):

@@ -57,7 +57,7 @@ def test_stochastic_depth_and_dropout_draw_per_sample_whoever_computes_it():
     alone, or as the other part of a micro-batch gets the same mask; another step, seed or sample another one. The
     drop rate is the one asked for, and kept rows are scaled by 1 / keep as timm's."""
     from solo.backbones import build_backbone
-    from solo.backbones.stochastic import Dropout, DropPath, drawn_per_sample, samples
+    from solo.backbones.stochastic import Draws, Dropout, DropPath
 
     vit, _ = build_backbone(
         {"name": "test_vit", "drop_path_rate": 0.5, "small_stem": False, "kwargs": {"img_size": 16}}
@@ -69,7 +69,9 @@ def test_stochastic_depth_and_dropout_draw_per_sample_whoever_computes_it():
     index = torch.arange(1000)
 
     def masks(module, index, seed=0, step=5, rows=None):
-        with drawn_per_sample(seed, step), samples(index):
+        draws = Draws(seed, torch.device("cpu")).attach(torch.nn.Sequential(drop, dropout))
+        draws.set_step(step)
+        with draws.on(index):
             return module(x[: 2 * len(index)] if rows is None else x[:rows])  # two views of each sample
 
     whole = masks(drop, index)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from solo.eval.health import alignment_sums, collapse, health, rankme, spread, uniformity
+from solo.eval.health import alignment_squares, collapse, health, rankme, spread, uniformity
 from tests.test_train import TINY, compose_cfg
 
 
@@ -39,17 +39,18 @@ def test_spread_is_about_one_for_an_isotropic_cloud_and_zero_for_one_point():
     assert spread(torch.ones(50, 32) * 3) == 0
 
 
-def test_alignment_sums_the_squared_distance_of_each_samples_first_two_views():
+def test_alignment_squares_the_distance_of_each_samples_first_two_views():
     """Rows in view order (3 views of 4 samples): the first two views' normalised rows, distance squared, summed over the
-    4 samples; identical views give 0, opposite ones 4, and one view alone (a method reading one) gives nothing."""
+    4 samples; identical views give 0, opposite ones 4 each; one view alone (a method reading one) is refused."""
     z = np.random.default_rng(3).normal(size=(12, 5))
     u = z / np.linalg.norm(z, axis=1, keepdims=True)
     expected = sum(np.sum((u[i] - u[4 + i]) ** 2) for i in range(4))
-    assert alignment_sums(torch.from_numpy(z), 4).tolist() == pytest.approx([expected, 4], rel=1e-12)
-    x = torch.randn(4, 5)
-    assert alignment_sums(torch.cat([x, 3 * x]), 4).tolist() == pytest.approx([0, 4], abs=1e-12)
-    assert alignment_sums(torch.cat([x, -x]), 4).tolist() == pytest.approx([16, 4], rel=1e-12)
-    assert alignment_sums(x, 4).tolist() == [0, 0]
+    assert float(alignment_squares(torch.from_numpy(z), 4)) == pytest.approx(expected, rel=1e-12)
+    x = torch.randn(4, 5, dtype=torch.float64)
+    assert float(alignment_squares(torch.cat([x, 3 * x]), 4)) == pytest.approx(0, abs=1e-12)
+    assert float(alignment_squares(torch.cat([x, -x]), 4)) == pytest.approx(16, rel=1e-12)
+    with pytest.raises(ValueError, match="two views"):
+        alignment_squares(x, 4)
 
 
 def test_metrics_of_one_shard_are_not_those_of_the_split():

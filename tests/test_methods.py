@@ -527,7 +527,7 @@ def test_lejepa_directions_are_drawn_from_the_seed_and_step_alone():
     generator holds (each rank seeds its own from its rank), others at the next step or under another seed. Drawn from
     torch's generator instead (a forward outside the step), they differ between two ranks' generators."""
     from solo.backbones import create_backbone
-    from solo.backbones.stochastic import drawn_per_sample
+    from solo.backbones.stochastic import Draws
     from solo.methods import build_method
 
     backbone, width = create_backbone("test_resnet", small_stem=True, pretrained=False)
@@ -536,8 +536,10 @@ def test_lejepa_directions_are_drawn_from_the_seed_and_step_alone():
 
     def drawn(seed: int, step: int, rank: int):
         torch.manual_seed(rank)
-        with drawn_per_sample(seed, step):
-            return method.directions(like)
+        Draws(seed, torch.device("cpu")).attach(method).set_step(step)
+        directions = method.directions(like)
+        method.draws = None  # outside the trainer again
+        return directions
 
     directions = drawn(0, 5, rank=0)
     assert directions.shape == (16, 16) and directions.dtype == torch.float64

@@ -1,10 +1,14 @@
 """solo.methods.base.through: the views of one size through a ViT in one call, with the outputs of one call per view; a
-BatchNorm backbone still one call per view (its per-view statistics are the method's)."""
+BatchNorm backbone in one call too where its BatchNorms take row groups (each view's statistics, the method's), else one
+call per view."""
+
+import copy
 
 import torch
 
 from solo.backbones import build_backbone
-from solo.backbones.stochastic import drawn_per_sample, samples
+from solo.backbones.stochastic import Draws
+from solo.distributed.batchnorm import group_batchnorms
 from solo.methods.base import through
 
 
@@ -56,15 +60,38 @@ def test_a_batchnorm_backbone_takes_each_view_apart():
     assert float((joined - out[0]).abs().max()) > 1e-3
 
 
+def test_a_batchnorm_backbone_with_row_groups_takes_the_views_of_one_size_in_one_call():
+    """Its BatchNorms taking row groups (solo.distributed.batchnorm.group_batchnorms, as the trainer's models): two
+    16 px views in one call of 6 rows, a 8 px one alone; each view's output, every gradient and every running statistic
+    equal those of a call per view on a plain copy (float64, to rounding)."""
+    resnet = _backbone("test_resnet").requires_grad_(True)
+    plain = copy.deepcopy(resnet)
+    group_batchnorms(resnet)
+    views = _views([16, 16, 8])
+    rows, plain_rows = _calls(resnet), _calls(plain)
+    out, want = through(resnet, views), through(plain, views)
+    assert rows == [6, 3] and plain_rows == [3, 3, 3]
+    for got, expected in zip(out, want):
+        torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)
+    upstream = torch.randn(3, *out[0].shape, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    for outputs in (out, want):  # a loss that weighs each view's outputs differently
+        sum((o * u).sum() for o, u in zip(outputs, upstream)).backward()
+    for (name, a), b in zip(resnet.named_parameters(), plain.parameters()):
+        torch.testing.assert_close(a.grad, b.grad, rtol=1e-10, atol=1e-12, msg=name)
+    for (name, a), b in zip(resnet.named_buffers(), plain.buffers()):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12, msg=name)
+
+
 def test_stochastic_depth_in_a_concatenated_call_draws_per_sample_and_view():
     """Drop path in a ViT, drawn per sample: a micro-batch's concatenated call gives its samples' rows of the whole
     batch's concatenated call, each view its own masks."""
     vit = _backbone("test_vit", drop_path_rate=0.5, kwargs={"img_size": 16, "patch_size": 4})
     views, index = _views([16, 16], rows=4), torch.arange(10, 14)
-    with drawn_per_sample(0, 3):
-        with samples(index):
-            whole = through(vit, views)
-        with samples(index[2:]):
-            part = through(vit, [v[2:] for v in views])
+    draws = Draws(0, torch.device("cpu")).attach(vit)
+    draws.set_step(3)
+    with draws.on(index):
+        whole = through(vit, views)
+    with draws.on(index[2:]):
+        part = through(vit, [v[2:] for v in views])
     for got, expected in zip(part, whole):
         torch.testing.assert_close(got, expected[2:], rtol=1e-12, atol=1e-12)

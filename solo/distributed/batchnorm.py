@@ -1,10 +1,16 @@
-"""BatchNorm with statistics over the global batch: torch's SyncBatchNorm on GPUs, solo's own on the CPU.
+"""BatchNorm over views that share one call, and with statistics over the global batch.
 
-torch.nn.SyncBatchNorm runs on GPUs only (fused kernels: one all-gather of every rank's mean, inverse
-standard deviation and count in the forward, one all-reduce in the backward). For CPU processes (gloo)
+A method's views each keep their batch statistics (solo.methods.base.through), yet the views of one size go through
+the backbone in one call: inside `row_groups(G)` the call's rows are G equal groups, each normalised with its own
+statistics, as G calls would normalise them. `group_batchnorms` makes a model's BatchNorms do so: each group through
+the layer's own kernel in turn (the same kernel, the same rows, so the same numbers and running statistics as a call
+per view), while the convolutions, activations and their gradients run once for all the views.
+
+Global statistics: torch.nn.SyncBatchNorm runs on GPUs only (fused kernels: one all-gather of every rank's mean,
+inverse standard deviation and count in the forward, one all-reduce in the backward). For CPU processes (gloo)
 solo has its own, with the same collectives and the same gradient convention as the losses (see
-collectives.py): on any device a W-process step equals a one-process step on the whole batch.
-`convert_sync_batchnorm` picks by where the module's tensors are.
+collectives.py): on any device a W-process step equals a one-process step on the whole batch; its row groups share
+one collective each way. `convert_sync_batchnorm` picks by where the module's tensors are.
 """
 
 from __future__ import annotations
@@ -55,11 +61,46 @@ def row_groups_replayed() -> tuple:
 
 
 def normalises_row_groups(module: nn.Module) -> bool:
-    """Whether `module` has BatchNorm and every one is solo's SyncBatchNorm in a run of W > 1 processes: then views
-    concatenated in one call under `row_groups` keep their own batch statistics. Elsewhere (one process, a GPU's
-    torch.nn.SyncBatchNorm, trainer.sync_batchnorm=false) each view needs its own call."""
+    """Whether `module` has BatchNorm and every one takes `row_groups`: then views concatenated in one call keep their
+    own batch statistics. Those of `group_batchnorms` do; so does solo's SyncBatchNorm in a run of W > 1 processes.
+    Elsewhere (plain BatchNorms, in your own loop) each view needs its own call."""
     norms = [m for m in module.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
-    return world_size() > 1 and bool(norms) and all(isinstance(m, SyncBatchNorm) for m in norms)
+    return bool(norms) and all(
+        isinstance(m, PerGroup) or (isinstance(m, SyncBatchNorm) and world_size() > 1) for m in norms
+    )
+
+
+class PerGroup:
+    """A BatchNorm class's forward, per row group: in training inside `row_groups(G)`, each of the G groups of rows
+    through the class's own forward in turn (its statistics, its running statistics' update), outside in one call."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        groups = _row_groups.get()
+        if groups == 1 or not self.training:
+            return super().forward(x)
+        if x.shape[0] % groups:
+            raise ValueError(f"{type(self).__name__}: {x.shape[0]} rows cannot be {groups} equal groups (row_groups)")
+        normalise = super().forward
+        return torch.cat([normalise(part) for part in x.chunk(groups)])
+
+
+_PER_GROUP: dict[type, type] = {}
+
+
+def per_group(cls: type) -> type:
+    """`cls` (a BatchNorm class) with PerGroup's forward, made once per class."""
+    if cls not in _PER_GROUP:
+        _PER_GROUP[cls] = type(cls.__name__, (PerGroup, cls), {"__module__": __name__, "__doc__": cls.__doc__})
+    return _PER_GROUP[cls]
+
+
+def group_batchnorms(module: nn.Module) -> nn.Module:
+    """`module` with each of its BatchNorms taking row groups (PerGroup), in place: the same parameters, buffers and
+    state dict, another class (solo's SyncBatchNorm takes them already)."""
+    for m in module.modules():
+        if isinstance(m, nn.modules.batchnorm._BatchNorm) and not isinstance(m, (PerGroup, SyncBatchNorm)):
+            m.__class__ = per_group(type(m))
+    return module
 
 
 class SyncBatchNorm(nn.modules.batchnorm._BatchNorm):
@@ -180,9 +221,9 @@ def global_moments(x: torch.Tensor, groups: int = 1) -> tuple[torch.Tensor, torc
 
 
 def convert_sync_batchnorm(module: nn.Module, skip: tuple[nn.Module, ...] = ()) -> nn.Module:
-    """Replace every BatchNorm{1,2,3}d in `module` by a synchronised one (torch's for CUDA tensors, solo's
-    otherwise), keeping parameters and statistics; submodules in `skip` (e.g. a teacher that keeps per-rank
-    statistics) are left as they are."""
+    """Replace every BatchNorm{1,2,3}d in `module` by a synchronised one (torch's for CUDA tensors, taking row groups
+    one call each; solo's otherwise), keeping parameters and statistics; submodules in `skip` (e.g. a teacher that keeps
+    per-rank statistics) are left as they are."""
     if any(module is s for s in skip):
         return module
     if isinstance(module, nn.modules.batchnorm._BatchNorm) and not isinstance(
@@ -190,7 +231,7 @@ def convert_sync_batchnorm(module: nn.Module, skip: tuple[nn.Module, ...] = ()) 
     ):
         like = next(module.parameters(), None) if module.affine else module.running_mean
         factory = {"device": like.device, "dtype": like.dtype} if like is not None else {}
-        kind = nn.SyncBatchNorm if like is not None and like.device.type == "cuda" else SyncBatchNorm
+        kind = per_group(nn.SyncBatchNorm) if like is not None and like.device.type == "cuda" else SyncBatchNorm
         sync = kind(
             module.num_features, module.eps, module.momentum, module.affine, module.track_running_stats, **factory
         )

@@ -9,8 +9,8 @@
 
 - Alignment (Wang and Isola, 2020): the mean over samples of ||u_a - u_b||^2 between the L2-normalised backbone features
   of a sample's first two views; 0 when the views agree, 2 for unrelated directions. The val split has one view per
-  image, so it is measured on the training batches (`alignment_sums`: summed on the device each step, all-reduced and
-  divided by the global count at the logging steps: the global batches' mean at any world size).
+  image, so it is measured on the training batches (`alignment_squares`: summed on the device each step, all-reduced
+  and divided by the global count at the logging steps: the global batches' mean at any world size).
 
 The others are computed on the backbone's features and on the embedding the loss sees (the method's `projector` applied to them,
 where it has one), gathered from every rank in dataset order (solo.eval.features.extract_features): the same numbers
@@ -60,16 +60,14 @@ def teacher_agreement(student: torch.Tensor, teacher: torch.Tensor) -> float:
     return float(torch.nn.functional.cosine_similarity(student.double(), teacher.double(), dim=1).mean())
 
 
-def alignment_sums(features: torch.Tensor, per_view: int) -> torch.Tensor:
-    """[sum over samples of ||u_a - u_b||^2, number of samples] (float64, on the features' device, no host read) of
-    one step's `features`: a method's backbone features of several views in view order, `per_view` rows each (the
-    convention of Method.forward), u the L2-normalised features of the first two. Zeros where the features hold fewer
-    than two views (a method that reads one of them)."""
+def alignment_squares(features: torch.Tensor, per_view: int) -> torch.Tensor:
+    """The sum over samples of ||u_a - u_b||^2 (0-dim, in the features' dtype, on their device, no host read) of one
+    step's `features`: a method's backbone features of at least two views in view order, `per_view` rows each (the
+    convention of Method.forward), u the L2-normalised features of the first two."""
     if len(features) < 2 * per_view:
-        return torch.zeros(2, dtype=torch.float64, device=features.device)
-    u = torch.nn.functional.normalize(features[: 2 * per_view].detach().double(), dim=1)
-    squared = (u[:per_view] - u[per_view:]).square().sum()
-    return torch.stack([squared, torch.full((), per_view, dtype=torch.float64, device=features.device)])
+        raise ValueError(f"alignment_squares: {len(features)} rows are not two views of {per_view}")
+    u = torch.nn.functional.normalize(features[: 2 * per_view], dim=1)
+    return (u[:per_view] - u[per_view:]).square().sum()
 
 
 def health(features: torch.Tensor, embedded: torch.Tensor) -> dict:

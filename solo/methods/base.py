@@ -193,10 +193,11 @@ def through(encoder: nn.Module, views: list[torch.Tensor], *per_view: list, forw
     per token) gives each sample the same output in any batch: the views of one size, with their inputs, are
     concatenated and go through one call (fewer kernels; under FSDP one all-gather per block, not one per view),
     rows j of it sample j % n of view j // n, as per-sample randomness (solo.backbones.stochastic) reads them. An
-    encoder with BatchNorm keeps each view's batch statistics, which are part of the method: with solo's global
-    BatchNorm (W > 1 CPU processes) the views of one size go through one call too, each view a group of rows with its
-    own statistics (solo.distributed.batchnorm.row_groups: one collective per layer for all of them, where separate
-    calls would take one per view); otherwise each view goes through a call of its own."""
+    encoder with BatchNorm keeps each view's batch statistics, which are part of the method: where its BatchNorms take
+    row groups (the trainer's models: solo.distributed.batchnorm.group_batchnorms, solo's global BatchNorm) the views of
+    one size go through one call too, each view a group of rows with its own statistics (with solo's global BatchNorm,
+    one collective per layer for all of them); otherwise (plain BatchNorms, in your own loop) each view goes through a
+    call of its own."""
     forward = forward or encoder
     inputs = list(zip(views, *per_view))
     has_batchnorm = any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in encoder.modules())
@@ -263,7 +264,7 @@ class TwoViewMethod(Method):
 
     def joint(self, encoded: dict, batch: dict) -> dict:
         f1, f2 = encoded["features"]
-        loss = self.loss(self.projector(f1), self.projector(f2))
+        loss = self.loss(*through(self.projector, [f1, f2]))  # each view's BatchNorm statistics, in one call
         return {"loss": loss, "features": torch.cat([f1, f2]), "labels": batch["label"].repeat(2)}
 
 
@@ -318,9 +319,9 @@ class MomentumTwoViewMethod(Method):
 
     def joint(self, encoded: dict, batch: dict) -> dict:
         f1, f2 = encoded["features"]
-        p1, p2 = self.predictor(self.projector(f1)), self.predictor(self.projector(f2))
+        p1, p2 = through(nn.Sequential(self.projector, self.predictor), [f1, f2])
         with torch.no_grad():
-            t1, t2 = (self.teacher[1](t) for t in encoded["teacher"])
+            t1, t2 = through(self.teacher[1], encoded["teacher"])
         return {
             "loss": self.pair_loss(p1, p2, t1, t2),
             "features": torch.cat([f1, f2]),
@@ -358,8 +359,9 @@ class SiameseMethod(Method):
 
     def joint(self, encoded: dict, batch: dict) -> dict:
         f1, f2 = encoded["features"]
-        z1, z2 = self.projector(f1), self.projector(f2)
-        loss = self.pair_loss(self.predictor(z1), self.predictor(z2), z1, z2)
+        z1, z2 = through(self.projector, [f1, f2])
+        p1, p2 = through(self.predictor, [z1, z2])
+        loss = self.pair_loss(p1, p2, z1, z2)
         return {"loss": loss, "features": torch.cat([f1, f2]), "labels": batch["label"].repeat(2)}
 
 

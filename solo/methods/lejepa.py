@@ -37,12 +37,13 @@ class LeJEPA(Method):
         super().__init__(backbone, feature_dim)
         self.cfg = cfg
         self.projector = mlp([feature_dim, cfg.proj_hidden_dim, cfg.proj_hidden_dim, cfg.proj_output_dim])
+        self.draws = None  # the trainer's (solo.backbones.stochastic.Draws.attach): the directions of each step
 
     def directions(self, like: torch.Tensor) -> torch.Tensor:
         """This step's directions: a function of (run seed, step) alone, the same on every rank at any world size
         (solo.backbones.stochastic.step_generator), so nothing to keep in the checkpoint; a forward outside the
         trainer's step draws them from torch's generator."""
-        generator = step_generator(DIRECTIONS, like.device)
+        generator = step_generator(self, DIRECTIONS, like.device)
         dtype = torch.float64 if like.dtype == torch.float64 else torch.float32  # as the loss computes
         return random_directions(like.shape[1], self.cfg.num_slices, generator, like.device, dtype)
 

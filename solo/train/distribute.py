@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import inspect
 import warnings
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from functools import partial
 
 import torch
@@ -27,10 +27,9 @@ from torch.distributed._composable import checkpoint
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
 
 from solo.backbones import WHERE_BLOCKS_ARE, blocks_of
-from solo.backbones.stochastic import recorded_and_replayed
 from solo.backbones.vit import is_vit, parts_called_apart
 from solo.distributed import world_size
-from solo.distributed.batchnorm import convert_sync_batchnorm, row_groups_replayed
+from solo.distributed.batchnorm import convert_sync_batchnorm, group_batchnorms, row_groups_replayed
 from solo.errors import ConfigError
 
 # Buffers need no sync in the forward: with SyncBatchNorm every rank computes the same running statistics.
@@ -61,10 +60,12 @@ def distribute(
     reshard_after_forward: bool = True,
     precision: str = "32",
 ) -> nn.Module:
-    """Convert `model`'s BatchNorms to SyncBatchNorm in place (W > 1 and `sync_batchnorm`, except inside the
-    `keep_local` submodules), then wrap it in DDP or shard it with FSDP2 in place; returns what to call (`model`
-    itself on one process and under FSDP). The model must offer `towers()`: its modules run on their own
-    (backbones, heads, teachers, the probe), each sharded as one unit (see `fsdp_units`)."""
+    """Make `model`'s BatchNorms take the views of one call as row groups (solo.distributed.batchnorm), convert them to
+    SyncBatchNorm in place (W > 1 and `sync_batchnorm`, except inside the `keep_local` submodules), then wrap it in DDP
+    or shard it with FSDP2 in place; returns what to call (`model` itself on one process and under FSDP). The model
+    must offer `towers()`: its modules run on their own (backbones, heads, teachers, the probe), each sharded as one
+    unit (see `fsdp_units`)."""
+    group_batchnorms(model)
     # Checked on one process too, so a backbone FSDP cannot shard fails on a laptop as it would on the cluster.
     units = fsdp_units(model) if strategy == "fsdp" else []
     if world_size() == 1:
@@ -118,9 +119,10 @@ def checkpoint_blocks(model: nn.Module) -> None:
 
 
 def _recomputed_alike(block: nn.Module) -> tuple:
-    """(forward's, recomputation's) contexts: the per-sample draws and the views' row groups (global BatchNorm's
-    per-view statistics) replayed, the buffers left as they were."""
-    record_draws, replay_draws = recorded_and_replayed()
+    """(forward's, recomputation's) contexts: the per-sample draws and the views' row groups (BatchNorm's per-view
+    statistics) replayed, the buffers left as they were."""
+    draws = next((m.draws for m in block.modules() if getattr(m, "draws", None) is not None), None)
+    record_draws, replay_draws = draws.recorded_and_replayed() if draws is not None else (nullcontext(), nullcontext())
     record_groups, replay_groups = row_groups_replayed()
 
     @contextmanager

@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from solo.backbones.stochastic import drawn_per_sample
+from solo.backbones.stochastic import Draws
 from solo.distributed import batch_sizes_remembered
 from solo.errors import ConfigError, TrainingDiverged
 from solo.losses import NonFiniteError
@@ -86,10 +86,10 @@ class TrainStep:
         grad_clip: float | None = None,
         accumulate: int = 1,
         weight_decay: Callable[[int], float] | None = None,
-        seed: int = 0,
+        draws: Draws | None = None,
     ):
         self.forward, self.model, self.optimizer = forward, model, optimizer
-        self.seed = seed  # of the draws inside the model (solo.backbones.stochastic)
+        self.draws = draws  # the draws inside the model (solo.backbones.stochastic), set to each step
         self.autocast, self.scaler = precision_context(precision, device)
         self.schedule, self.total_steps, self.grad_clip = schedule, total_steps, grad_clip
         self.accumulate = accumulate
@@ -106,7 +106,9 @@ class TrainStep:
         if self.weight_decay is not None:
             for i in self.decayed:
                 self.optimizer.param_groups[i]["weight_decay"] = self.weight_decay(index)
-        with host_reads_deferred(), batch_sizes_remembered(self.batch_sizes), drawn_per_sample(self.seed, index):
+        if self.draws is not None:
+            self.draws.set_step(index)
+        with host_reads_deferred(), batch_sizes_remembered(self.batch_sizes):
             out = self._forward_backward(batch) if self.accumulate == 1 else self._accumulated(batch)
         average_whole_gradients(self.forward)
         bad = ~torch.isfinite(out["total"].detach()) & (self.first_bad_step < 0)

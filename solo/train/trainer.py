@@ -7,6 +7,7 @@ import os
 import random
 import time
 import warnings
+from contextlib import nullcontext
 from functools import partial
 from pathlib import Path
 
@@ -18,7 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
 from solo.backbones import WHERE_BLOCKS_ARE, blocks_of, feature_width
-from solo.backbones.stochastic import samples
+from solo.backbones.stochastic import Draws
 from solo.config import changed_keys, check_required, plain, resume_policy, validate_pretrain
 from solo.data.sampling.seeding import sample_seed
 from solo.data.sampling.source import cores_per_process, loader_workers
@@ -28,7 +29,7 @@ from solo.distributed.env import process_group
 from solo.distributed.run_dir import hold_run_dir
 from solo.dtypes import full_precision
 from solo.errors import CheckpointError, ConfigError, DataError
-from solo.eval.health import alignment_sums, collapse
+from solo.eval.health import alignment_squares, collapse
 from solo.loggers import Loggers
 from solo.methods import METHODS, build_method, create_method
 from solo.optim import build_optimizer, layer_decay, scaled_lr, warmup_cosine
@@ -50,6 +51,7 @@ class PretrainModel(nn.Module):
     def __init__(self, method: nn.Module, num_classes: int | None):
         super().__init__()
         self.method = method
+        self.draws: Draws | None = None  # the trainer's (solo.backbones.stochastic): where each forward draws
         self.probe = None
         method.feeds_probe = bool(num_classes)
         if num_classes:
@@ -63,9 +65,9 @@ class PretrainModel(nn.Module):
         batch's `encoded` (the method's encode output), or with `encoded` of all micro-batches but the `last`,
         which is encoded here, with its graph (see solo.train.step)."""
         if last is not None:
-            with samples(last.get("index")):
+            with self.samples(last):
                 encoded = merge_encoded([encoded, self.method.encode(last)])
-        with samples(batch.get("index")):
+        with self.samples(batch):
             out = self.method(batch) if encoded is None else self.method.joint(encoded, batch)
         if self.probe is not None:
             logits = self.probe(out["features"].detach())  # the probe must not shape the representation
@@ -78,8 +80,12 @@ class PretrainModel(nn.Module):
         return out
 
     def encode(self, batch: dict) -> dict:
-        with samples(batch.get("index")):
+        with self.samples(batch):
             return self.method.encode(batch)
+
+    def samples(self, batch: dict):
+        """The draws inside the model (stochastic depth, dropout) per sample of `batch` (its "index")."""
+        return nullcontext() if self.draws is None else self.draws.on(batch.get("index"))
 
     def clipped_parameters(self):
         return self.method.parameters()  # the probe's gradients are its own: optim.grad_clip leaves them alone
@@ -181,6 +187,7 @@ class Trainer:
         model.to(
             device, dtype=self.dtype, memory_format=torch.channels_last if self.channels_last else torch.preserve_format
         )
+        model.draws = Draws(t.seed, device).attach(model)
         if t.activation_checkpointing:
             checkpoint_blocks(model)
         self.loaders = build_loaders(
@@ -246,7 +253,7 @@ class Trainer:
             total_steps=self.total_steps,
             grad_clip=cfg.optim.grad_clip,
             accumulate=t.accumulate,
-            seed=t.seed,
+            draws=model.draws,
             weight_decay=None
             if cfg.optim.weight_decay_end is None
             else partial(
@@ -469,7 +476,7 @@ class Trainer:
         if self.model.probe is not None:
             metrics["train/probe_loss"] = losses[1]
         if window["alignment"] is not None:
-            metrics["train/alignment"] = window["alignment"]  # solo.eval.health.alignment_sums
+            metrics["train/alignment"] = window["alignment"]  # solo.eval.health.alignment_squares
         if self.cfg.data.on_bad_image == "skip":
             metrics["data/skipped_images"] = window["skipped"]  # unreadable images read in this window, all ranks
             check_skipped(window["skipped"], self.source.global_batch * steps, self.cfg.data.name)
@@ -538,29 +545,30 @@ class Trainer:
 
 
 class MetricsWindow:
-    """Training losses (and skipped images) summed on the device between two logging steps: read (one sync)
-    only when logged."""
+    """Training losses, skipped images and the views' alignment summed on the device between two logging steps (a few
+    operations a step, whatever the batch): read (one sync) only when logged."""
 
     def __init__(self, device: torch.device):
         # loss, probe loss, skipped images, the views' alignment summed over samples, its number of samples
         self.sums = torch.zeros(5, dtype=torch.float64, device=device)
+        self.aligned = 0  # samples whose alignment this rank summed (counted on the host)
         self.steps, self.start = 0, time.perf_counter()
 
+    @torch.no_grad()
     def add(self, out: dict, batch: dict) -> None:
-        loss = out["loss"].detach()
-        skipped = batch["skipped"].sum() if "skipped" in batch else torch.zeros((), device=loss.device)
+        loss = out["loss"]
+        values = [loss, out.get("probe_loss", loss).to(loss.dtype)]
+        values.append(batch["skipped"].sum().to(loss.dtype) if "skipped" in batch else loss.new_zeros(()))
         views, features = batch.get("views", []), out.get("features")
-        aligned = (
-            alignment_sums(features, len(views[0]))
-            if features is not None and len(views) > 1
-            else torch.zeros(2, dtype=torch.float64, device=loss.device)
-        )
-        losses = torch.stack([loss.double(), out.get("probe_loss", loss).detach().double(), skipped.double()])
-        self.sums += torch.cat([losses, aligned])
+        if features is not None and len(views) > 1 and len(features) >= 2 * len(views[0]):
+            values.append(alignment_squares(features.to(loss.dtype), len(views[0])))  # solo.eval.health
+            self.aligned += len(views[0])
+        self.sums[: len(values)] += torch.stack(values)
         self.steps += 1
 
     def flush(self) -> dict:
         sums = self.sums.clone()
+        sums[4] = self.aligned
         if dist.is_initialized():
             dist.all_reduce(sums)
         losses = (sums[:2] / (self.steps * (dist.get_world_size() if dist.is_initialized() else 1))).tolist()
@@ -572,7 +580,7 @@ class MetricsWindow:
             "seconds": time.perf_counter() - self.start,
         }
         self.sums.zero_()
-        self.steps, self.start = 0, time.perf_counter()
+        self.aligned, self.steps, self.start = 0, 0, time.perf_counter()
         return window
 
 
