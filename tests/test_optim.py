@@ -456,7 +456,10 @@ def test_weight_decay_follows_its_schedule_in_groups_that_decay():
         def clipped_parameters(self):
             return self.parameters()
 
-        def after_optimizer_step(self, step, total_steps):
+        def prepare_step(self, index, total_steps):
+            pass
+
+        def after_optimizer_step(self):
             pass
 
     model = Model()

@@ -48,12 +48,11 @@ class ToyEMA(Method):
         loss = F.mse_loss(F.normalize(self.head(features), dim=1), F.normalize(target, dim=1))
         return {"loss": loss, "features": features, "labels": batch["label"]}
 
-    def after_optimizer_step(self, step: int, total_steps: int) -> None:
-        ema_update(
-            self.teacher,
-            nn.Sequential(self.backbone, self.head),
-            teacher_momentum(self.base_momentum, step, total_steps),
-        )
+    def prepare_step(self, index: int, total_steps: int) -> None:
+        self.momentum = teacher_momentum(self.base_momentum, index + 1, total_steps)
+
+    def after_optimizer_step(self) -> None:
+        ema_update(self.teacher, nn.Sequential(self.backbone, self.head), self.momentum)
 
     def metrics(self) -> dict[str, torch.Tensor]:
         # What the trainer did to the BatchNorms, for the test to read from metrics.jsonl.

@@ -10,6 +10,9 @@ A method is an nn.Module from a batch to its loss. Besides `forward`, it tells t
   local crops when `local_crops`, as multi-crop methods take them), or image-text pairs;
 - the run's length (`set_schedule`, before the optimizer is built), for schedules in epochs, and the train split's
   size (`set_data`), for state sized by the data;
+- each step's two parts of its own state: the host's before the step (`prepare_step`: schedules written in place
+  into device tensors, work that reads the host) and the device's after the optimizer's update
+  (`after_optimizer_step`: EMA teachers), which trainer.compile=step captures with the step;
 - the metrics it logs besides the loss (`metrics`), and how it is validated (`classifier`: the layer scored on the
   val features; `val_health`: health metrics of its own; image-text methods: `evaluate`);
 - optionally, its split into `encode` (per sample: the backbone) and `joint` (what couples the samples:
@@ -168,8 +171,16 @@ class Method(nn.Module):
     def can_accumulate(cls) -> bool:
         return cls.encode is not Method.encode and cls.forward is Method.forward
 
-    def after_optimizer_step(self, step: int, total_steps: int) -> None:
-        """Called after every optimizer step (`step` is the number of steps done): EMA teachers, schedules."""
+    def prepare_step(self, index: int, total_steps: int) -> None:
+        """The host's part of optimizer step `index` (0-based), before it runs: schedules written in place into the
+        method's device tensors (an EMA teacher's momentum for the update after this step, DINO's teacher
+        temperature), so that a compiled step reads them as inputs; and work that reads the host between two steps
+        (DeepClusterV2's k-means at an epoch's start)."""
+
+    def after_optimizer_step(self) -> None:
+        """The device's part after every optimizer update: EMA teachers (with prepare_step's momentum), SwAV's
+        prototypes normalised. Part of the step that trainer.compile=step captures: no host reads, nothing that
+        changes with the step but tensors."""
 
     def metrics(self) -> dict[str, torch.Tensor]:
         """Scalars to log besides the loss, as tensors (read at the logging interval, not every step)."""
@@ -224,10 +235,11 @@ def make_teacher(module: nn.Module) -> nn.Module:
 
 
 @torch.no_grad()
-def ema_update(teacher: nn.Module, student: nn.Module, momentum: float) -> None:
+def ema_update(teacher: nn.Module, student: nn.Module, momentum: float | torch.Tensor) -> None:
     """teacher <- momentum * teacher + (1 - momentum) * student, for the parameters (buffers such as
-    BatchNorm statistics are the teacher's own, updated by its forward). Under FSDP, sharded parameters (DTensors)
-    and whole ones (a ViT's tokens, see solo.train.distribute) are updated apart: one foreach call cannot mix them."""
+    BatchNorm statistics are the teacher's own, updated by its forward); `momentum` a number or a 0-dim tensor on the
+    device (what a compiled step reads). Under FSDP, sharded parameters (DTensors) and whole ones (a ViT's tokens,
+    see solo.train.distribute) are updated apart: one foreach call cannot mix them."""
     pairs = list(zip(teacher.parameters(), student.parameters()))
     for sharded in (True, False):
         group = [(t, s.detach()) for t, s in pairs if isinstance(t, DTensor) == sharded]
@@ -308,6 +320,7 @@ class MomentumTwoViewMethod(Method):
         self.teacher = make_teacher(nn.ModuleList([backbone, projector]))
         self.base_momentum, self.final_momentum = base_momentum, final_momentum
         self.momentum = base_momentum
+        self.register_buffer("teacher_momentum", torch.tensor(base_momentum), persistent=False)
 
     def loss(self, prediction: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
@@ -333,10 +346,13 @@ class MomentumTwoViewMethod(Method):
         (each prediction against the other view's); methods with state (queues) update it here, after the loss."""
         return self.loss(p1, t2) + self.loss(p2, t1)
 
-    def after_optimizer_step(self, step: int, total_steps: int) -> None:
-        # The momentum for this update follows the schedule at the steps done so far, as in BYOL's code.
-        self.momentum = cosine_momentum(self.base_momentum, self.final_momentum, step, total_steps)
-        ema_update(self.teacher, nn.ModuleList([self.backbone, self.projector]), self.momentum)
+    def prepare_step(self, index: int, total_steps: int) -> None:
+        # The momentum of the update after this step follows the schedule at the steps then done, as in BYOL's code.
+        self.momentum = cosine_momentum(self.base_momentum, self.final_momentum, index + 1, total_steps)
+        self.teacher_momentum.fill_(self.momentum)
+
+    def after_optimizer_step(self) -> None:
+        ema_update(self.teacher, nn.ModuleList([self.backbone, self.projector]), self.teacher_momentum)
 
     def metrics(self) -> dict[str, torch.Tensor]:
         return {"train/teacher_momentum": torch.tensor(self.momentum)}

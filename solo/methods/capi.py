@@ -171,6 +171,7 @@ class CAPI(Method):
         self.clustering = OnlineClustering(width, cfg.num_prototypes)
         self.target_encoder = make_teacher(backbone)
         self.momentum = cfg.base_momentum
+        self.register_buffer("teacher_momentum", torch.tensor(cfg.base_momentum), persistent=False)
 
     def masks(self) -> InverseBlockMask:
         return InverseBlockMask(grid_shape(self.backbone), self.cfg.mask_ratio, self.cfg.prediction_subsampling)
@@ -211,9 +212,12 @@ class CAPI(Method):
         self.terms = {"capi": capi.detach(), "clustering": clustering.detach()}  # W times this rank's share
         return {"loss": capi + clustering, "features": encoded.get("features"), "labels": batch["label"]}
 
-    def after_optimizer_step(self, step: int, total_steps: int) -> None:
-        self.momentum = cosine_momentum(self.cfg.base_momentum, self.cfg.final_momentum, step, total_steps)
-        ema_update(self.target_encoder, self.backbone, self.momentum)
+    def prepare_step(self, index: int, total_steps: int) -> None:
+        self.momentum = cosine_momentum(self.cfg.base_momentum, self.cfg.final_momentum, index + 1, total_steps)
+        self.teacher_momentum.fill_(self.momentum)
+
+    def after_optimizer_step(self) -> None:
+        ema_update(self.target_encoder, self.backbone, self.teacher_momentum)
 
     def metrics(self) -> dict[str, torch.Tensor]:
         out = {"train/teacher_momentum": torch.tensor(self.momentum)}

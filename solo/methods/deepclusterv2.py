@@ -70,9 +70,9 @@ class DeepClusterV2(Method):
         self.bank.store(index, z)
         return {"loss": loss, "features": torch.cat(features), "labels": batch["label"].repeat(2)}
 
-    def after_optimizer_step(self, step: int, total_steps: int) -> None:
-        if step % self.steps_per_epoch == 0 and step < total_steps:
-            self.cluster(epoch=step // self.steps_per_epoch)
+    def prepare_step(self, index: int, total_steps: int) -> None:
+        if 0 < index < total_steps and index % self.steps_per_epoch == 0:  # each epoch but the first starts clustered
+            self.cluster(epoch=index // self.steps_per_epoch)
 
     @torch.no_grad()
     def cluster(self, epoch: int) -> None:

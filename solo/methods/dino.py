@@ -80,15 +80,27 @@ class SelfDistillation(Method):
 
     teachers = ("teacher",)
 
+    def register_schedules(self, cfg) -> None:
+        """The teacher's temperature (a buffer: in the checkpoint, the next step's) and its EMA momentum, as device
+        tensors that prepare_step and after_optimizer_step set in place."""
+        self.register_buffer("teacher_temperature", torch.tensor(teacher_temperature(cfg, 0, 1)))
+        self.register_buffer("next_temperature", torch.tensor(teacher_temperature(cfg, 0, 1)), persistent=False)
+        self.register_buffer("teacher_momentum", torch.tensor(cfg.base_momentum), persistent=False)
+        self.momentum = cfg.base_momentum
+
     def param_groups(self, weight_decay: float, exclude_bias_and_norm: bool) -> list[dict]:
         frozen_steps = round(self.cfg.freeze_last_layer_epochs * self.steps_per_epoch)
         groups = super().param_groups(weight_decay, exclude_bias_and_norm)
         return with_group_settings(groups, self.head.last_layer.parameters(), frozen_steps=frozen_steps)
 
-    def after_optimizer_step(self, step: int, total_steps: int) -> None:
-        self.momentum = cosine_momentum(self.cfg.base_momentum, self.cfg.final_momentum, step, total_steps)
-        ema_update(self.teacher, nn.ModuleList([self.backbone, self.head]), self.momentum)
-        self.teacher_temperature.fill_(teacher_temperature(self.cfg, step, self.steps_per_epoch))
+    def prepare_step(self, index: int, total_steps: int) -> None:
+        self.momentum = cosine_momentum(self.cfg.base_momentum, self.cfg.final_momentum, index + 1, total_steps)
+        self.teacher_momentum.fill_(self.momentum)
+        self.next_temperature.fill_(teacher_temperature(self.cfg, index + 1, self.steps_per_epoch))
+
+    def after_optimizer_step(self) -> None:
+        ema_update(self.teacher, nn.ModuleList([self.backbone, self.head]), self.teacher_momentum)
+        self.teacher_temperature.copy_(self.next_temperature)
 
     def metrics(self) -> dict[str, torch.Tensor]:
         return {
@@ -112,8 +124,7 @@ class DINO(SelfDistillation):
         self.teacher = make_teacher(nn.ModuleList([backbone, self.head]))
         # Buffers: part of the checkpoint, so a resumed run goes on with the same centre and temperature.
         self.register_buffer("center", torch.zeros(cfg.num_prototypes))
-        self.register_buffer("teacher_temperature", torch.tensor(teacher_temperature(cfg, 0, 1)))
-        self.momentum = cfg.base_momentum
+        self.register_schedules(cfg)
 
     def encode(self, batch: dict) -> dict:
         views = batch["views"]

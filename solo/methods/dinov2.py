@@ -33,7 +33,7 @@ from solo.losses import (
     sinkhorn,
 )
 from solo.methods.base import ema_update, make_teacher, register_method, through
-from solo.methods.dino import DINOHead, SelfDistillation, teacher_temperature
+from solo.methods.dino import DINOHead, SelfDistillation
 from solo.schema import AT_LEAST_ONE, FRACTION, MOMENTUM, NON_NEGATIVE, POSITIVE, PROBABILITY, choices, ruled
 
 # How the teacher's scores become targets (DINOv2's `train.centering`): Sinkhorn-Knopp over the global batch, or DINO's
@@ -112,11 +112,10 @@ class DINOv2(SelfDistillation):
             self.gram_teacher = make_teacher(backbone)
             self.register_buffer("gram_anchored", torch.tensor(False))
             self.anchored = None  # gram_anchored, read on the host once (after a resume's load), then kept here
-        self.register_buffer("teacher_temperature", torch.tensor(teacher_temperature(cfg, 0, 1)))
+        self.register_schedules(cfg)
         if cfg.centering == "centering":  # buffers: a resumed run goes on with the same centres
             self.register_buffer("center", torch.zeros(cfg.num_prototypes))
             self.register_buffer("patch_center", torch.zeros(cfg.num_prototypes))
-        self.momentum = cfg.base_momentum
 
     def masks(self) -> BlockMask:
         c = self.cfg
@@ -197,10 +196,10 @@ class DINOv2(SelfDistillation):
             self.anchored = bool(self.gram_anchored)
         return self.anchored
 
-    def after_optimizer_step(self, step: int, total_steps: int) -> None:
-        super().after_optimizer_step(step, total_steps)
-        c = self.cfg
-        if c.gram_anchor and step >= c.gram_start and (step - c.gram_start) % c.gram_refresh == 0:
+    def prepare_step(self, index: int, total_steps: int) -> None:
+        super().prepare_step(index, total_steps)
+        c, done = self.cfg, index  # the steps done: the teacher's last EMA update is in
+        if c.gram_anchor and done > 0 and done >= c.gram_start and (done - c.gram_start) % c.gram_refresh == 0:
             ema_update(self.gram_teacher, self.teacher[0], 0.0)  # momentum 0: the EMA teacher's backbone, copied
             self.gram_anchored.fill_(True)
             self.anchored = True

@@ -134,6 +134,7 @@ class IJEPA(Method):
         self.predictor = IJEPAPredictor(backbone.embed_dim, cfg, grid_shape(backbone))
         self.target_encoder = make_teacher(backbone)
         self.momentum = cfg.base_momentum
+        self.register_buffer("teacher_momentum", torch.tensor(cfg.base_momentum), persistent=False)
         self.patch_loss = masked_patch_mse if cfg.loss == "mse" else masked_patch_smooth_l1
 
     def masks(self) -> MultiBlockMask:
@@ -178,10 +179,13 @@ class IJEPA(Method):
         )
         return {"loss": loss, "features": encoded.get("features"), "labels": batch["label"]}
 
-    def after_optimizer_step(self, step: int, total_steps: int) -> None:
-        c = self.cfg
-        self.momentum = c.base_momentum + (c.final_momentum - c.base_momentum) * min(step, total_steps) / total_steps
-        ema_update(self.target_encoder, self.backbone, self.momentum)
+    def prepare_step(self, index: int, total_steps: int) -> None:
+        c, done = self.cfg, index + 1
+        self.momentum = c.base_momentum + (c.final_momentum - c.base_momentum) * min(done, total_steps) / total_steps
+        self.teacher_momentum.fill_(self.momentum)
+
+    def after_optimizer_step(self) -> None:
+        ema_update(self.target_encoder, self.backbone, self.teacher_momentum)
 
     def metrics(self) -> dict[str, torch.Tensor]:
         return {"train/teacher_momentum": torch.tensor(self.momentum)}

@@ -94,6 +94,7 @@ class MSN(Method):
         self.prototypes = nn.Parameter(torch.empty(cfg.num_prototypes, cfg.proj_output_dim).uniform_(-bound, bound))
         self.teacher = make_teacher(nn.ModuleList([backbone, self.projector]))
         self.momentum = cfg.base_momentum
+        self.register_buffer("teacher_momentum", torch.tensor(cfg.base_momentum), persistent=False)
 
     def masks(self) -> RandomMask:
         return RandomMask(num_patches(self.backbone), self.cfg.mask_ratio)
@@ -146,10 +147,13 @@ class MSN(Method):
         )
         return {"loss": loss, "features": encoded.get("features"), "labels": batch["label"]}
 
-    def after_optimizer_step(self, step: int, total_steps: int) -> None:
-        c = self.cfg
-        self.momentum = c.base_momentum + (c.final_momentum - c.base_momentum) * min(step, total_steps) / total_steps
-        ema_update(self.teacher, nn.ModuleList([self.backbone, self.projector]), self.momentum)
+    def prepare_step(self, index: int, total_steps: int) -> None:
+        c, done = self.cfg, index + 1
+        self.momentum = c.base_momentum + (c.final_momentum - c.base_momentum) * min(done, total_steps) / total_steps
+        self.teacher_momentum.fill_(self.momentum)
+
+    def after_optimizer_step(self) -> None:
+        ema_update(self.teacher, nn.ModuleList([self.backbone, self.projector]), self.teacher_momentum)
 
     def metrics(self) -> dict[str, torch.Tensor]:
         return {"train/teacher_momentum": torch.tensor(self.momentum)}

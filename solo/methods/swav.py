@@ -57,5 +57,5 @@ class SwAV(Method):
         features = torch.cat(encoded["features"][: self.num_views])
         return {"loss": loss, "features": features, "labels": batch["label"].repeat(self.num_views)}
 
-    def after_optimizer_step(self, step: int, total_steps: int) -> None:
+    def after_optimizer_step(self) -> None:
         self._normalize_prototypes()

@@ -43,6 +43,7 @@ class TiCo(Method):
         # A buffer: in the checkpoint, so a resumed run goes on with the same running covariance.
         self.register_buffer("covariance", torch.zeros(cfg.proj_output_dim, cfg.proj_output_dim))
         self.momentum = cfg.base_momentum
+        self.register_buffer("teacher_momentum", torch.tensor(cfg.base_momentum), persistent=False)
 
     def encode(self, batch: dict) -> dict:
         first, second = batch["views"]
@@ -60,9 +61,12 @@ class TiCo(Method):
             self.covariance.copy_(covariance)
         return {"loss": loss, "features": features, "labels": batch["label"]}
 
-    def after_optimizer_step(self, step: int, total_steps: int) -> None:
-        self.momentum = cosine_momentum(self.cfg.base_momentum, self.cfg.final_momentum, step, total_steps)
-        ema_update(self.teacher, nn.ModuleList([self.backbone, self.projector]), self.momentum)
+    def prepare_step(self, index: int, total_steps: int) -> None:
+        self.momentum = cosine_momentum(self.cfg.base_momentum, self.cfg.final_momentum, index + 1, total_steps)
+        self.teacher_momentum.fill_(self.momentum)
+
+    def after_optimizer_step(self) -> None:
+        ema_update(self.teacher, nn.ModuleList([self.backbone, self.projector]), self.teacher_momentum)
 
     def metrics(self) -> dict[str, torch.Tensor]:
         return {"train/teacher_momentum": torch.tensor(self.momentum)}

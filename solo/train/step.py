@@ -63,8 +63,11 @@ class Trainable(Protocol):
     def clipped_parameters(self) -> Iterable[nn.Parameter]:
         """The parameters whose global gradient norm optim.grad_clip bounds (not a probe beside the model)."""
 
-    def after_optimizer_step(self, step: int, total_steps: int) -> None:
-        """The state updated once per optimizer step (EMA teachers, schedules), `step` optimizer steps done."""
+    def prepare_step(self, index: int, total_steps: int) -> None:
+        """The host's part of step `index` before it runs: schedules into device tensors (EMA momentum, ...)."""
+
+    def after_optimizer_step(self) -> None:
+        """The device's part after the optimizer's update (EMA teachers)."""
 
 
 class TrainStep:
@@ -108,6 +111,7 @@ class TrainStep:
                 self.optimizer.param_groups[i]["weight_decay"] = self.weight_decay(index)
         if self.draws is not None:
             self.draws.set_step(index)
+        self.model.prepare_step(index, self.total_steps)
         with host_reads_deferred(), batch_sizes_remembered(self.batch_sizes):
             out = self._forward_backward(batch) if self.accumulate == 1 else self._accumulated(batch)
         average_whole_gradients(self.forward)
@@ -123,7 +127,7 @@ class TrainStep:
         self.scaler.step(self.optimizer)
         self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
-        self.model.after_optimizer_step(index + 1, self.total_steps)
+        self.model.after_optimizer_step()
         return out
 
     def _forward_backward(self, batch: dict, forward: Callable | None = None) -> dict:

@@ -90,8 +90,11 @@ class PretrainModel(nn.Module):
     def clipped_parameters(self):
         return self.method.parameters()  # the probe's gradients are its own: optim.grad_clip leaves them alone
 
-    def after_optimizer_step(self, step: int, total_steps: int) -> None:
-        self.method.after_optimizer_step(step, total_steps)
+    def prepare_step(self, index: int, total_steps: int) -> None:
+        self.method.prepare_step(index, total_steps)
+
+    def after_optimizer_step(self) -> None:
+        self.method.after_optimizer_step()
 
     def teachers(self) -> tuple[nn.Module, ...]:
         return tuple(getattr(self.method, name) for name in self.method.teachers)
