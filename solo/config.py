@@ -38,8 +38,9 @@ log = logging.getLogger("solo")
 Precision = choices("Precision", "32", "bf16", "16", "64")
 # ddp: every process holds the whole model; fsdp: parameters, gradients and optimizer state sharded (FSDP2).
 Strategy = choices("Strategy", "ddp", "fsdp")
-# torch.compile: off; each block of each tower (blocks); or the whole image backbone as one graph (backbone).
-Compile = choices("Compile", "off", "blocks", "backbone")
+# torch.compile: off; each block of each tower (blocks); the whole image backbone as one graph (backbone); or the
+# whole training step, forward, backward, optimizer and EMA, as one graph (step; CUDA graphs on a GPU).
+Compile = choices("Compile", "off", "blocks", "backbone", "step")
 
 # trainer.resume and finetune.resume. auto: from the newest intact checkpoint (a warning names the damaged ones
 # newer than it); strict: a damaged newest checkpoint stops the run; never: a fresh start, and a checkpoint in the run
@@ -87,7 +88,7 @@ class TrainerConfig:
     # to change if it exceeds what the device has (or memory_limit_gib, GiB per process, when set).
     memory_check: bool = True
     memory_limit_gib: Optional[float] = ruled(None, POSITIVE)
-    compile: Compile = Compile("off")  # blocks | backbone (a warning, and eager, where compilation does not work)
+    compile: Compile = Compile("off")  # blocks | backbone | step (a warning, and eager, where compiling does not work)
     # auto: continue from the newest intact checkpoint in <run dir>/checkpoints (a warning names newer damaged ones);
     # strict: stop when the newest is damaged; never: start afresh (a checkpoint there is an error); true/false: auto/never
     resume: str = ruled("auto", RESUME)
@@ -294,6 +295,7 @@ def validate_pretrain(cfg: DictConfig) -> DictConfig:
     method.check_data(view_sizes(checked.augmentation.views, checked.data.image_size), DATASETS[checked.data.name])
     method.check_config(checked)
     _check_accumulation(checked, method)
+    _check_compiled_step(checked)
     return checked
 
 
@@ -375,6 +377,28 @@ def _check_accumulation(cfg: DictConfig, method) -> None:
         raise ConfigError(
             f"trainer.accumulate={k} does not divide data.batch_size={batch}: each process splits its batch into "
             f"{k} equal micro-batches; use a data.batch_size that is a multiple of {k}"
+        )
+
+
+def _check_compiled_step(cfg: DictConfig) -> None:
+    """trainer.compile=step captures one process's whole step: what it cannot capture is refused here."""
+    t = cfg.trainer
+    if str(t.compile) != "step":
+        return
+    if t.accumulate > 1:
+        raise ConfigError(
+            f"trainer.compile=step with trainer.accumulate={t.accumulate}: gradient accumulation's passes keep and restore "
+            "the random state on the host, which a compiled step cannot; use trainer.compile=blocks with accumulation"
+        )
+    if str(t.precision) == "16":
+        raise ConfigError(
+            "trainer.compile=step with trainer.precision=16: the gradient scaler reads the host every step; use "
+            "trainer.precision=bf16"
+        )
+    if detect().world_size > 1:
+        raise ConfigError(
+            f"trainer.compile=step on {detect().world_size} processes: the compiled step is one process's so far (DDP's "
+            "and FSDP's hooks run between its parts); use trainer.compile=blocks on several processes"
         )
 
 

@@ -1,6 +1,12 @@
 """Optimizers (one registry, each with its typed config: the `optim` group), parameter groups and the
 learning-rate schedule.
 
+Each optimizer has two ways to step: `step()`, torch's (fused kernels where they exist), and `update(lrs,
+weight_decays)`, the same update as foreach operations that torch.compile traces whole with the rest of the
+training step (trainer.compile=step): the learning rates and scheduled weight decays as 0-dim device tensors that the
+trainer sets in place, the state made beforehand (`make_state`), no fused kernel (torch keeps those out of graphs)
+and no graph break (torch's `step()` has two by design). The two agree to float rounding (tests/test_optim.py).
+
 Param-group keys understood here (besides torch's own ``params``/``lr``/``weight_decay``):
 
 * ``lars_exclude`` (bool, default False): LARS skips the trust-ratio scaling for the group and runs
@@ -202,26 +208,42 @@ class LARS(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        groups = self.param_groups
+        self._step([g["lr"] for g in groups], [g["weight_decay"] for g in groups], fused=True)
+        return loss
 
-        stepped = []  # (group, parameters, their local weights, their local gradients)
+    @torch.no_grad()
+    def update(self, lrs: list, weight_decays: list) -> None:
+        """`step` as foreach operations (see the module's docstring)."""
+        self._step(lrs, weight_decays, fused=False)
+
+    def make_state(self) -> None:
+        """Each parameter's momentum buffer, zeros where it has none yet (the first update then sets it to the
+        gradient, as torch's SGD does)."""
         for group in self.param_groups:
+            for p in group["params"]:
+                self.state[p].setdefault("momentum_buffer", torch.zeros_like(p, memory_format=torch.preserve_format))
+
+    def _step(self, lrs: list, weight_decays: list, fused: bool) -> None:
+        stepped = []  # (group, its lr and weight decay, parameters, their local weights, their local gradients)
+        for group, lr, decay in zip(self.param_groups, lrs, weight_decays):
             params = [p for p in group["params"] if p.grad is not None]
             if not params:
                 continue
             if any(p.grad.is_sparse for p in params):
                 raise RuntimeError("LARS does not support sparse gradients")
             weights, grads = [local(p) for p in params], [local(p.grad) for p in params]
-            if group["weight_decay"] != 0 and not group["lars_exclude"]:  # the gradient the trust ratio scales
-                torch._foreach_add_(grads, weights, alpha=group["weight_decay"])
-            stepped.append((group, params, weights, grads))
+            if not group["lars_exclude"] and not _is_zero(decay):  # the gradient the trust ratio scales
+                _add_scaled_(grads, weights, decay)
+            stepped.append((group, lr, decay, params, weights, grads))
 
         adapted = [s for s in stepped if not s[0]["lars_exclude"]]
-        params = [p for _, ps, _, _ in adapted for p in ps]
+        params = [p for *_, ps, _, _ in adapted for p in ps]
         norms = whole_squared_norms(
-            [w for _, _, ws, _ in adapted for w in ws] + [g for _, _, _, gs in adapted for g in gs], params + params
+            [w for *_, ws, _ in adapted for w in ws] + [g for *_, gs in adapted for g in gs], params + params
         )
         w_norms, g_norms = iter(norms[: len(params)]), iter(norms[len(params) :])
-        for group, params, weights, grads in stepped:
+        for group, lr, decay, params, weights, grads in stepped:
             if not group["lars_exclude"]:
                 w_norm = torch.stack([next(w_norms) for _ in params]).sqrt()
                 g_norm = torch.stack([next(g_norms) for _ in params]).sqrt()
@@ -236,20 +258,47 @@ class LARS(torch.optim.Optimizer):
                     # buf starts at zero so the first update is exactly lr * g (matches torch SGD).
                     state["momentum_buffer"] = torch.zeros_like(p, memory_format=torch.preserve_format)
                 buffers.append(local(state["momentum_buffer"]))
-            # buf = momentum * buf + g (+ the excluded groups' own weight decay), w -= lr * buf: one kernel.
-            sgd_update(
-                weights,
-                grads,
-                buffers,
-                fused=True,
-                weight_decay=group["weight_decay"] if group["lars_exclude"] else 0.0,
-                momentum=group["momentum"],
-                lr=group["lr"],
-                dampening=0.0,
-                nesterov=False,
-                maximize=False,
-            )
-        return loss
+            own_decay = decay if group["lars_exclude"] else 0.0
+            if fused:  # buf = momentum * buf + g (+ the excluded groups' own weight decay), w -= lr * buf: one kernel.
+                sgd_update(
+                    weights,
+                    grads,
+                    buffers,
+                    fused=True,
+                    weight_decay=own_decay,
+                    momentum=group["momentum"],
+                    lr=lr,
+                    dampening=0.0,
+                    nesterov=False,
+                    maximize=False,
+                )
+            else:
+                momentum_update(weights, grads, buffers, lr, own_decay, group["momentum"])
+
+
+def _is_zero(value) -> bool:
+    """Whether a weight decay is a number 0 (a tensor is a schedule's: applied whatever its value)."""
+    return not isinstance(value, torch.Tensor) and value == 0
+
+
+def _add_scaled_(tensors: list[torch.Tensor], others: list[torch.Tensor], scale) -> None:
+    """tensors += scale x others, `scale` a number or a 0-dim tensor."""
+    if isinstance(scale, torch.Tensor):
+        torch._foreach_add_(tensors, torch._foreach_mul(others, scale))
+    else:
+        torch._foreach_add_(tensors, others, alpha=scale)
+
+
+def momentum_update(weights, grads, buffers, lr, weight_decay, momentum: float) -> None:
+    """SGD with momentum in foreach operations: buf = momentum x buf + grad + weight_decay x w, w -= lr x buf (torch's
+    SGD without dampening or Nesterov; `lr`, `weight_decay` numbers or 0-dim tensors)."""
+    if not _is_zero(weight_decay):
+        grads = torch._foreach_add(grads, torch._foreach_mul(weights, weight_decay))
+    if momentum != 0:
+        torch._foreach_mul_(buffers, momentum)
+        torch._foreach_add_(buffers, grads)
+        grads = buffers
+    _add_scaled_(weights, grads, -lr)
 
 
 class ShardsApart:
@@ -274,9 +323,74 @@ class ShardsApart:
 class SGD(ShardsApart, torch.optim.SGD):
     """torch's SGD, with FSDP's shards and whole parameters apart in its step."""
 
+    @torch.no_grad()
+    def update(self, lrs: list, weight_decays: list) -> None:
+        """`step` as foreach operations (see the module's docstring)."""
+        for group, lr, decay in zip(self.param_groups, lrs, weight_decays):
+            params = [p for p in group["params"] if p.grad is not None]
+            if params:
+                buffers = [self.state[p].get("momentum_buffer") for p in params]
+                momentum_update(params, [p.grad for p in params], buffers, lr, decay, group["momentum"])
+
+    def make_state(self) -> None:
+        """Each parameter's momentum buffer, zeros where it has none yet (the first update then sets it to the
+        gradient, as torch's SGD does without dampening)."""
+        for group in self.param_groups:
+            if group["momentum"] != 0:
+                for p in group["params"]:
+                    self.state[p].setdefault(
+                        "momentum_buffer", torch.zeros_like(p, memory_format=torch.preserve_format)
+                    )
+
 
 class AdamW(ShardsApart, torch.optim.AdamW):
     """torch's AdamW, with FSDP's shards and whole parameters apart in its step."""
+
+    @torch.no_grad()
+    def update(self, lrs: list, weight_decays: list) -> None:
+        """`step` as foreach operations (see the module's docstring): torch's AdamW in its capturable form (the step
+        counts and bias corrections on the device)."""
+        for group, lr, decay in zip(self.param_groups, lrs, weight_decays):
+            params = [p for p in group["params"] if p.grad is not None]
+            if not params:
+                continue
+            grads, states = [p.grad for p in params], [self.state[p] for p in params]
+            averages, squares = [s["exp_avg"] for s in states], [s["exp_avg_sq"] for s in states]
+            steps = [s["step"] for s in states]
+            beta1, beta2 = group["betas"]
+            if not _is_zero(decay):  # decoupled: w *= 1 - lr x weight_decay
+                torch._foreach_mul_(params, 1 - lr * decay)
+            torch._foreach_add_(steps, 1)
+            torch._foreach_lerp_(averages, grads, 1 - beta1)
+            torch._foreach_mul_(squares, beta2)
+            torch._foreach_addcmul_(squares, grads, grads, 1 - beta2)
+            # w -= lr / (1 - beta1^t) x m / (sqrt(v) / sqrt(1 - beta2^t) + eps), t in the weights' precision (as torch's
+            # fused kernel computes it; the counts are float32)
+            steps = [t.to(p.dtype) for t, p in zip(steps, params)]
+            scaled = torch._foreach_pow(beta1, steps)
+            torch._foreach_sub_(scaled, 1)
+            torch._foreach_div_(scaled, lr)
+            torch._foreach_reciprocal_(scaled)  # -lr / (1 - beta1^t)
+            corrections = torch._foreach_pow(beta2, steps)
+            torch._foreach_sub_(corrections, 1)
+            torch._foreach_neg_(corrections)
+            torch._foreach_sqrt_(corrections)
+            denominators = torch._foreach_sqrt(squares)
+            torch._foreach_div_(denominators, corrections)
+            torch._foreach_add_(denominators, group["eps"])
+            torch._foreach_div_(denominators, scaled)
+            torch._foreach_addcdiv_(params, averages, denominators)
+
+    def make_state(self) -> None:
+        """Each parameter's step count (on its device) and moments, zeros where it has none yet, as torch's AdamW
+        makes them at its first step."""
+        for group in self.param_groups:
+            for p in group["params"]:
+                state = self.state[p]
+                if not state:
+                    state["step"] = torch.zeros((), dtype=torch.float32, device=p.device)
+                    state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                    state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
 
 
 def kernels(groups: list[dict], *, fused_shards: bool) -> dict:

@@ -210,7 +210,7 @@ class GhostBatchNorm(nn.Module):
     def forward(self, x):
         from solo.distributed.batchnorm import row_groups
 
-        with row_groups(1):  # each chunk's own statistics, whatever groups the call holds
+        with row_groups(self.bn, 1):  # each chunk's own statistics, whatever groups the call holds
             return torch.cat([self.bn(part) for part in x.split(self.chunk)])
 
 

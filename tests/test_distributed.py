@@ -419,7 +419,7 @@ def _batchnorm_worker(rank, world, store, sizes, device, views, grouped, queue):
         bn[0].weight.copy_(torch.tensor([0.5, 1.0, 2.0])), bn[0].bias.copy_(torch.tensor([0.1, -0.2, 0.3]))
     bn = convert_sync_batchnorm(bn)
     # The objective is the sum over ranks of what each rank computes (solo's convention): sum(y * upstream).
-    with row_groups(views if grouped else 1):
+    with row_groups(bn, views if grouped else 1):
         out = bn(mine)
     (out * upstream[:, start:stop].reshape(mine.shape).to(device)).sum().backward()
     grads = [bn[0].weight.grad.clone(), bn[0].bias.grad.clone()]

@@ -6,7 +6,19 @@ import pytest
 import torch
 from torch import nn
 
-from solo.optim import LARS, OPTIMIZERS, SGD, AdamW, build_optimizer, clip_grad_norm, param_groups, warmup_cosine
+from solo.optim import (
+    LARS,
+    OPTIMIZERS,
+    SGD,
+    AdamW,
+    AdamWConfig,
+    LARSConfig,
+    SGDConfig,
+    build_optimizer,
+    clip_grad_norm,
+    param_groups,
+    warmup_cosine,
+)
 
 
 def _param(values):
@@ -482,3 +494,47 @@ def test_weight_decay_follows_its_schedule_in_groups_that_decay():
     optimizer.load_state_dict(optimizer.state_dict())  # a resume: new group dicts, the same positions
     step({"x": torch.ones(2)}, 1)
     assert [g["weight_decay"] for g in optimizer.param_groups] == [0.1, 0.0]
+
+
+@pytest.mark.parametrize("name", ["sgd", "adamw", "lars"])
+@pytest.mark.parametrize("decay_as", ["number", "tensor"])
+def test_the_traced_update_is_torchs_step(name, decay_as):
+    """`update(lrs, weight_decays)`, the foreach form trainer.compile=step traces, against `step()` (torch's fused
+    kernels): 4 steps of a changing learning rate on a decaying group, an excluded one and a frozen parameter (no
+    gradient), float64, to 1e-12 of the weights' movement; the state (buffers, moments, step counts) the same too. A
+    weight decay given as a tensor (a schedule's) the same as the number."""
+    torch.manual_seed(0)
+
+    def model():
+        torch.manual_seed(0)
+        return nn.ModuleDict({"w": nn.Linear(5, 4), "n": nn.LayerNorm(4), "frozen": nn.Linear(4, 2)}).double()
+
+    config = {"sgd": SGDConfig, "adamw": AdamWConfig, "lars": LARSConfig}[name](name=name, weight_decay=0.05, lr=0.1)
+    nets = [model(), model()]
+    optimizers = [
+        build_optimizer(config, param_groups(net, config.weight_decay, exclude_bias_and_norm=True), config.lr)
+        for net in nets
+    ]
+    optimizers[1].make_state()
+    x = torch.randn(6, 5, dtype=torch.float64)
+    start = [p.detach().clone() for p in nets[0].parameters()]
+    for lr in [0.1, 0.05, 0.2, 0.01]:
+        for net, optimizer in zip(nets, optimizers):
+            net["n"](net["w"](x)).square().sum().backward()
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+        optimizers[0].step()
+        decays = [
+            torch.tensor(g["weight_decay"], dtype=torch.float64) if decay_as == "tensor" else g["weight_decay"]
+            for g in optimizers[1].param_groups
+        ]
+        optimizers[1].update([torch.tensor(lr, dtype=torch.float64)] * len(decays), decays)
+        for optimizer in optimizers:
+            optimizer.zero_grad(set_to_none=True)
+    moved = max(float((p.detach() - s).abs().max()) for p, s in zip(nets[0].parameters(), start))
+    for (key, a), b in zip(nets[0].named_parameters(), nets[1].parameters()):
+        assert float((a - b).abs().max()) <= 1e-12 * moved, key
+    for a, b in zip(nets[0].parameters(), nets[1].parameters()):
+        for field, value in optimizers[0].state[a].items():
+            torch.testing.assert_close(optimizers[1].state[b][field].double(), value.double(), rtol=1e-12, atol=1e-14)
+    assert not optimizers[1].state[nets[1]["frozen"].weight].get("exp_avg", torch.zeros(1)).any()

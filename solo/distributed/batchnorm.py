@@ -1,8 +1,9 @@
 """BatchNorm over views that share one call, and with statistics over the global batch.
 
 A method's views each keep their batch statistics (solo.methods.base.through), yet the views of one size go through
-the backbone in one call: inside `row_groups(G)` the call's rows are G equal groups, each normalised with its own
-statistics, as G calls would normalise them. `group_batchnorms` makes a model's BatchNorms do so: each group through
+the backbone in one call: inside `row_groups(module, G)` the call's rows are G equal groups, each normalised with its
+own statistics, as G calls would normalise them (an attribute of each BatchNorm, set and put back around the call:
+state a compiled step can carry, where a ContextVar's setting cannot be traced). `group_batchnorms` makes a model's BatchNorms do so: each group through
 the layer's own kernel in turn (the same kernel, the same rows, so the same numbers and running statistics as a call
 per view), while the convolutions, activations and their gradients run once for all the views.
 
@@ -16,7 +17,6 @@ one collective each way. `convert_sync_batchnorm` picks by where the module's te
 from __future__ import annotations
 
 from contextlib import contextmanager
-from contextvars import ContextVar
 
 import torch
 import torch.nn as nn
@@ -25,37 +25,50 @@ from solo.distributed.collectives import gather, sum_over_ranks
 from solo.distributed.env import world_size
 from solo.dtypes import full_precision
 
-_row_groups: ContextVar[int] = ContextVar("solo_batchnorm_row_groups", default=1)
+
+def grouping(module: nn.Module) -> list[nn.Module]:
+    """The BatchNorms of `module` that take row groups (PerGroup's, solo's SyncBatchNorm)."""
+    return [m for m in module.modules() if isinstance(m, (PerGroup, SyncBatchNorm))]
 
 
 @contextmanager
-def row_groups(count: int):
-    """Inside it, solo's SyncBatchNorm takes its input's rows as `count` equal groups, each normalised with its own
-    statistics over the global batch, every group in the same one collective each way: `count` views concatenated
-    in one call are normalised as `count` calls would normalise them, with a `count`-th of the collectives
-    (solo.methods.base.through)."""
-    token = _row_groups.set(count)
+def row_groups(module: nn.Module, count: int):
+    """Inside it, the BatchNorms of `module` that take row groups (`grouping`) take their input's rows as `count` equal
+    groups, each normalised with its own statistics: `count` views concatenated in one call are normalised as `count`
+    calls would normalise them (solo.methods.base.through); solo's SyncBatchNorm takes every group's global
+    statistics in one collective each way."""
+    norms = grouping(module)
+    outer = [m.row_groups for m in norms]
+    for m in norms:
+        m.row_groups = count
     try:
         yield
     finally:
-        _row_groups.reset(token)
+        for m, groups in zip(norms, outer):
+            m.row_groups = groups
 
 
-def row_groups_replayed() -> tuple:
+def row_groups_replayed(block: nn.Module) -> tuple:
     """Two context managers for activation checkpointing (torch.utils.checkpoint's `context_fn`): the first records
-    the row groups a block's forward runs under, the second sets them again for the forward run again in the
-    backward, which runs outside `row_groups`."""
+    the row groups of `block`'s BatchNorms as its forward runs, the second sets them again for the forward run again
+    in the backward, outside the call that set them."""
     state = {}
 
     @contextmanager
     def record():
-        state["groups"] = _row_groups.get()
+        state["groups"] = [(m, m.row_groups) for m in grouping(block)]
         yield
 
     @contextmanager
     def replay():
-        with row_groups(state.get("groups", 1)):
+        outer = [(m, m.row_groups) for m, _ in state["groups"]]
+        for m, groups in state["groups"]:
+            m.row_groups = groups
+        try:
             yield
+        finally:
+            for m, groups in outer:
+                m.row_groups = groups
 
     return record(), replay()
 
@@ -71,11 +84,13 @@ def normalises_row_groups(module: nn.Module) -> bool:
 
 
 class PerGroup:
-    """A BatchNorm class's forward, per row group: in training inside `row_groups(G)`, each of the G groups of rows
-    through the class's own forward in turn (its statistics, its running statistics' update), outside in one call."""
+    """A BatchNorm class's forward, per row group: in training inside `row_groups(module, G)`, each of the G groups of
+    rows through the class's own forward in turn (its statistics, its running statistics' update), else in one call."""
+
+    row_groups = 1
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        groups = _row_groups.get()
+        groups = self.row_groups
         if groups == 1 or not self.training:
             return super().forward(x)
         if x.shape[0] % groups:
@@ -104,6 +119,8 @@ def group_batchnorms(module: nn.Module) -> nn.Module:
 
 
 class SyncBatchNorm(nn.modules.batchnorm._BatchNorm):
+    row_groups = 1  # see row_groups
+
     def _check_input_dim(self, x: torch.Tensor) -> None:
         if x.dim() < 2:
             raise ValueError(f"SyncBatchNorm expects (batch, channels, ...) input, got shape {tuple(x.shape)}")
@@ -112,7 +129,7 @@ class SyncBatchNorm(nn.modules.batchnorm._BatchNorm):
         self._check_input_dim(x)
         if not self.training or world_size() == 1:
             return super().forward(x)
-        groups = _row_groups.get()
+        groups = self.row_groups
         if x.shape[0] % groups:
             raise ValueError(f"SyncBatchNorm: {x.shape[0]} rows cannot be {groups} equal groups (row_groups)")
         with torch.no_grad():  # the gradient through the statistics is _GlobalNorm's backward

@@ -220,7 +220,7 @@ def through(encoder: nn.Module, views: list[torch.Tensor], *per_view: list, forw
         if len(same_size) == 1:
             out.append(forward(*same_size[0]))
             continue
-        with row_groups(len(same_size)):
+        with row_groups(encoder, len(same_size)):
             joined = forward(*(torch.cat(column) for column in zip(*same_size)))
         out += joined.split([len(args[0]) for args in same_size])
     return out

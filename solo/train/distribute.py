@@ -123,7 +123,7 @@ def _recomputed_alike(block: nn.Module) -> tuple:
     statistics) replayed, the buffers left as they were."""
     draws = next((m.draws for m in block.modules() if getattr(m, "draws", None) is not None), None)
     record_draws, replay_draws = draws.recorded_and_replayed() if draws is not None else (nullcontext(), nullcontext())
-    record_groups, replay_groups = row_groups_replayed()
+    record_groups, replay_groups = row_groups_replayed(block)
 
     @contextmanager
     def forward():
@@ -150,19 +150,24 @@ def kept_buffers(module: nn.Module):
                 b.copy_(s)
 
 
+def cannot_compile() -> str | None:
+    """Why torch.compile does not work here (no C++ compiler for the CPU, an unsupported platform), or None."""
+    try:
+        torch.compile(lambda x: x * 2 + 1)(torch.ones(2))  # compiling anything needs the whole toolchain
+    except Exception as e:  # dynamo and inductor raise many kinds: a missing compiler, an unsupported Python
+        first = str(e).strip().splitlines()[0][:300] if str(e).strip() else ""
+        return f"torch.compile does not work here ({type(e).__name__}{': ' + first if first else ''})"
+    return None
+
+
 def compile_model(model: nn.Module, scope: str) -> None:
     """torch.compile in place (names and state dicts unchanged): each block of each tower (scope "blocks": small
     graphs, quick to compile, the same code for every block), or each image backbone whole ("backbone": one graph,
     longer to compile, no break between blocks). Where compilation does not work (no C++ compiler for the CPU, an
     unsupported platform), one warning that says why, and the model runs eager."""
-    try:
-        torch.compile(lambda x: x * 2 + 1)(torch.ones(2))  # compiling anything needs the whole toolchain
-    except Exception as e:  # dynamo and inductor raise many kinds: a missing compiler, an unsupported Python
-        reason = f"{type(e).__name__}: {str(e).strip().splitlines()[0][:300]}" if str(e).strip() else type(e).__name__
-        warnings.warn(
-            f"trainer.compile={scope}: torch.compile does not work here ({reason}); training runs uncompiled",
-            stacklevel=2,
-        )
+    reason = cannot_compile()
+    if reason is not None:
+        warnings.warn(f"trainer.compile={scope}: {reason}; training runs uncompiled", stacklevel=2)
         return
     for module in blocks(model) if scope == "blocks" else model.backbones():
         module.compile(dynamic=False)  # batch shapes repeat; dynamic shapes fail to compile some backwards on the CPU

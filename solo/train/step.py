@@ -20,6 +20,7 @@ shape (solo.distributed.batch_sizes_remembered), and a non-finite loss is record
 
 from __future__ import annotations
 
+import warnings
 from contextlib import nullcontext
 from functools import partial
 from typing import Callable, Iterable, Protocol
@@ -34,7 +35,7 @@ from solo.errors import ConfigError, TrainingDiverged
 from solo.losses import NonFiniteError
 from solo.losses._checks import host_reads_deferred
 from solo.optim import clip_grad_norm
-from solo.train.distribute import average_whole_gradients, gradient_sync, kept_buffers
+from solo.train.distribute import average_whole_gradients, cannot_compile, gradient_sync, kept_buffers
 
 
 def precision_context(precision: str, device: torch.device) -> tuple[Callable, torch.amp.GradScaler]:
@@ -90,50 +91,101 @@ class TrainStep:
         accumulate: int = 1,
         weight_decay: Callable[[int], float] | None = None,
         draws: Draws | None = None,
+        compiled: bool = False,
     ):
         self.forward, self.model, self.optimizer = forward, model, optimizer
         self.draws = draws  # the draws inside the model (solo.backbones.stochastic), set to each step
         self.autocast, self.scaler = precision_context(precision, device)
+        self.scaling = self.scaler.is_enabled()  # trainer.precision=16 only (torch.compile does not trace the scaler)
         self.schedule, self.total_steps, self.grad_clip = schedule, total_steps, grad_clip
         self.accumulate = accumulate
         self.weight_decay = weight_decay
         # By position: loading the optimizer's state on resume replaces its group dicts.
         self.decayed = [i for i, group in enumerate(optimizer.param_groups) if group["weight_decay"] > 0]
+        self.index = torch.zeros((), dtype=torch.long, device=device)  # the step being taken, set in place
         self.first_bad_step = torch.tensor(-1, device=device)  # the first step whose loss was not finite, or -1
         self.batch_sizes: dict = {}  # every rank's batch size per local size, exchanged once
+        # trainer.compile=step: each group's learning rate and weight decay, set in place before each step.
+        self.scalars = torch.zeros(2, len(optimizer.param_groups), dtype=torch.float64, device=device)
+        self.compiled = compiled
+        self.update = compiled_step(self._update, device) if compiled else self._update
+        self.state_made = False
 
     def __call__(self, batch: dict, index: int) -> dict:
-        for group in self.optimizer.param_groups:
+        """Train on `batch`, optimizer step `index`: the host's part (the schedules, written into the optimizer's
+        groups and, in place, into device tensors; the method's prepare_step), then the device's (`update`)."""
+        frozen = self._prepare(index)
+        with host_reads_deferred(), batch_sizes_remembered(self.batch_sizes):
+            return self.update(batch, frozen)
+
+    def explain(self, batch: dict, index: int):
+        """torch._dynamo.explain of step `index` on `batch` (which it takes): the graphs and graph breaks of the
+        device's part, what trainer.compile=step captures."""
+        frozen = self._prepare(index)
+        with host_reads_deferred(), batch_sizes_remembered(self.batch_sizes):
+            with torch._dynamo.config.patch(trace_autograd_ops=True):
+                return torch._dynamo.explain(self._update)(batch, frozen)
+
+    def _prepare(self, index: int) -> tuple[bool, ...]:
+        """The host's part of step `index`; returns which optimizer groups it leaves untouched."""
+        groups = self.optimizer.param_groups
+        for group in groups:
             if not group.get("static_lr", False):
                 group["lr"] = self.schedule(index) * group.get("lr_scale", 1.0)
         if self.weight_decay is not None:
             for i in self.decayed:
-                self.optimizer.param_groups[i]["weight_decay"] = self.weight_decay(index)
+                groups[i]["weight_decay"] = self.weight_decay(index)
+        self.index.fill_(index)
+        if self.compiled:
+            if not self.state_made:  # after a resume's load: only what is missing
+                self.optimizer.make_state()
+                self.state_made = True
+            values = [[g["lr"] for g in groups], [g["weight_decay"] for g in groups]]
+            self.scalars.copy_(torch.tensor(values, dtype=torch.float64), non_blocking=True)
         if self.draws is not None:
             self.draws.set_step(index)
         self.model.prepare_step(index, self.total_steps)
-        with host_reads_deferred(), batch_sizes_remembered(self.batch_sizes):
-            out = self._forward_backward(batch) if self.accumulate == 1 else self._accumulated(batch)
+        # e.g. DINO's last layer: no update at all, state included, for its group's first steps
+        return tuple(index < group.get("frozen_steps", 0) for group in groups)
+
+    def _update(self, batch: dict, frozen: tuple[bool, ...]) -> dict:
+        """Forward, backward, clipping, the optimizer's update and the method's after_optimizer_step: the device's
+        part of the step, captured whole under trainer.compile=step. Returns the forward's outputs, detached."""
+        out = self._forward_backward(batch) if self.accumulate == 1 else self._accumulated(batch)
         average_whole_gradients(self.forward)
         bad = ~torch.isfinite(out["total"].detach()) & (self.first_bad_step < 0)
-        self.first_bad_step = torch.where(bad, index + 1, self.first_bad_step)
+        self.first_bad_step.copy_(torch.where(bad, self.index + 1, self.first_bad_step))
         if self.grad_clip:
-            self.scaler.unscale_(self.optimizer)
+            if self.scaling:
+                self.scaler.unscale_(self.optimizer)
             clip_grad_norm(list(self.model.clipped_parameters()), self.grad_clip)
-        for group in self.optimizer.param_groups:
-            if index < group.get("frozen_steps", 0):  # e.g. DINO's last layer: no update at all, state included
+        for group, frozen_now in zip(self.optimizer.param_groups, frozen):
+            if frozen_now:
                 for p in group["params"]:
                     p.grad = None
-        self.scaler.step(self.optimizer)
-        self.scaler.update()
-        self.optimizer.zero_grad(set_to_none=True)
+        if self.compiled:
+            lrs = list(self.scalars[0].unbind())
+            decays = [
+                self.scalars[1, i] if self.weight_decay is not None and i in self.decayed else g["weight_decay"]
+                for i, g in enumerate(self.optimizer.param_groups)
+            ]
+            self.optimizer.update(lrs, decays)
+        else:
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        for group in self.optimizer.param_groups:
+            for p in group["params"]:
+                p.grad = None
         self.model.after_optimizer_step()
-        return out
+        return {key: value.detach() if isinstance(value, torch.Tensor) else value for key, value in out.items()}
 
     def _forward_backward(self, batch: dict, forward: Callable | None = None) -> dict:
         out = self._loss(forward or self.forward, batch)
-        self.scaler.scale(out["total"]).backward()
+        self._scaled(out["total"]).backward()
         return out
+
+    def _scaled(self, loss: torch.Tensor) -> torch.Tensor:
+        return self.scaler.scale(loss) if self.scaling else loss
 
     def _loss(self, forward: Callable, batch: dict, **kwargs) -> dict:
         try:
@@ -157,7 +209,7 @@ class TrainStep:
             leaves = [t.detach().requires_grad_(t.is_floating_point()) for t in flatten(merge_encoded(encoded))]
             out = self._loss(self.model, batch, encoded=unflatten(merge_encoded(encoded), leaves))
             trained = [t for t in leaves if t.requires_grad]
-            found = iter(torch.autograd.grad(self.scaler.scale(out["total"]), trained, allow_unused=True))
+            found = iter(torch.autograd.grad(self._scaled(out["total"]), trained, allow_unused=True))
             grads = [next(found) if t.requires_grad else None for t in leaves]
         sizes = [len(flatten(e)[0]) for e in encoded]
         gradient_sync(self.forward, False)
@@ -188,6 +240,25 @@ class TrainStep:
 
     def load_state_dict(self, state: dict) -> None:
         self.scaler.load_state_dict(state["scaler"])
+
+
+def compiled_step(update: Callable, device: torch.device) -> Callable:
+    """`update` compiled whole by torch.compile, its backward traced with the forward (dynamo's
+    `trace_autograd_ops`), shapes static; on CUDA in mode "reduce-overhead" (CUDA graphs: the step's launches
+    replayed as one). Where compilation does not work here, one warning, and `update` as it is."""
+    reason = cannot_compile()
+    if reason is None and not hasattr(torch._dynamo.config, "trace_autograd_ops"):
+        reason = f"torch {torch.__version__} cannot trace a backward inside a compiled function (trace_autograd_ops)"
+    if reason is not None:
+        warnings.warn(f"trainer.compile=step: {reason}; training runs uncompiled", stacklevel=3)
+        return update
+    compiled = torch.compile(update, dynamic=False, mode="reduce-overhead" if device.type == "cuda" else None)
+
+    def call(*args):
+        with torch._dynamo.config.patch(trace_autograd_ops=True):
+            return compiled(*args)
+
+    return call
 
 
 def split_batch(batch: dict, k: int) -> list[dict]:

@@ -223,7 +223,7 @@ class Trainer:
         model.method.set_schedule(source.steps_per_epoch, self.total_steps)
         if t.memory_check:
             self._check_memory()
-        if str(t.compile) != "off":
+        if str(t.compile) in ("blocks", "backbone"):
             compile_model(model, str(t.compile))
         keep_local = () if model.method.sync_teacher_batchnorm else model.teachers()
         forward = distribute(
@@ -257,6 +257,7 @@ class Trainer:
             grad_clip=cfg.optim.grad_clip,
             accumulate=t.accumulate,
             draws=model.draws,
+            compiled=str(t.compile) == "step",
             weight_decay=None
             if cfg.optim.weight_decay_end is None
             else partial(
