@@ -35,14 +35,13 @@ def _scalar(x: float | torch.Tensor) -> float | torch.Tensor:
 
 def _cross_view_loss(targets: list[torch.Tensor], log_probs: list[torch.Tensor], n_total: int) -> torch.Tensor:
     """Average over pairs (i, v), v != i, of the global-batch mean of sum_k -targets[i] * log_probs[v];
-    W times this rank's share."""
-    loss_sum, pairs = 0.0, 0
-    for i, q in enumerate(targets):
-        for v, log_p in enumerate(log_probs):
-            if v != i:
-                loss_sum = loss_sum - (q * log_p).sum()
-                pairs += 1
-    return loss_sum * (world_size() / (n_total * pairs))
+    W times this rank's share. Every pair at once, a fixed number of operations for any number of views: the sum
+    over all pairs (i, v) is (sum_i targets_i) . (sum_v log_probs_v), less the pairs v = i."""
+    shared = min(len(targets), len(log_probs))
+    every = (torch.stack(targets).sum(0) * torch.stack(log_probs).sum(0)).sum()
+    same = (torch.stack(targets[:shared]) * torch.stack(log_probs[:shared])).sum()
+    pairs = len(targets) * len(log_probs) - shared
+    return (same - every) * (world_size() / (n_total * pairs))
 
 
 # --- DINO ---------------------------------------------------------------------------------------------
