@@ -19,7 +19,8 @@ Rows (each reads the same `--images` JPEG files of `--image-size` px from disk, 
 - with --workers W: both of solo's paths end to end through its loader (the global-batch sampler and a DataLoader
   with W workers, a second pass over the images timed): the CPU path's views made by the workers, the device
   path's by DeviceViews on the device as the workers' raw batches arrive.
-Then a profile of solo's CPU path: the time per view of each stage, on the same images.
+Then a profile of solo's CPU path: the time per view of each stage, on the same images; and how far solo's crop
+(roi_align, solo.data.views.augment) is from torchvision's antialiased resized_crop of the same boxes.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 from PIL import Image
 
@@ -222,25 +224,57 @@ def profile(paths, recipe) -> list[tuple[str, float]]:
         stages[name] = stages.get(name, 0.0) + time.perf_counter() - start
         return out
 
+    cpu = torch.device("cpu")
+    one, zero = torch.ones(1, 1, 1, 1), torch.zeros(1, 1, 1, 1)
     for i, path in enumerate(paths):
         data = clock("read file", path.read_bytes)
         encoded, height, width = clock("parse the JPEG header", raw_image, data, str(path))
-        pixels = clock("decode JPEG (decode_jpeg)", augment.decode, [encoded], torch.device("cpu"))[0]
+        pixels = clock("decode JPEG (decode_jpeg)", augment.decode, [encoded], cpu)[0]
         with seeded_rng(i):
-            p = clock("draw parameters", recipe.draw, pixels.shape[-2], pixels.shape[-1])
-        box = p[: augment.AT["width"] + 1].long().tolist()
-        x = clock("crop + resize (antialiased)", augment.crop_resize, [pixels], [box], recipe.size)
+            p = clock("draw parameters", recipe.draw, height, width)
+        canvas = clock("place in the batch's canvas", augment.padded_canvas, [pixels], cpu)
+        top, left, h, w = p[: augment.AT["width"] + 1]
+        box = torch.tensor([[0.0, left, top, left + w, top + h]])
+        x = clock("crop + resize (roi_align)", augment.crop_resize, canvas, box, recipe.size)
         x = clock("flip", torch.flip, x, (-1,))
-        one = torch.full((1, 1, 1, 1), 1.1)
-        for name, op in zip(("brightness", "contrast", "saturation"), augment.BLENDS):
-            x = clock(name, op, x, one)
-        x = clock("hue", augment.shift_hue, x, torch.full((1, 1, 1, 1), 0.05))
+        for name, factors in (("brightness", (0.9 * one, zero)), ("contrast", (0.9 * one, 0.1 * one))):
+            x = clock(name, augment.blend, x, *factors)
+        x = clock("saturation", augment.blend, x, 0.9 * one, zero, 0.1 * one)
+        x = clock("hue", augment.shift_hue, x, torch.full((1, 1, 1, 1), 0.3))
         x = clock("grayscale", lambda t: augment.grey(t).expand_as(t), x)
-        x = clock(
-            f"blur ({recipe.kernel} taps, separable)", augment.gaussian_blur, x, torch.tensor([1.0]), recipe.kernel
-        )
+        taps = torch.from_numpy(augment._blur_weights(np.array([1.0]), recipe.kernel)).repeat(3, 1)
+        x = clock(f"blur ({recipe.kernel} taps, separable)", augment.gaussian_blur, x, taps[None])
         clock("normalise", lambda t: (t - 0.5) / 0.25, x)
     return [(name, 1e3 * seconds / len(paths)) for name, seconds in stages.items()]
+
+
+def numerics(paths, recipe) -> list[str]:
+    """How far solo's crop (roi_align on the image) is from torchvision's resized_crop (antialiased) of the same box,
+    in [0, 1] pixel units, over one view of each image: boxes upsampled to the view and boxes downsampled apart."""
+    from torchvision.transforms.v2 import functional as TF
+
+    cpu, found = torch.device("cpu"), {"upsampled": [], "downsampled": []}
+    for i, path in enumerate(paths):
+        encoded, height, width = raw_image(path.read_bytes(), str(path))
+        pixels = augment.decode([encoded], cpu)[0]
+        with seeded_rng(i):
+            p = recipe.draw(height, width)
+        top, left, h, w = (int(v) for v in p[: augment.AT["width"] + 1])
+        box = torch.tensor([[0.0, left, top, left + w, top + h]])
+        ours = augment.crop_resize(augment.padded_canvas([pixels], cpu), box, recipe.size)[0]
+        theirs = TF.resized_crop(pixels.float(), top, left, h, w, [recipe.size] * 2, antialias=True) / 255
+        difference = (ours - theirs).abs()
+        kind = "upsampled" if max(h, w) <= recipe.size else "downsampled"
+        found[kind].append((float(difference.mean()), float(difference.max()), float(difference[:, 1:-1, 1:-1].mean())))
+    lines = [
+        "| boxes | views | mean difference | largest | mean without the outermost pixels |",
+        "|---|---|---|---|---|",
+    ]
+    for kind, rows in found.items():
+        if rows:
+            means, largest, inner = zip(*rows)
+            lines.append(f"| {kind} | {len(rows)} | {np.mean(means):.4f} | {max(largest):.3f} | {np.mean(inner):.4f} |")
+    return lines
 
 
 def main() -> None:
@@ -283,6 +317,8 @@ def main() -> None:
     print("\nsolo's CPU path, per view (every operation applied, to time it):\n| stage | ms |\n|---|---|")
     for name, ms in profile(paths, cpu.view_transforms[0]):
         print(f"| {name} | {ms:.2f} |")
+    print("\nsolo's crop against torchvision's resized_crop (antialiased) of the same box, [0, 1] pixel units:")
+    print("\n".join(numerics(paths, cpu.view_transforms[0])))
 
 
 if __name__ == "__main__":

@@ -117,6 +117,21 @@ def test_the_crop_is_the_mean_of_bilinear_samples_over_each_output_pixel(box, si
     assert (got - sampled(image, box, size)).abs().max() < 1e-5
 
 
+def test_the_batch_is_placed_alike_by_the_device_paths_gather_and_the_workers_copies():
+    """Images of several sizes and memory layouts ((3, H, W); (H, W, 3) seen as (3, H, W), as decode_jpeg gives them):
+    each at the top left of the canvas, its last row and column repeated past its edge, whichever way they are placed."""
+    g = torch.Generator().manual_seed(2)
+    images = [torch.randint(0, 256, (3, 9, 14), dtype=torch.uint8, generator=g)]
+    images.append(torch.randint(0, 256, (11, 7, 3), dtype=torch.uint8, generator=g).permute(2, 0, 1))
+    images.append(torch.randint(0, 256, (3, 5, 20), dtype=torch.uint8, generator=g)[:, :, ::2])  # neither: copied
+    gathered, copied = (padded_canvas(images, CPU, whole_batch=w) for w in (True, False))
+    assert gathered.shape == (3, 3, 12, 15) and torch.equal(gathered, copied)
+    for b, image in enumerate(images):
+        h, w = image.shape[-2:]
+        assert torch.equal(gathered[b, :, :h, :w], image.float())
+        assert torch.equal(gathered[b, :, h:, w:], image[:, -1:, -1:].float().expand(3, 12 - h, 15 - w))
+
+
 def test_the_crop_of_the_whole_image_is_torchvisions_resize_up_and_a_box_average_down():
     """Upsampling the whole image is torchvision's bilinear resize; downsampling by a whole factor k averages k x k
     pixels (what an antialiased resize approximates with a wider triangle filter)."""

@@ -162,7 +162,7 @@ def make_views(
     len(FIELDS)) parameters, float64, on the CPU; `whole_batch`: the device path's way to reach the rows (see the
     module's docstring). The views of one size are made together, rows v * B + i of one tensor."""
     device = device or images[0].device
-    canvas = padded_canvas(images, device)
+    canvas = padded_canvas(images, device, whole_batch)
     batch = canvas.shape[0]
     out: list = [None] * len(recipes)
     sizes: dict[int, list[int]] = {}
@@ -181,27 +181,40 @@ def make_views(
     return out
 
 
-def padded_canvas(images, device: torch.device) -> torch.Tensor:
+def padded_canvas(images, device: torch.device, whole_batch: bool = False) -> torch.Tensor:
     """The batch as one float32 (B, 3, H, W) tensor on `device`, each image at the top left, its last row and column
     repeated to at least one pixel past its edge (so that a crop's samples in its last half pixel read the edge,
     whatever the batch's other images: a sample's view does not depend on its neighbours). Images of several sizes:
-    one copy to the device of all their pixels, then one gather that places them."""
+    with `whole_batch` (the device path), one copy to the device of all their pixels and one gather that places them,
+    its index computed there from each image's size and strides (a fixed number of launches); else three copies per
+    image (the CPU workers' path: no index to compute). The same canvas either way (tested)."""
     if isinstance(images, torch.Tensor):
         return F.pad(images.to(device, non_blocking=True), (0, 1, 0, 1), mode="replicate").float()
+    height, width = max(int(im.shape[-2]) for im in images) + 1, max(int(im.shape[-1]) for im in images) + 1
+    if not whole_batch:
+        canvas = torch.empty(len(images), 3, height, width, dtype=torch.uint8, device=device)
+        for b, image in enumerate(images):
+            h, w = image.shape[-2:]
+            canvas[b, :, :h, :w] = image
+            canvas[b, :, h:, :w] = image[:, -1:, :]
+            canvas[b, :, :, w:] = canvas[b, :, :, w - 1 : w]
+        return canvas.float()
     # Each image's pixels as they lie in memory: (3, H, W) as decoded by PIL, or a view of (H, W, 3) as decode_jpeg
-    # gives them; any other layout copied to the first.
+    # gives them on the CPU; any other layout copied to the first.
     images = [im if im.is_contiguous() or _pixel_major(im) else im.contiguous() for im in images]
     flat = torch.cat([im.as_strided((im.numel(),), (1,)) for im in images]).to(device, non_blocking=True)
-    heights, widths = (np.array([int(im.shape[axis]) for im in images])[:, None] for axis in (-2, -1))
+    # Where each canvas row and column starts in `flat` (its image's start, the last row and column repeated past the
+    # edge) and each image's channel stride, from the sizes on the host, sent in one copy; the index from them there.
     starts = np.cumsum([0] + [im.numel() for im in images])[:-1, None]
-    strides = np.array([im.stride() for im in images])  # (B, 3): channel, row, column
-    index_type = np.int32 if starts[-1, 0] + images[-1].numel() < 2**31 else np.int64
-    # Every canvas pixel's position in `flat`, computed on the host (no launches) and sent with the pixels.
-    rows = np.minimum(np.arange(heights.max() + 1), heights - 1)  # (B, H + 1): the last row repeated
-    columns = np.minimum(np.arange(widths.max() + 1), widths - 1)
-    pixel = (starts + rows * strides[:, 1:2])[:, :, None] + (columns * strides[:, 2:3])[:, None, :]  # (B, H + 1, W + 1)
-    index = pixel[:, None] + (np.arange(3) * strides[:, :1])[:, :, None, None]
-    return flat[torch.from_numpy(index.astype(index_type)).to(device, non_blocking=True)].float()
+    strides = np.array([im.stride() for im in images])
+    heights, widths = (np.array([int(im.shape[axis]) for im in images])[:, None] for axis in (-2, -1))
+    rows = starts + np.minimum(np.arange(height), heights - 1) * strides[:, 1:2]
+    columns = np.minimum(np.arange(width), widths - 1) * strides[:, 2:3]
+    dtype = np.int32 if starts[-1, 0] + images[-1].numel() < 2**31 else np.int64
+    layout = torch.from_numpy(np.concatenate([rows, columns, strides[:, :1]], axis=1).astype(dtype))
+    rows, columns, channel = layout.to(device, non_blocking=True).split([height, width, 1], dim=1)
+    channels = channel.view(-1, 1, 1, 1) * torch.arange(3, device=device, dtype=channel.dtype).view(1, 3, 1, 1)
+    return flat[(rows[:, :, None] + columns[:, None, :])[:, None] + channels].float()
 
 
 def _pixel_major(image: torch.Tensor) -> bool:
