@@ -62,9 +62,12 @@ class Sizes:
     jpeg_size: int
     data_batch: int
     one_thread_images: int  # the augmentation step's one-thread rows read these many
-    compiled: Model
+    compiled: tuple[Model, ...]  # the compile step's: the first with every trainer.compile, the others off and step
     compiled_precision: str
     compiled_steps: int  # timed, after one warm-up step (the compilation)
+    launched: tuple[Model, ...]  # the launch count's
+    launched_precision: str
+    launched_batch: int
     synced: Model
     synced_precision: str
     synced_batch: int
@@ -89,9 +92,12 @@ GPU = Sizes(
     jpeg_size=300,
     data_batch=64,
     one_thread_images=128,
-    compiled=Model("ViT-B/16", "vit_base_patch16_224"),
+    compiled=(Model("ViT-B/16", "vit_base_patch16_224"), Model("ResNet-50", "resnet50")),
     compiled_precision="bf16",
     compiled_steps=15,
+    launched=(Model("ResNet-50", "resnet50"), Model("ViT-B/16", "vit_base_patch16_224")),
+    launched_precision="bf16",
+    launched_batch=64,
     synced=Model("ResNet-50", "resnet50"),
     synced_precision="bf16",
     synced_batch=32,
@@ -115,9 +121,15 @@ DRY = Sizes(
     jpeg_size=24,
     data_batch=4,
     one_thread_images=8,
-    compiled=Model("ViT (2 blocks of 32)", "vit_tiny_patch16_224", kwargs=TINY_VIT),
+    compiled=(Model("ViT (2 blocks of 32)", "vit_tiny_patch16_224", kwargs=TINY_VIT),),
     compiled_precision="32",
     compiled_steps=2,
+    launched=(
+        Model("ResNet (timm test_resnet)", "test_resnet", small_stem=True),
+        Model("ViT (2 blocks of 32)", "vit_tiny_patch16_224", kwargs=TINY_VIT),
+    ),
+    launched_precision="32",
+    launched_batch=4,
     synced=Model("ResNet (timm test_resnet)", "test_resnet", small_stem=True),
     synced_precision="32",
     synced_batch=8,
@@ -418,6 +430,7 @@ def step_augmentation(ctx: Context) -> list[str]:
     one_worker, on_device = solo_device(raw, s.data_batch, ctx.device, s.one_thread_images)
     loader_cpu = solo_loader(cpu, s.data_batch, workers, ctx.device)
     loader_device = solo_loader(raw, s.data_batch, workers, ctx.device)
+    apart = device_against_cpu(raw, s.data_batch, ctx.device)
     return [
         f"{s.jpegs} JPEGs of {s.jpeg_size * 4 // 3}x{s.jpeg_size} px -> 2 SimCLR views of {s.image} px, batches of "
         f"{s.data_batch} (bench/data.py); DataLoader workers: {workers} (solo's default here: the CPUs less one, at "
@@ -431,18 +444,78 @@ def step_augmentation(ctx: Context) -> list[str]:
         f"| data.augment_on=cpu through solo's loader, all its workers | {loader_cpu:,.0f} |",
         f"| data.augment_on=device through solo's loader, all its workers, views on {ctx.device} "
         f"| {loader_device:,.0f} |",
+        "",
+        f"The same batch's views made on {ctx.device} and on the CPU (DeviceViews: the same operations, the devices' "
+        "kernels), in [0, 1] pixel units:",
+        "",
+        "| compared | mean difference | largest difference |",
+        "|---|---|---|",
+        f"| {ctx.device} against the CPU | {apart[0]:.1e} | {apart[1]:.1e} |",
     ]
+
+
+def device_against_cpu(raw, batch: int, device) -> tuple[float, float]:
+    """(mean, largest) absolute difference between the views of one raw batch made on `device` and on the CPU."""
+    import torch
+    from data import batches
+
+    from solo.data.views.augment import DeviceViews
+    from solo.data.views.multiview import collate_raw
+
+    sample = collate_raw(raw.__getitems__(batches(batch, batch)[0]))
+    views = DeviceViews(raw.view_transforms, pairs=False)
+    std = torch.tensor(raw.view_transforms[0].std).view(1, 3, 1, 1)
+    here, there = (torch.cat(views(dict(sample), d)["views"]).cpu() * std for d in (device, torch.device("cpu")))
+    difference = (here - there).abs()
+    return float(difference.mean()), float(difference.max())
+
+
+def step_launches(ctx: Context) -> list[str]:
+    """What one steady-state step launches, solo's loop against the bare loop (bench/launches.py): on a GPU the host's
+    launch calls and the kernels that ran (torch's profiler), and the aten operations beside them."""
+    from launches import Model as Job
+    from launches import bare_count, image_folder, solo_count
+
+    s = ctx.sizes
+    images = image_folder(2 * s.launched_batch * 4, s.jpeg_size, ctx.work / "launches")
+    device, cuda = str(ctx.device), ctx.device.type == "cuda"
+    lines = [
+        f"One steady-state step (after 2 warm-up steps, not a logging step), batch {s.launched_batch} (2 views each), "
+        f"{s.image} px, precision {s.launched_precision}, on {ctx.device}: the bare loop (the model on tensors already "
+        "on the device, each view's BatchNorm statistics: a ResNet called per view; bench/launches.py) and solo's "
+        "loop (reading JPEGs, the views made on the device, the probe on). Launch calls: the CUDA runtime's kernel "
+        "and graph launches from the host; kernels: those that ran on the GPU.",
+        "",
+        "| model | loop | launch calls | kernels run | aten leaf ops | solo / bare, launch calls |",
+        "|---|---|---|---|---|---|",
+    ]
+    for model in s.launched:
+        job = Job(model.backbone, dict(model.kwargs), (f"backbone.small_stem={str(model.small_stem).lower()}",))
+        sizes = dict(image_size=s.image, precision=s.launched_precision, device=device)
+        bare = bare_count(job, s.launched_batch, 2, views_apart=True, **sizes)
+        _release(ctx.device)
+        solo = solo_count(job, s.launched_batch, 2, images, **sizes)
+        _release(ctx.device)
+        for name, got in (("bare", bare), ("solo", solo)):
+            ratio = f"{solo.launches / bare.launches:.2f}" if cuda and name == "solo" else "-"
+            calls, kernels = (f"{got.launches:,}", f"{got.device_kernels:,}") if cuda else ("-", "-")
+            lines.append(f"| {model.label} | {name} | {calls} | {kernels} | {got.leaves:,} | {ratio} |")
+    if not cuda:
+        lines += ["", "On the CPU no kernels are launched: the aten operations are the figure (bench/launches.py)."]
+    return lines
 
 
 def step_compile(ctx: Context) -> list[str]:
     import warnings
 
-    from throughput import solo
+    from launches import counted
+    from throughput import bare, solo_step, timed
 
     from solo.distributed.env import detect
 
-    s, m = ctx.sizes, ctx.sizes.compiled
-    if ctx.device.type == "cpu":
+    s = ctx.sizes
+    cuda = ctx.device.type == "cuda"
+    if not cuda:
         # The CPU's C++ kernels unvectorised and compiled in this process: half the compile time here (no worker
         # pool to start on 2 cores); the GPU's Triton kernels are compiled as a user's run compiles them.
         import torch._inductor.config as inductor
@@ -450,32 +523,43 @@ def step_compile(ctx: Context) -> list[str]:
         inductor.cpp.simdlen = 1
         inductor.compile_threads = 1
     jpegs = _jpegs(ctx)
-    setup = _setup(ctx, m, s.compiled_precision, s.batch, s.compiled_steps, warmup=1)
-    rows = []
-    for scope in ("off", "blocks"):
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            got = solo(setup, detect(), jpegs, [f"trainer.compile={scope}"])
-        _release(ctx.device)
-        rows.append((scope, got))
-    # Where compiling does not work, the trainer says why and runs eager: the row would compare eager with eager.
-    eager = [str(w.message) for w in caught if "does not work here" in str(w.message)]
-    off = rows[0][1].samples_per_s
     lines = [
-        f"solo's step (as in the throughput step) on a {m.label}, {s.image} px, batch {s.batch}, precision "
-        f"{s.compiled_precision}, on {ctx.device}: trainer.compile off and blocks (each block compiled, "
-        f"torch.compile's default mode). Building the Trainer includes trainer.compile's check that compiling "
-        f"works; the first step compiles; then {s.compiled_steps} steps timed.",
+        f"solo's step (as in the throughput step) at {s.image} px, batch {s.batch}, precision {s.compiled_precision}, "
+        f"on {ctx.device}: trainer.compile off, blocks (each block compiled) and step (the whole step: forward, "
+        "backward, optimizer, EMA; CUDA graphs on a GPU), against the bare model's eager loop. Building the Trainer "
+        "includes the check that compiling works; the first step compiles; then "
+        f"{s.compiled_steps} steps timed, then one counted (the CUDA runtime's launch calls from the host).",
         "",
-        "| trainer.compile | Trainer built, s | first step, s | samples/s | / off |",
-        "|---|---|---|---|---|",
+        "| model | trainer.compile | Trainer built, s | first step, s | samples/s | / bare eager | launch calls |",
+        "|---|---|---|---|---|---|---|",
     ]
-    lines += [
-        f"| {scope} | {got.build_s:.1f} | {got.warmup_s:.1f} | {got.samples_per_s:,.1f} "
-        f"| {got.samples_per_s / off:.2f} |"
-        for scope, got in rows
-    ]
-    return lines + (["", f"Not compiled: {eager[0]}"] if eager else [])
+    eager_only = []
+    for i, model in enumerate(s.compiled):
+        setup = _setup(ctx, model, s.compiled_precision, s.batch, s.compiled_steps, warmup=1)
+        limit = bare(setup).samples_per_s
+        _release(ctx.device)
+        scopes = ("off", "blocks", "step") if i == 0 else ("off", "step")
+        for scope in scopes if cuda else scopes[:2]:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                with solo_step(setup, detect(), jpegs, [f"trainer.compile={scope}"]) as (step, build_s, _, _):
+                    got = timed(step, setup, ctx.device, s.batch, build_s)
+                    launches = counted(lambda: step(setup.warmup + setup.steps), cuda=cuda).launches  # noqa: B023
+            calls = f"{launches:,}" if cuda else "-"
+            _release(ctx.device)
+            # Where compiling does not work, the trainer says why and runs eager: say so beside the row.
+            eager_only += [str(w.message) for w in caught if "does not work here" in str(w.message)]
+            lines.append(
+                f"| {model.label} | {scope} | {got.build_s:.1f} | {got.warmup_s:.1f} | {got.samples_per_s:,.1f} "
+                f"| {got.samples_per_s / limit:.2f} | {calls} |"
+            )
+    if not cuda:
+        lines += [
+            "",
+            "trainer.compile=step is not in the dry run: inductor takes one to two minutes a model on the CPU "
+            "(tests/test_compiled_step.py compiles it).",
+        ]
+    return lines + (["", f"Not compiled: {eager_only[0]}"] if eager_only else [])
 
 
 def step_syncs(ctx: Context) -> list[str]:
@@ -611,10 +695,11 @@ STEPS = (
     Step("1. SyncBatchNorm: torch's against solo's global BatchNorm", 40, step_batchnorm),
     Step("2. Gradient accumulation in float64: trainer.accumulate=2 against 1", 45, step_accumulation),
     Step("3. Throughput and peak memory: solo against the bare model", 150, step_throughput),
-    Step("4. The augmentation on the device against the CPU workers", 45, step_augmentation),
-    Step("5. torch.compile off and on", 120, step_compile),
-    Step("6. Host syncs in a training step", 40, step_syncs),
-    Step("7. W = 1 against W = N over NCCL", 120, step_nccl, needs="gpus"),
+    Step("4. Kernel launches per step: solo against the bare model", 60, step_launches),
+    Step("5. The augmentation on the device against the CPU workers", 45, step_augmentation),
+    Step("6. torch.compile: off, blocks, step", 300, step_compile),
+    Step("7. Host syncs in a training step", 40, step_syncs),
+    Step("8. W = 1 against W = N over NCCL", 120, step_nccl, needs="gpus"),
 )
 
 # -------------------------------------------------------------------------------------------------------- driver
@@ -707,7 +792,7 @@ def main() -> None:
     parser.add_argument("--dry-run", action="store_true", help="on the CPU, at toy sizes")
     parser.add_argument("--gpus", type=int, default=0)
     parser.add_argument("--device-name", default="")
-    parser.add_argument("--budget", type=float, default=470.0, help="seconds for all the steps together")
+    parser.add_argument("--budget", type=float, default=530.0, help="seconds for all the steps together")
     parser.add_argument("--work", type=Path, required=True, help="a scratch folder (bench/gpu.sh removes it)")
     parser.add_argument("--note", action="append", default=[], help="a line for the report's header")
     args = parser.parse_args()

@@ -124,11 +124,14 @@ def bare(s: Setup, env: DistEnv | None = None) -> Measured:
     return timed(step, s, torch.device(s.device), s.batch * (env.world_size if env else 1), build_s)
 
 
-def bare_step(s: Setup, env: DistEnv | None = None):
+def bare_step(s: Setup, env: DistEnv | None = None, views_apart: bool = False):
     """The limit's step, `step(index)`, and the seconds it took to build: on this process, `s.batch` rows of two
-    views. With `env` of W > 1 processes (torchrun), the bare data-parallel loop: DDP, BatchNorm per process (torch's
-    SyncBatchNorm runs on GPUs only), and NT-Xent over the global batch through torch's gradient-preserving
-    all-gather (each process's rows against every process's)."""
+    views, through the model in one call (BatchNorm's statistics over both views together), or with `views_apart`
+    each view with its own BatchNorm statistics, as solo's methods normalise them: a call per view of each part that
+    has BatchNorm (the projector; a ResNet), one call of each that has none (a ViT). With `env` of W > 1 processes
+    (torchrun), the bare data-parallel loop: DDP, BatchNorm per process (torch's SyncBatchNorm runs on GPUs only), and
+    NT-Xent over the global batch through torch's gradient-preserving all-gather (each process's rows against every
+    process's). torch's fused SGD kernel, as solo's."""
     device = torch.device(s.device)
     world, rank = (env.world_size, env.rank) if env else (1, 0)
     start = time.perf_counter()
@@ -141,9 +144,12 @@ def bare_step(s: Setup, env: DistEnv | None = None):
     )
     fmt = torch.channels_last if device.type == "cuda" else torch.preserve_format
     model = nn.Sequential(backbone, projector).to(device, memory_format=fmt)
+    apart = [any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in part.modules()) for part in model]
+    if world > 1 and views_apart:
+        raise ValueError("views_apart: a one-process loop (bench/launches.py)")
     if world > 1:
         model = nn.parallel.DistributedDataParallel(model, device_ids=[device] if device.type == "cuda" else None)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, fused=True)
     views = torch.randn(2 * s.batch, 3, s.image_size, s.image_size, device=device).to(memory_format=fmt)
     # Row i of this process's 2b rows is row 2b * rank + i of the gathered 2B; its positive is the other view's.
     mine = torch.arange(2 * s.batch, device=device)
@@ -155,7 +161,10 @@ def bare_step(s: Setup, env: DistEnv | None = None):
 
     def step(index: int) -> None:
         with autocast:
-            z = F.normalize(model(views).float(), dim=1)
+            x = views
+            for part, per_view in zip(model, apart) if views_apart else [(model, False)]:
+                x = torch.cat([part(v) for v in x.chunk(2)]) if per_view else part(x)
+            z = F.normalize(x.float(), dim=1)
         candidates = torch.cat(all_gather(z)) if world > 1 else z
         logits = (z @ candidates.T / 0.2).masked_fill(is_self, float("-inf"))
         loss = F.cross_entropy(logits, positives)  # the mean over this process's rows; DDP averages the processes

@@ -16,10 +16,11 @@ STEPS = (
     "1. SyncBatchNorm",
     "2. Gradient accumulation",
     "3. Throughput and peak memory",
-    "4. The augmentation on the device",
-    "5. torch.compile",
-    "6. Host syncs",
-    "7. W = 1 against W = N over NCCL",
+    "4. Kernel launches per step",
+    "5. The augmentation on the device",
+    "6. torch.compile",
+    "7. Host syncs",
+    "8. W = 1 against W = N over NCCL",
 )
 
 
@@ -41,9 +42,14 @@ def sections(report: Path) -> dict[str, str]:
 
 
 def table_rows(body: str) -> list[list[str]]:
-    """The cells of the body's table rows, without the header and the rule."""
-    rows = [line.strip("|").split("|") for line in body.splitlines() if line.startswith("|")]
-    return [[cell.strip() for cell in row] for row in rows[2:]]
+    """The cells of the body's tables' rows, without their headers and rules."""
+    lines = body.splitlines()
+    rule = [line.startswith("|---") for line in lines]
+    return [
+        [cell.strip() for cell in line.strip("|").split("|")]
+        for i, line in enumerate(lines)
+        if line.startswith("|") and not rule[i] and not (i + 1 < len(lines) and rule[i + 1])
+    ]
 
 
 def numbers(text: str) -> list[float]:
