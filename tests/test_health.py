@@ -78,7 +78,8 @@ def trained(run_dir, zero_projector: bool, epochs: int) -> dict:
 @pytest.mark.one_process
 def test_a_collapsed_run_says_so_once_and_a_healthy_one_does_not(tmp_path, caplog):
     with caplog.at_level(logging.WARNING, logger="solo"):
-        healthy = trained(tmp_path / "healthy", zero_projector=False, epochs=1)
+        # 2 epochs: after 1 the embeddings' spread was within 1 % of the bound below (0.100 in float32's reordering)
+        healthy = trained(tmp_path / "healthy", zero_projector=False, epochs=2)
     assert not [r for r in caplog.records if "collapsed" in r.getMessage()], caplog.text
     assert collapse(healthy) is None and healthy["val/embedding_std"] > 0.1 and healthy["val/embedding_rankme"] > 2
     caplog.clear()

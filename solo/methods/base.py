@@ -186,6 +186,12 @@ class Method(nn.Module):
         """Scalars to log besides the loss, as tensors (read at the logging interval, not every step)."""
         return {}
 
+    def ema_momentum(self) -> float | torch.Tensor:
+        """The momentum of this step's EMA update, as prepare_step set it: inside a compiled step the device tensor
+        `teacher_momentum` (an input: a number would be a constant, another graph at every step), else the host's
+        number `momentum` (torch's foreach update takes a number in one launch; a tensor it would read on the host)."""
+        return self.teacher_momentum if torch.compiler.is_compiling() else self.momentum
+
     def classifier(self, probe: nn.Module | None) -> nn.Module | None:
         """The linear layer whose accuracy on the backbone's val features is `val/acc1` (solo.train.evaluator): the
         online probe; a method with a head of its own returns that."""
@@ -352,7 +358,7 @@ class MomentumTwoViewMethod(Method):
         self.teacher_momentum.fill_(self.momentum)
 
     def after_optimizer_step(self) -> None:
-        ema_update(self.teacher, nn.ModuleList([self.backbone, self.projector]), self.teacher_momentum)
+        ema_update(self.teacher, nn.ModuleList([self.backbone, self.projector]), self.ema_momentum())
 
     def metrics(self) -> dict[str, torch.Tensor]:
         return {"train/teacher_momentum": torch.tensor(self.momentum)}

@@ -71,8 +71,16 @@ class DeepClusterV2(Method):
         return {"loss": loss, "features": torch.cat(features), "labels": batch["label"].repeat(2)}
 
     def prepare_step(self, index: int, total_steps: int) -> None:
-        if 0 < index < total_steps and index % self.steps_per_epoch == 0:  # each epoch but the first starts clustered
-            self.cluster(epoch=index // self.steps_per_epoch)
+        done = index + 1  # an epoch's last step clusters its bank, for the next epoch (none after the run's last)
+        self.cluster_after = (
+            done // self.steps_per_epoch if done % self.steps_per_epoch == 0 and done < total_steps else None
+        )
+
+    def after_optimizer_step(self) -> None:
+        if (
+            getattr(self, "cluster_after", None) is not None
+        ):  # k-means reads the host: once an epoch, not compiled whole
+            self.cluster(epoch=self.cluster_after)
 
     @torch.no_grad()
     def cluster(self, epoch: int) -> None:

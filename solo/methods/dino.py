@@ -99,7 +99,7 @@ class SelfDistillation(Method):
         self.next_temperature.fill_(teacher_temperature(self.cfg, index + 1, self.steps_per_epoch))
 
     def after_optimizer_step(self) -> None:
-        ema_update(self.teacher, nn.ModuleList([self.backbone, self.head]), self.teacher_momentum)
+        ema_update(self.teacher, nn.ModuleList([self.backbone, self.head]), self.ema_momentum())
         self.teacher_temperature.copy_(self.next_temperature)
 
     def metrics(self) -> dict[str, torch.Tensor]:

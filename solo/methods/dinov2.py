@@ -198,8 +198,12 @@ class DINOv2(SelfDistillation):
 
     def prepare_step(self, index: int, total_steps: int) -> None:
         super().prepare_step(index, total_steps)
-        c, done = self.cfg, index  # the steps done: the teacher's last EMA update is in
-        if c.gram_anchor and done > 0 and done >= c.gram_start and (done - c.gram_start) % c.gram_refresh == 0:
+        c, done = self.cfg, index + 1  # the steps done after this one
+        self.refresh_anchor = c.gram_anchor and done >= c.gram_start and (done - c.gram_start) % c.gram_refresh == 0
+
+    def after_optimizer_step(self) -> None:
+        super().after_optimizer_step()
+        if getattr(self, "refresh_anchor", False):  # after this step's EMA update
             ema_update(self.gram_teacher, self.teacher[0], 0.0)  # momentum 0: the EMA teacher's backbone, copied
             self.gram_anchored.fill_(True)
             self.anchored = True

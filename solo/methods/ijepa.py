@@ -185,7 +185,7 @@ class IJEPA(Method):
         self.teacher_momentum.fill_(self.momentum)
 
     def after_optimizer_step(self) -> None:
-        ema_update(self.target_encoder, self.backbone, self.teacher_momentum)
+        ema_update(self.target_encoder, self.backbone, self.ema_momentum())
 
     def metrics(self) -> dict[str, torch.Tensor]:
         return {"train/teacher_momentum": torch.tensor(self.momentum)}

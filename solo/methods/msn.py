@@ -153,7 +153,7 @@ class MSN(Method):
         self.teacher_momentum.fill_(self.momentum)
 
     def after_optimizer_step(self) -> None:
-        ema_update(self.teacher, nn.ModuleList([self.backbone, self.projector]), self.teacher_momentum)
+        ema_update(self.teacher, nn.ModuleList([self.backbone, self.projector]), self.ema_momentum())
 
     def metrics(self) -> dict[str, torch.Tensor]:
         return {"train/teacher_momentum": torch.tensor(self.momentum)}

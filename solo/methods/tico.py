@@ -66,7 +66,7 @@ class TiCo(Method):
         self.teacher_momentum.fill_(self.momentum)
 
     def after_optimizer_step(self) -> None:
-        ema_update(self.teacher, nn.ModuleList([self.backbone, self.projector]), self.teacher_momentum)
+        ema_update(self.teacher, nn.ModuleList([self.backbone, self.projector]), self.ema_momentum())
 
     def metrics(self) -> dict[str, torch.Tensor]:
         return {"train/teacher_momentum": torch.tensor(self.momentum)}
