@@ -1,11 +1,12 @@
 """Optimizers (one registry, each with its typed config: the `optim` group), parameter groups and the
 learning-rate schedule.
 
-Each optimizer has two ways to step: `step()`, torch's (fused kernels where they exist), and `update(lrs,
-weight_decays)`, the same update as foreach operations that torch.compile traces whole with the rest of the
-training step (trainer.compile=step): the learning rates and scheduled weight decays as 0-dim device tensors that the
-trainer sets in place, the state made beforehand (`make_state`), no fused kernel (torch keeps those out of graphs)
-and no graph break (torch's `step()` has two by design). The two agree to float rounding (tests/test_optim.py).
+Each optimizer has two ways to step: `step()`, torch's (fused kernels where they exist), and `update()`, the same
+update as foreach operations that torch.compile traces whole with the rest of the training step
+(trainer.compile=step): a group's learning rate and weight decay numbers or 0-dim device tensors (the trainer's,
+set in place before each step), the state made beforehand (`make_state`), no fused kernel (torch keeps those out of
+graphs) and no graph break (torch's `step()` has two by design). The two agree to float rounding
+(tests/test_optim.py).
 
 Param-group keys understood here (besides torch's own ``params``/``lr``/``weight_decay``):
 
@@ -213,9 +214,10 @@ class LARS(torch.optim.Optimizer):
         return loss
 
     @torch.no_grad()
-    def update(self, lrs: list, weight_decays: list) -> None:
+    def update(self) -> None:
         """`step` as foreach operations (see the module's docstring)."""
-        self._step(lrs, weight_decays, fused=False)
+        groups = self.param_groups
+        self._step([g["lr"] for g in groups], [g["weight_decay"] for g in groups], fused=False)
 
     def make_state(self) -> None:
         """Each parameter's momentum buffer, zeros where it has none yet (the first update then sets it to the
@@ -324,13 +326,14 @@ class SGD(ShardsApart, torch.optim.SGD):
     """torch's SGD, with FSDP's shards and whole parameters apart in its step."""
 
     @torch.no_grad()
-    def update(self, lrs: list, weight_decays: list) -> None:
+    def update(self) -> None:
         """`step` as foreach operations (see the module's docstring)."""
-        for group, lr, decay in zip(self.param_groups, lrs, weight_decays):
+        for group in self.param_groups:
             params = [p for p in group["params"] if p.grad is not None]
             if params:
                 buffers = [self.state[p].get("momentum_buffer") for p in params]
-                momentum_update(params, [p.grad for p in params], buffers, lr, decay, group["momentum"])
+                grads = [p.grad for p in params]
+                momentum_update(params, grads, buffers, group["lr"], group["weight_decay"], group["momentum"])
 
     def make_state(self) -> None:
         """Each parameter's momentum buffer, zeros where it has none yet (the first update then sets it to the
@@ -347,10 +350,11 @@ class AdamW(ShardsApart, torch.optim.AdamW):
     """torch's AdamW, with FSDP's shards and whole parameters apart in its step."""
 
     @torch.no_grad()
-    def update(self, lrs: list, weight_decays: list) -> None:
+    def update(self) -> None:
         """`step` as foreach operations (see the module's docstring): torch's AdamW in its capturable form (the step
         counts and bias corrections on the device)."""
-        for group, lr, decay in zip(self.param_groups, lrs, weight_decays):
+        for group in self.param_groups:
+            lr, decay = group["lr"], group["weight_decay"]
             params = [p for p in group["params"] if p.grad is not None]
             if not params:
                 continue

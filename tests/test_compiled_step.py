@@ -32,6 +32,7 @@ DINO = [o for o in SIMCLR if not o.startswith(("method.", "backbone."))] + [
     "method.use_bn_in_head=false",
     "method.warmup_teacher_temperature=0.02",
     "method.warmup_teacher_temperature_epochs=1",
+    "method.freeze_last_layer_epochs=0",  # a frozen group is a constant of the graph: two graphs over a run
     "optim=adamw",
     "optim.lr=0.001",
     "optim.weight_decay=0.04",
@@ -50,6 +51,40 @@ def test_the_step_is_one_graph(case, tmp_path):
     assert (explained.graph_count, explained.graph_break_count) == (1, 0), explained.break_reasons
     step.compiled = False  # the eager update inside the same step
     assert step.explain(batch, 1).graph_break_count > 0
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_the_step_is_traced_once_whatever_its_schedules(case, tmp_path):
+    """Three steps whose learning rate, weight decay, EMA momentum, teacher temperature and drop-path draws all change:
+    dynamo traces the step's device part once (what changes reaches it as tensors set in place; a number that changes
+    would be a constant, and the step traced again each time). The known-wrong variant, the learning rates as numbers
+    in the optimizer's groups, is traced at every step."""
+    from solo.distributed import batch_sizes_remembered
+    from solo.losses._checks import host_reads_deferred
+
+    def traced(numbers: bool) -> int:
+        trainer = Trainer(compose_cfg(CASES[case] + ["trainer.compile=step"]), tmp_path, detect(), torch.device("cpu"))
+        step, batch = trainer.train_step, next(iter(trainer.source))
+        graphs = []
+
+        def counting(graph, inputs):
+            graphs.append(graph)
+            return graph.forward
+
+        torch._dynamo.reset()
+        compiled = torch.compile(step._update, backend=counting, dynamic=False)
+        for index in range(3):
+            frozen = step._prepare(index)
+            if numbers:
+                for group in step.optimizer.param_groups:
+                    group["lr"] = float(group["lr"])
+            with host_reads_deferred(), batch_sizes_remembered(step.batch_sizes):
+                with torch._dynamo.config.patch(trace_autograd_ops=True):
+                    compiled(batch, frozen)
+        return len(graphs)
+
+    assert traced(numbers=False) == 1
+    assert traced(numbers=True) == 3
 
 
 @pytest.mark.slow  # inductor compiles each step (about 1.5 and 2.5 minutes on 2 cores, its cache cold)

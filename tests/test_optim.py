@@ -499,10 +499,10 @@ def test_weight_decay_follows_its_schedule_in_groups_that_decay():
 @pytest.mark.parametrize("name", ["sgd", "adamw", "lars"])
 @pytest.mark.parametrize("decay_as", ["number", "tensor"])
 def test_the_traced_update_is_torchs_step(name, decay_as):
-    """`update(lrs, weight_decays)`, the foreach form trainer.compile=step traces, against `step()` (torch's fused
-    kernels): 4 steps of a changing learning rate on a decaying group, an excluded one and a frozen parameter (no
-    gradient), float64, to 1e-12 of the weights' movement; the state (buffers, moments, step counts) the same too. A
-    weight decay given as a tensor (a schedule's) the same as the number."""
+    """`update()`, the foreach form trainer.compile=step traces, against `step()` (torch's fused kernels): 4 steps of a
+    changing learning rate (a 0-dim tensor, as the trainer gives it) on a decaying group, an excluded one and a frozen
+    parameter (no gradient), float64, to 1e-12 of the weights' movement; the state (buffers, moments, step counts)
+    the same too. A weight decay given as a tensor (a schedule's) the same as the number."""
     torch.manual_seed(0)
 
     def model():
@@ -524,11 +524,11 @@ def test_the_traced_update_is_torchs_step(name, decay_as):
             for group in optimizer.param_groups:
                 group["lr"] = lr
         optimizers[0].step()
-        decays = [
-            torch.tensor(g["weight_decay"], dtype=torch.float64) if decay_as == "tensor" else g["weight_decay"]
-            for g in optimizers[1].param_groups
-        ]
-        optimizers[1].update([torch.tensor(lr, dtype=torch.float64)] * len(decays), decays)
+        for group in optimizers[1].param_groups:  # as trainer.compile=step gives them: 0-dim tensors
+            group["lr"] = torch.tensor(lr, dtype=torch.float64)
+            if decay_as == "tensor":
+                group["weight_decay"] = torch.tensor(float(group["weight_decay"]), dtype=torch.float64)
+        optimizers[1].update()
         for optimizer in optimizers:
             optimizer.zero_grad(set_to_none=True)
     moved = max(float((p.detach() - s).abs().max()) for p, s in zip(nets[0].parameters(), start))

@@ -41,6 +41,9 @@ def mix32(x):
     return x ^ (x >> 16)
 
 
+CALLS = 4
+
+
 class Draws:
     """The per-sample draws of a training run: its seed, the optimizer step, and the samples of the forward running now
     (`on`). `attach` gives it to the model's per-sample modules (and to a method that draws once per step, as LeJEPA's
@@ -72,7 +75,9 @@ class Draws:
             elif hasattr(module, "draws") and not isinstance(module, (DropPath, Dropout)):
                 module.draws = self
         device = self.device
-        self.call_keys = torch.zeros(1, len(self.keys), 1, dtype=torch.int64, device=device)
+        # Room for CALLS calls of each module per forward (multi-crop's sizes, a method's several encoder calls): a
+        # forward that needs more grows it once (another graph for a compiled step).
+        self.call_keys = torch.zeros(CALLS, len(self.keys), 1, dtype=torch.int64, device=device)
         self.set_step(self.step_number)
         modules = sorted(
             (m for m in model.modules() if getattr(m, "draws", None) is self and hasattr(m, "slot")),

@@ -38,14 +38,14 @@ def row_groups(module: nn.Module, count: int):
     calls would normalise them (solo.methods.base.through); solo's SyncBatchNorm takes every group's global
     statistics in one collective each way."""
     norms = grouping(module)
-    outer = [m.row_groups for m in norms]
+    outer = [m.__dict__.get("row_groups") for m in norms]  # None: the class's 1
     for m in norms:
         m.row_groups = count
     try:
         yield
     finally:
         for m, groups in zip(norms, outer):
-            m.row_groups = groups
+            _put_back(m, groups)
 
 
 def row_groups_replayed(block: nn.Module) -> tuple:
@@ -61,16 +61,25 @@ def row_groups_replayed(block: nn.Module) -> tuple:
 
     @contextmanager
     def replay():
-        outer = [(m, m.row_groups) for m, _ in state["groups"]]
+        outer = [(m, m.__dict__.get("row_groups")) for m, _ in state["groups"]]
         for m, groups in state["groups"]:
             m.row_groups = groups
         try:
             yield
         finally:
             for m, groups in outer:
-                m.row_groups = groups
+                _put_back(m, groups)
 
     return record(), replay()
+
+
+def _put_back(module: nn.Module, groups: int | None) -> None:
+    """`module`'s row groups as they were: its own number, or none (its class's), so that a module looks the same
+    before and after a call (what a compiled step's guards check)."""
+    if groups is None:
+        module.__dict__.pop("row_groups", None)
+    else:
+        module.row_groups = groups
 
 
 def normalises_row_groups(module: nn.Module) -> bool:

@@ -105,8 +105,12 @@ class TrainStep:
         self.index = torch.zeros((), dtype=torch.long, device=device)  # the step being taken, set in place
         self.first_bad_step = torch.tensor(-1, device=device)  # the first step whose loss was not finite, or -1
         self.batch_sizes: dict = {}  # every rank's batch size per local size, exchanged once
-        # trainer.compile=step: each group's learning rate and weight decay, set in place before each step.
+        # A group's learning rate and weight decay when no schedule sets them (static_lr, a constant decay).
+        self.own = [(group["lr"], group["weight_decay"]) for group in optimizer.param_groups]
+        # trainer.compile=step: each group's learning rate and weight decay, set in place before each step, and given to
+        # the optimizer's groups as 0-dim views of it (a number would be a constant: another graph at each step).
         self.scalars = torch.zeros(2, len(optimizer.param_groups), dtype=torch.float64, device=device)
+        self.scalar_views = [list(row.unbind()) for row in self.scalars]
         self.compiled = compiled
         self.update = compiled_step(self._update, device) if compiled else self._update
         self.state_made = False
@@ -129,19 +133,23 @@ class TrainStep:
     def _prepare(self, index: int) -> tuple[bool, ...]:
         """The host's part of step `index`; returns which optimizer groups it leaves untouched."""
         groups = self.optimizer.param_groups
-        for group in groups:
-            if not group.get("static_lr", False):
-                group["lr"] = self.schedule(index) * group.get("lr_scale", 1.0)
-        if self.weight_decay is not None:
-            for i in self.decayed:
-                groups[i]["weight_decay"] = self.weight_decay(index)
+        lrs = [
+            own_lr if group.get("static_lr", False) else self.schedule(index) * group.get("lr_scale", 1.0)
+            for group, (own_lr, _) in zip(groups, self.own)
+        ]
+        decays = [
+            self.weight_decay(index) if self.weight_decay is not None and i in self.decayed else own_decay
+            for i, (_, own_decay) in enumerate(self.own)
+        ]
         self.index.fill_(index)
         if self.compiled:
             if not self.state_made:  # after a resume's load: only what is missing
                 self.optimizer.make_state()
                 self.state_made = True
-            values = [[g["lr"] for g in groups], [g["weight_decay"] for g in groups]]
-            self.scalars.copy_(torch.tensor(values, dtype=torch.float64), non_blocking=True)
+            self.scalars.copy_(torch.tensor([lrs, decays], dtype=torch.float64), non_blocking=True)
+            lrs, decays = self.scalar_views  # the same views at every step (a resume's load replaces the groups)
+        for group, lr, decay in zip(groups, lrs, decays):
+            group["lr"], group["weight_decay"] = lr, decay
         if self.draws is not None:
             self.draws.set_step(index)
         self.model.prepare_step(index, self.total_steps)
@@ -164,12 +172,7 @@ class TrainStep:
                 for p in group["params"]:
                     p.grad = None
         if self.compiled:
-            lrs = list(self.scalars[0].unbind())
-            decays = [
-                self.scalars[1, i] if self.weight_decay is not None and i in self.decayed else g["weight_decay"]
-                for i, g in enumerate(self.optimizer.param_groups)
-            ]
-            self.optimizer.update(lrs, decays)
+            self.optimizer.update()
         else:
             self.scaler.step(self.optimizer)
             self.scaler.update()
