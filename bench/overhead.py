@@ -86,9 +86,9 @@ def instrument(trainer: Trainer, clock: Clock, warmup: int) -> None:
     step.optimizer.step = clock.wrap("optimizer", step.optimizer.step)
     loss = step._loss
     step._loss = clock.wrap("forward", loss)
-    scale = step.scaler.scale
+    scaled = step._scaled
 
-    class Backward:  # the step calls .backward() on what scaler.scale returns
+    class Backward:  # the step calls .backward() on what _scaled returns (the loss, scaled under precision 16)
         def __init__(self, tensor):
             self.tensor = tensor
 
@@ -96,7 +96,7 @@ def instrument(trainer: Trainer, clock: Clock, warmup: int) -> None:
             with clock.part("backward"):
                 self.tensor.backward()
 
-    step.scaler.scale = lambda t: Backward(scale(t)) if t.dim() == 0 and t.requires_grad else scale(t)
+    step._scaled = lambda t: Backward(scaled(t))
     for name in COLLECTIVES:
         setattr(dist, name, clock.wrap("collectives (Python)", getattr(dist, name)))
     for name in ("_all_gather", "_reduce_scatter"):  # bound when solo.distributed.collectives was imported
