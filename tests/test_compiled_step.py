@@ -44,15 +44,18 @@ CASES = {"simclr_resnet": SIMCLR, "dino_vit_drop_path": DINO}
 @pytest.mark.parametrize("case", list(CASES))
 def test_the_step_is_one_graph(case, tmp_path):
     """torch._dynamo.explain of the step's device part: one graph, no break, for both. The known-wrong variant, the
-    eager step's update (torch's optimizer step and gradient scaler, which dynamo skips or breaks at), is not."""
+    eager step's update (torch's optimizer step, which breaks the graph by design), is not."""
     trainer = Trainer(compose_cfg(CASES[case] + ["trainer.compile=step"]), tmp_path, detect(), torch.device("cpu"))
     step, batch = trainer.train_step, next(iter(trainer.source))
     explained = step.explain(batch, 0)
     assert (explained.graph_count, explained.graph_break_count) == (1, 0), explained.break_reasons
-    step.compiled = False  # the eager update inside the same step
-    assert step.explain(batch, 1).graph_break_count > 0
+    if case == "simclr_resnet":  # the known-wrong variant once (a trace costs seconds): the eager update
+        step.compiled = False
+        assert step.explain(batch, 1).graph_break_count > 0
 
 
+@pytest.mark.slow  # 35 s: six traces of a whole step
+@pytest.mark.one_process
 @pytest.mark.parametrize("case", list(CASES))
 def test_the_step_is_traced_once_whatever_its_schedules(case, tmp_path):
     """Three steps whose learning rate, weight decay, EMA momentum, teacher temperature and drop-path draws all change:
@@ -88,6 +91,7 @@ def test_the_step_is_traced_once_whatever_its_schedules(case, tmp_path):
 
 
 @pytest.mark.slow  # inductor compiles each step (about 1 and 1.5 minutes on 2 cores, its cache cold)
+@pytest.mark.one_process
 @pytest.mark.parametrize("case", list(CASES))
 def test_a_compiled_step_gives_the_eager_steps_weights(case, tmp_path):
     """3 steps under trainer.compile=step (inductor, the CPU) give the eager steps' weights to float32's rounding:
