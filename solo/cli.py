@@ -32,9 +32,12 @@ from solo.config import (
     validate_linear,
     validate_pretrain,
 )
+from solo.data.decode import ImageReadError
 from solo.errors import ConfigError, SoloError
 
 WORKER_TRACEBACK = "Original Traceback (most recent call last):"
+# After an image that cannot be read: what to do about it.
+UNREADABLE_HINT = ". Fix or remove the file, or set data.on_bad_image=skip to leave unreadable images out"
 REPORT_GRACE_S = 30  # the longest that ranks > 0 wait under torchrun for rank 0 to report an error
 
 
@@ -62,7 +65,7 @@ def friendly_errors(main):
             if debugging():
                 raise
             if os.environ.get("RANK", "0") == "0":
-                print(f"error: {user_message(e)}", file=sys.stderr)
+                report(f"error: {user_message(e)}" + (UNREADABLE_HINT if isinstance(e, ImageReadError) else ""))
                 print("(SOLO_DEBUG=1 shows the traceback)", file=sys.stderr)
             elif "TORCHELASTIC_RUN_ID" in os.environ:
                 # Rank 0 says why. Under torchrun, the first process to exit has the others stopped: wait for
@@ -71,6 +74,16 @@ def friendly_errors(main):
             sys.exit(2)
 
     return run
+
+
+def report(message: str) -> None:
+    """`message` on stderr, on a line of its own below a progress bar, and in the run's log file (Hydra's
+    <run dir>/<job name>.log) where there is one."""
+    tqdm.write(message, file=sys.stderr)
+    record = logging.LogRecord("solo", logging.ERROR, __file__, 0, message, None, None)
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, logging.FileHandler):
+            handler.handle(record)
 
 
 class ProgressBarSafeHandler(logging.StreamHandler):

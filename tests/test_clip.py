@@ -79,7 +79,7 @@ def test_clip_trains_from_a_caption_csv(caption_folder):
         (
             lambda rows: rows.__setitem__(3, ["images/missing.png", "a caption", 0]),
             DataError,
-            "1 of the first 24 .*missing.png",
+            r"1 of the \d+ images checked cannot be read: .*missing.png",
         ),
         (lambda rows: rows.__setitem__(5, ["images/5.png", "   ", 1]), ValueError, "row 6"),
     ],

@@ -288,6 +288,80 @@ def test_imagefolder_corrupt_file_names_path(tmp_path):
     assert str(bad) in str(err.value) and isinstance(err.value, RuntimeError)
 
 
+def _odd_images(folder) -> dict:
+    """Images of every mode a photo folder holds, and each one's RGB pixels by hand: alpha over white, 16-bit values
+    scaled by 255 / 65535, grey and palette colours repeated, CMYK by PIL's own conversion."""
+    rng = np.random.default_rng(0)
+    colours = rng.integers(0, 256, (6, 5, 3), dtype=np.uint8)
+    alpha = rng.integers(0, 256, (6, 5, 1)).astype(np.float64) / 255
+    grey16 = rng.integers(0, 65536, (6, 5), dtype=np.uint16)
+    grey = colours[..., 0]
+    palette = Image.fromarray(colours).convert("P", palette=Image.Palette.ADAPTIVE, colors=8)
+    palette.info["transparency"] = 0
+    indices = np.asarray(palette)
+    palette_rgb = np.asarray(palette.convert("RGB"))
+    files = {
+        "rgba.png": (
+            Image.fromarray(np.concatenate([colours, np.rint(alpha * 255).astype(np.uint8)], -1), "RGBA"),
+            np.rint(colours * alpha + 255 * (1 - alpha)),
+        ),
+        "grey16.png": (Image.fromarray(grey16), np.repeat(np.rint(grey16 * (255 / 65535))[..., None], 3, -1)),
+        "grey.png": (Image.fromarray(grey, "L"), np.repeat(grey[..., None], 3, -1)),
+        "palette.png": (palette, np.where((indices == 0)[..., None], 255, palette_rgb)),
+        "cmyk.tif": (
+            Image.fromarray(colours).convert("CMYK"),
+            np.asarray(Image.fromarray(colours).convert("CMYK").convert("RGB")),
+        ),
+    }
+    os.makedirs(folder, exist_ok=True)
+    for name, (image, _) in files.items():
+        image.save(os.path.join(folder, name))
+    return {name: expected for name, (_, expected) in files.items()}
+
+
+def test_every_reader_makes_rgb_alike_from_any_mode(tmp_path):
+    """A folder's reader, the eval transform on a PIL image as a user opens it (the zoo's transform) and the device
+    path's raw reader give the same RGB pixels, those computed by hand."""
+    from solo.data.decode import raw_image, read_file
+
+    expected = _odd_images(tmp_path / "train")
+    folder = build_dataset("imagefolder", "train", root=str(tmp_path), image_size=SIZE)
+    to_tensor = build_eval_transform(SIZE, (0.0,) * 3, (1 / 255,) * 3, resize=False)  # pixels as 0..255 floats
+    for index, (path, _) in enumerate(folder.samples):
+        want = expected[os.path.basename(path)].astype(np.float64)
+        image, _ = folder[index]
+        assert image.mode == "RGB" and np.array_equal(np.asarray(image, dtype=np.float64), want), path
+        with Image.open(path) as opened:  # any mode, as solo.zoo.eval_transform's user gives it
+            assert torch.allclose(to_tensor(opened).double().permute(1, 2, 0), torch.from_numpy(want), atol=1e-3)
+        pixels, height, width = raw_image(read_file(path), path)
+        assert (height, width) == (6, 5) and np.array_equal(pixels.permute(1, 2, 0).numpy(), want), path
+
+
+def test_unreadable_eval_rows_are_left_out_and_known_without_skip(tmp_path):
+    """With skip, an unreadable image's row is marked and dropped by real_rows, and SkippedImages names it once;
+    without skip, reading it is the error."""
+    from solo.data import eval_loader, real_rows
+    from solo.data.decode import SkippedImages
+    from solo.eval.features import extract_features
+
+    for k in range(5):
+        _write_png(str(tmp_path / "val" / "a" / f"{k}.png"), k)
+    (tmp_path / "val" / "a" / "2.png").write_bytes(b"")
+    base = build_dataset("imagefolder", "val", root=str(tmp_path), image_size=SIZE)
+    transform = build_eval_transform(SIZE, (0.5,) * 3, (0.5,) * 3, resize=True)
+    loader = eval_loader(EvalDataset(base, transform, skip_bad=True), 4, 0, 1)
+    assert [int(row) for batch in loader for row in real_rows(batch)] == [1, 1, 0, 1, 1]
+    said = []
+    skipped = SkippedImages(said.append)
+    backbone = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3 * SIZE * SIZE, 2))
+    for _ in range(2):  # the second pass names nothing again
+        features, labels = extract_features(backbone, loader, torch.device("cpu"), skipped=skipped)
+    assert features.shape == (4, 2) and labels.tolist() == [0] * 4
+    assert len(said) == 1 and str(tmp_path / "val" / "a" / "2.png") in said[0], said
+    with pytest.raises(ImageReadError, match="2.png"):
+        EvalDataset(base, transform)[2]
+
+
 def test_imagefolder_missing_root(tmp_path):
     missing = tmp_path / "nope"
     with pytest.raises(FileNotFoundError) as err:

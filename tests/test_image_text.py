@@ -22,7 +22,6 @@ from solo.data import (
 from solo.data.sampling.seeding import sample_seed
 from solo.data.sources.pairs import DIGIT_TEMPLATES, CsvPairs, DigitsPairs, digit_caption
 from solo.data.views.image_text import ImageTextDataset, ZeroShotEvalDataset
-from solo.errors import DataError
 from solo.text.tokenizer import ByteTokenizer
 from tests.test_data import assert_global_rng_untouched
 
@@ -259,8 +258,8 @@ def test_csv_bad_label_names_row_and_value(tmp_path):
 
 def test_csv_missing_images_are_found_when_read_not_at_start(tmp_path):
     """No stat call per row at start (a million rows would hold it back): a missing file is an unreadable image,
-    named with its row when read, and the start-up check of the first images lists how many fail."""
-    from solo.data.decode import check_images
+    named with its row when read, and the start-up check of the first images lists each that fails."""
+    from solo.data.decode import unreadable
 
     paths = _image_tree(tmp_path, n=1)
     rows = [[paths[0], "ok"]] + [[f"imgs/missing_{i}.png", "gone"] for i in range(7)]
@@ -268,11 +267,8 @@ def test_csv_missing_images_are_found_when_read_not_at_start(tmp_path):
     assert len(pairs) == 8
     with pytest.raises(ImageReadError, match=r"missing_0\.png \(row 2 of"):
         pairs.image(1)
-    with pytest.raises(
-        DataError, match=r"7 of the first 8 images cannot be read.*missing_0\.png.*data.on_bad_image=skip"
-    ):
-        check_images(pairs.image, 8, skip=False)
-    assert len(check_images(pairs.image, 8, skip=True)) == 7
+    found = unreadable(pairs.image, range(8), threads=2)
+    assert [i for i, _ in found] == list(range(1, 8)) and "missing_0.png (row 2 of" in found[0][1]
 
 
 def test_corrupt_image_named_when_read(tmp_path):

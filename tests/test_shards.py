@@ -159,7 +159,7 @@ def test_damaged_samples_are_reported_and_skipped_the_same_way_everywhere(folder
     assert len(dataset) < NUM_IMAGES and len(dataset.problems) == 1 and "00007.tar" in dataset.problems[0]
     assert "breaks off" in dataset.problems[0] or "truncated" in dataset.problems[0]
     for shard, name in enumerate(broken):
-        with pytest.raises(ImageReadError, match=f"cannot decode sample '{name.split('.')[0]}'"):
+        with pytest.raises(ImageReadError, match=f"cannot read sample '{name.split('.')[0]}'"):
             dataset.image(shard * PER_SHARD + 5)
     whole = batches(dataset, workers=0, batch_size=16)
     split = [batches(dataset, workers=1, batch_size=8, world_size=2, rank=r) for r in (0, 1)]

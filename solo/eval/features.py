@@ -9,24 +9,30 @@ from pathlib import Path
 import torch
 
 from solo.data import real_rows
+from solo.data.decode import SkippedImages
 from solo.distributed import gather
 from solo.eval.mode import eval_mode
 
 
 @torch.no_grad()
-def extract_features(backbone, loader, device, autocast=nullcontext, head=None) -> tuple[torch.Tensor, ...]:
+def extract_features(
+    backbone, loader, device, autocast=nullcontext, head=None, skipped: SkippedImages | None = None
+) -> tuple[torch.Tensor, ...]:
     """(features, labels) of every sample the loader's ranks see together, in dataset order, float32 on CPU; with
     `head`, also head(features) of the same pass (a method's projector: solo.eval.health), third.
 
     Each rank reads its own shard (solo.data.eval_loader: the same number of batches on every rank, whose padding
-    rows are dropped here); the shards are gathered and put back in dataset order by the samples' indices, so the
-    result is the same on every rank and world size.
+    rows and unreadable images are dropped here); the shards are gathered and put back in dataset order by the
+    samples' indices, so the result is the same on every rank and world size. `skipped` names the unreadable images
+    (data.on_bad_image=skip); every rank passes it, or none.
     """
     dtype = next(backbone.parameters()).dtype
-    feats, heads, labels, index = [], [], [], []
+    feats, heads, labels, index, unreadable = [], [], [], [], []
     with eval_mode(backbone, head):
         for batch in loader:
-            real = real_rows(batch).to(device)
+            real = real_rows(batch)
+            unreadable.append(batch["index"][~real & ~batch["padding"]])
+            real = real.to(device)
             with autocast():
                 f = backbone(batch["image"].to(device, dtype, non_blocking=True))
                 if head is not None:
@@ -34,6 +40,8 @@ def extract_features(backbone, loader, device, autocast=nullcontext, head=None) 
             feats.append(f[real].float())
             labels.append(batch["label"].to(device)[real])
             index.append(batch["index"].to(device)[real])
+    if skipped is not None:
+        skipped.find(loader.dataset.read, gather(torch.cat(unreadable).to(device)).tolist())
     order = gather(torch.cat(index)).argsort()
     kept = [feats, labels] + ([heads] if head is not None else [])
     return tuple(gather(torch.cat(part))[order].cpu() for part in kept)

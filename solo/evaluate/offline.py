@@ -14,6 +14,7 @@ from omegaconf import DictConfig, OmegaConf
 from solo.backbones.vit import pool_patch_tokens
 from solo.config import check_required, plain, validate_linear
 from solo.data import DATASETS, EvalDataset, build_eval_transform, build_split, eval_loader
+from solo.data.decode import SkippedImages
 from solo.data.sampling.source import loader_workers
 from solo.distributed import DistEnv
 from solo.distributed.env import process_group
@@ -122,6 +123,8 @@ class CachedFeatures:
         d = cfg.data
         self.backbone, self.transform, self.env, self.device, self.data = backbone, transform, env, device, d
         self.cache = FeatureCache(cache_dir() / "features" if cfg.feature_cache else None)
+        say = log.info if env.is_main else (lambda *a, **k: None)
+        self.skipped = SkippedImages(say) if d.on_bad_image == "skip" else None  # names each image left out
         mean, std = DATASETS[d.name].stats
         # What decides the images: the dataset's keys, but for how they are read.
         read_only = ("batch_size", "num_workers", "on_bad_image", "check_images", "augment_on", "download")
@@ -146,13 +149,13 @@ class CachedFeatures:
             return hit
         d = self.data
         loader = eval_loader(
-            EvalDataset(base, self.transform),
+            EvalDataset(base, self.transform, skip_bad=self.skipped is not None),
             d.batch_size,
             env.rank,
             env.world_size,
             num_workers=loader_workers(d.num_workers),
         )
-        x, y = extract_features(self.backbone, loader, self.device)
+        x, y = extract_features(self.backbone, loader, self.device, skipped=self.skipped)
         if env.is_main:
             self.cache.put(key, x, y)
         return x, y

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import torch.nn as nn
 
+from solo.data.decode import SkippedImages
 from solo.eval.features import extract_features
 from solo.eval.health import health
 from solo.eval.knn import knn_accuracy
@@ -23,11 +24,21 @@ class Evaluator:
     trainer.zero_shot_folder's images."""
 
     def __init__(
-        self, model, loaders, num_classes: int | None, *, knn_k: int, knn_temperature: float, device, autocast
+        self,
+        model,
+        loaders,
+        num_classes: int | None,
+        *,
+        knn_k: int,
+        knn_temperature: float,
+        device,
+        autocast,
+        skipped: SkippedImages | None,
     ):
         self.model, self.loaders, self.num_classes = model, loaders, num_classes
         self.knn_k, self.knn_temperature = knn_k, knn_temperature
         self.device, self.autocast = device, autocast
+        self.skipped = skipped  # names the unreadable images left out (data.on_bad_image=skip)
 
     def __call__(self) -> dict:
         method, metrics = self.model.method, {}
@@ -42,7 +53,9 @@ class Evaluator:
         if method.inputs == "views":  # one pass over the val split for the classifier, the health and the k-NN
             # The embedding the loss sees: the projector's output, where the method has one.
             head = getattr(method, "projector", None) or nn.Identity()
-            *val, embedded = extract_features(method.backbone, self.loaders.val, self.device, self.autocast, head)
+            *val, embedded = extract_features(
+                method.backbone, self.loaders.val, self.device, self.autocast, head, self.skipped
+            )
             classifier = method.classifier(self.model.probe)
             if classifier is not None:
                 metrics |= {f"val/{k}": v for k, v in accuracy(classifier, *val, self.device).items()}
@@ -52,8 +65,12 @@ class Evaluator:
         else:
             metrics |= method.evaluate(self.model.probe, self.loaders.val, self.device, self.autocast)
         if self.knn_k > 0 and self.loaders.train_eval is not None:
-            train = extract_features(method.backbone, self.loaders.train_eval, self.device, self.autocast)
-            val = val or extract_features(method.backbone, self.loaders.val, self.device, self.autocast)
+            train = extract_features(
+                method.backbone, self.loaders.train_eval, self.device, self.autocast, skipped=self.skipped
+            )
+            val = val or extract_features(
+                method.backbone, self.loaders.val, self.device, self.autocast, skipped=self.skipped
+            )
             knn = knn_accuracy(*train, *val, self.num_classes, self.knn_k, self.knn_temperature)
             metrics |= {"val/knn_acc1": knn["acc1"], "val/knn_acc5": knn["acc5"]}
         return metrics

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 import torch.distributed as dist
@@ -20,12 +22,12 @@ from solo.data import (
     build_split,
     build_view_transforms,
 )
-from solo.data.decode import check_images
+from solo.data.decode import unreadable
 from solo.data.sampling.source import DataSource, MapDataSource, eval_loader, loader_workers
 from solo.data.views.augment import DeviceViews
 from solo.data.views.multiview import collate_raw
 from solo.distributed import DistEnv
-from solo.errors import ConfigError
+from solo.errors import ConfigError, DataError
 from solo.eval.zero_shot import class_prompts
 
 
@@ -41,11 +43,50 @@ class Splits:
 
 
 @dataclass
+class ImageCheck:
+    count: int  # images decoded, over the splits
+    total: int  # the splits' images
+    seconds: float
+    unreadable: list[
+        str
+    ]  # what was wrong with each image found unreadable (data.on_bad_image=skip), and damaged shards
+
+
+def check_images(splits: Splits, d, env: DistEnv) -> ImageCheck:
+    """Decode data.check_images images of each split read from encoded files (every one with `all`), shared among
+    the ranks; an unreadable one stops the run with a DataError naming it, or with data.on_bad_image=skip is listed.
+    Images held decoded in memory (the digits, CIFAR) cannot be unreadable and are not checked."""
+    started, count, total, found = time.perf_counter(), 0, 0, []
+    for split in (splits.train, splits.val):
+        if split is None or not hasattr(split, "image_bytes"):
+            continue
+        checked = len(split) if d.check_images == "all" else min(int(d.check_images), len(split))
+        read = split.image if splits.pairs else split.__getitem__
+        found += [
+            m for _, m in unreadable(read, range(env.rank, checked, env.world_size), loader_workers(d.num_workers))
+        ]
+        count, total = count + checked, total + len(split)
+    if env.world_size > 1 and count:  # count is the same on every rank
+        everyone = [None] * env.world_size
+        dist.all_gather_object(everyone, found)
+        found = sorted(m for ours in everyone for m in ours)
+    if found and d.on_bad_image != "skip":
+        raise DataError(
+            f"{len(found)} of the {count} images checked cannot be read: {'; '.join(found[:3])}"
+            f"{'; ...' if len(found) > 3 else ''}. Fix or remove them, or set data.on_bad_image=skip to leave "
+            "unreadable images out"
+        )
+    damaged = getattr(splits.train, "problems", [])
+    return ImageCheck(count, total, time.perf_counter() - started, damaged + found)
+
+
+@dataclass
 class Loaders:
     train: DataSource
     val: DataLoader | None  # the val split with the eval transform, sharded over ranks
     train_eval: DataLoader | None  # the train split with the eval transform (the online k-NN's memory bank)
-    unreadable: list[str]  # among the first data.check_images train images (data.on_bad_image=skip)
+    checked: ImageCheck  # the images decoded at the start (data.check_images)
+    read_train: Callable  # index -> the train split's image (an ImageReadError when unreadable)
     device_views: DeviceViews | None  # data.augment_on=device: makes the train batch's views on the device
     zero_shot: DataLoader | None = None  # trainer.zero_shot_folder's images, sharded over ranks
     zero_shot_prompts: list[list[str]] | None = None  # ... and its classes' prompts
@@ -89,10 +130,7 @@ def build_loaders(
     transforms = build_view_transforms(views, d.image_size, mean, std)
     eval_transform = build_eval_transform(d.image_size, mean, std, resize=entry.any_size)
     skip = d.on_bad_image == "skip"
-    read = splits.train.image if splits.pairs else splits.train.__getitem__
-    unreadable = getattr(splits.train, "problems", []) + check_images(
-        read, min(d.check_images, len(splits.train)), skip
-    )
+    checked = check_images(splits, d, env)
     on_device = d.augment_on == "device" or (d.augment_on == "auto" and device.type == "cuda")
     probe = eval_transform if probe_view else None
     if splits.pairs:
@@ -129,13 +167,18 @@ def build_loaders(
     if splits.val is not None and splits.pairs:  # retrieval needs no labels; zero-shot and the probe do
         classes = splits.val.classes
         prompts = class_prompts(d.name, classes) if classes else None
-        val = sharded(ZeroShotEvalDataset(splits.val, eval_transform, tokenizer, prompts))
+        val = sharded(ZeroShotEvalDataset(splits.val, eval_transform, tokenizer, prompts, skip_bad=skip))
     elif splits.val is not None and splits.num_classes:
-        val = sharded(EvalDataset(splits.val, eval_transform))
+        val = sharded(EvalDataset(splits.val, eval_transform, skip_bad=skip))
     if knn and val is not None and splits.num_classes:  # the k-NN's train features: no augmentation
-        train_eval = sharded(EvalDataset(splits.train, eval_transform))
+        train_eval = sharded(EvalDataset(splits.train, eval_transform, skip_bad=skip))
     loaders = Loaders(
-        source, val, train_eval, unreadable, DeviceViews(transforms, splits.pairs, probe) if on_device else None
+        source,
+        val,
+        train_eval,
+        checked,
+        splits.train.image if splits.pairs else splits.train.__getitem__,
+        DeviceViews(transforms, splits.pairs, probe) if on_device else None,
     )
     if zero_shot_folder:
         if not splits.pairs:
@@ -149,6 +192,7 @@ def build_loaders(
         if folder.classes is None:
             raise ConfigError(f"trainer.zero_shot_folder={zero_shot_folder} has no class folders to classify into")
         stats = DATASETS["imagefolder"].stats
-        loaders.zero_shot = sharded(EvalDataset(folder, build_eval_transform(d.image_size, *stats, resize=True)))
+        transform = build_eval_transform(d.image_size, *stats, resize=True)
+        loaders.zero_shot = sharded(EvalDataset(folder, transform, skip_bad=skip))
         loaders.zero_shot_prompts = class_prompts("imagefolder", folder.classes)
     return loaders

@@ -21,6 +21,7 @@ from tqdm import tqdm
 from solo.backbones import WHERE_BLOCKS_ARE, blocks_of, feature_width
 from solo.backbones.stochastic import Draws
 from solo.config import changed_keys, check_required, plain, resume_policy, validate_pretrain
+from solo.data.decode import SkippedImages
 from solo.data.sampling.seeding import sample_seed
 from solo.data.sampling.source import cores_per_process, loader_workers
 from solo.distributed import DistEnv, batch_sizes, world_size
@@ -213,11 +214,9 @@ class Trainer:
         source.prepare_with(
             self._to_device, ahead=self.loaders.device_views is not None and source.loader.num_workers > 0
         )
-        if self.loaders.unreadable:
-            self.say(
-                f"{len(self.loaders.unreadable)} of the first {cfg.data.check_images} train images cannot be read and "
-                f"are skipped (data.on_bad_image=skip), e.g. {self.loaders.unreadable[0]}"
-            )
+        self.skipped = SkippedImages(self.say) if cfg.data.on_bad_image == "skip" else None
+        self.found_skipped: list[int] = []  # train images skipped since the last log (_note_skipped)
+        self._say_checked()
         self.lr = scaled_lr(cfg.optim, source.global_batch)
         self.total_steps = t.max_steps or t.max_epochs * source.steps_per_epoch
         model.method.set_schedule(source.steps_per_epoch, self.total_steps)
@@ -277,6 +276,7 @@ class Trainer:
             knn_temperature=t.knn_temperature,
             device=device,
             autocast=self.train_step.autocast,
+            skipped=self.skipped,
         )
         sharded = {"model": ModelState(model), "optimizer": OptimizerState(model, optimizer)}
         components = {"scaler": self.train_step, "data": source}
@@ -303,6 +303,43 @@ class Trainer:
             threads, how = max(1, cores - workers), f"the process's {cores} cores less its data workers"
         torch.set_num_threads(threads)
         self.say(f"threads: {threads} for torch, {workers} data workers per process ({how}; trainer.threads sets it)")
+
+    def _say_checked(self) -> None:
+        """How long the start-up check took (data read from encoded files); with data.on_bad_image=skip, the unreadable
+        images named (self.skipped, which names those found later too)."""
+        checked = self.loaders.checked
+        if checked.count:
+            rest = checked.total - checked.count
+            self.say(
+                f"data: {checked.count} of {checked.total} images decoded at the start in {checked.seconds:.1f} s "
+                + (
+                    f"(data.check_images={self.cfg.data.check_images}; data.check_images=all decodes all, "
+                    f"about {checked.seconds * checked.total / checked.count:.0f} s)"
+                    if rest
+                    else f"(data.check_images={self.cfg.data.check_images})"
+                )
+            )
+        if self.skipped is not None:
+            self.skipped.name(checked.unreadable)
+
+    def _note_skipped(self, batch: dict) -> None:
+        """Remember the train images the batch's samples skipped (data.on_bad_image=skip), to name at the next log."""
+        length = len(self.loaders.train.loader.dataset)
+        rows = batch["skipped"] > 0
+        for index, count in zip(batch["index"][rows].tolist(), batch["skipped"][rows].tolist()):
+            self.found_skipped += [(index + k) % length for k in range(count)]
+
+    def _name_skipped(self) -> None:
+        """Name the train images skipped since the last log, found on any rank (every rank calls it)."""
+        taken = len(self.found_skipped)  # the read-ahead thread may append meanwhile
+        found = self.found_skipped[:taken]
+        del self.found_skipped[:taken]
+        if self.env.world_size > 1:
+            everyone = [None] * self.env.world_size
+            dist.all_gather_object(everyone, found)
+            found = [i for ours in everyone for i in ours]
+        if self.env.is_main:
+            self.skipped.find(self.loaders.read_train, found)
 
     def _check_memory(self) -> None:
         """Estimate the step's peak memory on a probe batch (solo.train.memory); stop here if it cannot fit."""
@@ -421,26 +458,26 @@ class Trainer:
             disable=not (self.env.is_main and self.t.progress_bar),
             dynamic_ncols=True,
         )
-        window = MetricsWindow(self.device)
-        while self.step < self.total_steps:
-            for batch in self.source:  # on the device (MapDataSource.prepare_with)
-                out = self.train_step(batch, self.step)
-                self.step += 1
-                window.add(out, batch)
-                bar.update(1)
-                # The host reads the device's numbers only here: losses, the non-finite check, the preemption flag.
-                if self.step % self.t.log_every_steps == 0 or self.step == self.total_steps:
-                    self._log(window.flush(), bar)
-                    if self.step < self.total_steps and self.preemption.requested():
-                        bar.close()
-                        return self._stop_for_preemption()
-                every = self.t.checkpoint_every_steps
-                if every and self.step % every == 0 and not self._epoch_done():
-                    self._save()
-                if self.step == self.total_steps:
-                    break
-            self._end_epoch()
-        bar.close()
+        with bar:  # closed on any exit, so that what is printed next starts a line of its own
+            window = MetricsWindow(self.device)
+            while self.step < self.total_steps:
+                for batch in self.source:  # on the device (MapDataSource.prepare_with)
+                    out = self.train_step(batch, self.step)
+                    self.step += 1
+                    window.add(out, batch)
+                    bar.update(1)
+                    # The host reads the device's numbers only here: losses, the non-finite check, the preemption flag.
+                    if self.step % self.t.log_every_steps == 0 or self.step == self.total_steps:
+                        self._log(window.flush(), bar)
+                        if self.step < self.total_steps and self.preemption.requested():
+                            bar.close()
+                            return self._stop_for_preemption()
+                    every = self.t.checkpoint_every_steps
+                    if every and self.step % every == 0 and not self._epoch_done():
+                        self._save()
+                    if self.step == self.total_steps:
+                        break
+                self._end_epoch()
         if self.t.plots:
             self.evaluator.plot(self.run_dir, self.env.is_main)
         if start_step == self.total_steps:
@@ -481,8 +518,10 @@ class Trainer:
             metrics["train/probe_loss"] = losses[1]
         if window["alignment"] is not None:
             metrics["train/alignment"] = window["alignment"]  # solo.eval.health.alignment_squares
-        if self.cfg.data.on_bad_image == "skip":
+        if self.skipped is not None:
             metrics["data/skipped_images"] = window["skipped"]  # unreadable images read in this window, all ranks
+            if window["skipped"]:
+                self._name_skipped()
             check_skipped(window["skipped"], self.source.global_batch * steps, self.cfg.data.name)
         metrics |= {k: float(v) for k, v in self.model.method.metrics().items()}
         self.last_metrics = metrics
@@ -529,6 +568,8 @@ class Trainer:
         return self._moved(batch)
 
     def _moved(self, batch: dict) -> dict:
+        if self.skipped is not None:
+            self._note_skipped(batch)
         if self.loaders.device_views is not None:
             batch = self.loaders.device_views(batch, self.device)
         fmt = torch.channels_last if self.channels_last else torch.preserve_format

@@ -135,8 +135,9 @@ class EvenShards:
 
 
 def real_rows(batch: dict) -> torch.Tensor:
-    """The rows of an eval_loader batch that are samples, not padding (a bool mask on the CPU)."""
-    return ~batch["padding"]
+    """The rows of an eval_loader batch that are samples: not padding, nor an unreadable image skipped (solo.data
+    EvalDataset's `"readable"`); a bool mask on the CPU."""
+    return ~batch["padding"] & batch["readable"]
 
 
 def eval_loader(dataset, batch_size: int, rank: int, world_size: int, **loader_args) -> DataLoader:

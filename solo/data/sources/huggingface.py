@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import functools
 import glob
-import io
 import os
 from dataclasses import dataclass
 from typing import List, Optional, Tuple
@@ -21,7 +20,7 @@ import numpy as np
 from omegaconf import MISSING
 from PIL import Image
 
-from solo.data.decode import ImageReadError, read_file
+from solo.data.decode import ImageReadError, decode, read_file
 from solo.data.sources.pairs import ImageTextPairs
 from solo.data.sources.registry import DataConfig, register_dataset
 from solo.errors import ConfigError, DataError, NotFound, require
@@ -97,12 +96,7 @@ class HuggingFaceImages:
         return value["bytes"], name
 
     def image(self, index: int) -> Image.Image:
-        data, name = self.image_bytes(index)
-        try:
-            with Image.open(io.BytesIO(data)) as img:
-                return img.convert("RGB")  # the whole decode happens here: a truncated image fails now
-        except Exception as e:
-            raise ImageReadError(f"cannot read {name}: {type(e).__name__}: {e}") from e
+        return decode(*self.image_bytes(index))
 
     def label(self, index: int) -> int:
         return -1 if self.labels is None else int(self.labels[index])

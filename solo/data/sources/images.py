@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from solo.data.decode import ImageReadError, read_file
+from solo.data.decode import decode, read_file
 from solo.data.sources.registry import DataConfig, DownloadConfig, FolderConfig, check_split, register_dataset
 from solo.errors import DataError, NotFound
 from solo.schema import AT_LEAST_ONE, ruled
@@ -297,12 +297,7 @@ class ImageFolderDataset:
 
     def __getitem__(self, index: int) -> Tuple[Image.Image, int]:
         path, label = self.samples[_check_index(index, len(self), "imagefolder")]
-        try:
-            with Image.open(path) as img:
-                # convert() forces the full decode here, so truncated files fail now.
-                return img.convert("RGB"), label
-        except Exception as e:
-            raise ImageReadError(f"cannot read image {path}: {type(e).__name__}: {e}") from e
+        return decode(path, f"image {path}"), label
 
     def label(self, index: int) -> int:
         return self.samples[_check_index(index, len(self), "imagefolder")][1]

@@ -26,7 +26,7 @@ from typing import List, Optional, Sequence, Tuple
 from omegaconf import MISSING
 from PIL import Image
 
-from solo.data.decode import ImageReadError, read_file
+from solo.data.decode import decode, read_file
 from solo.data.sources.images import DIGITS_STATS, DigitsDataset
 from solo.data.sources.registry import DataConfig, register_dataset
 from solo.errors import DataError, NotFound
@@ -297,14 +297,7 @@ class CsvPairs(ImageTextPairs):
     def image(self, index: int) -> Image.Image:
         index = self._check_index(index)
         path = self.paths[index]
-        try:
-            with Image.open(path) as img:
-                # convert() forces the full decode here, so truncated files fail now.
-                return img.convert("RGB")
-        except Exception as e:
-            raise ImageReadError(
-                f"cannot read image {path} (row {index + 1} of {self.file}): {type(e).__name__}: {e}"
-            ) from e
+        return decode(path, f"image {path} (row {index + 1} of {self.file})")
 
     def label(self, index: int) -> int:
         return self.labels[self._check_index(index)]

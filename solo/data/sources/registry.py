@@ -17,7 +17,7 @@ from omegaconf import MISSING
 
 from solo.errors import ConfigError, DataError
 from solo.registry import Registry
-from solo.schema import AT_LEAST_ONE, NON_NEGATIVE, choices, ruled
+from solo.schema import AT_LEAST_ONE, NON_NEGATIVE, Rule, choices, ruled
 
 DATASETS = Registry("dataset", "data.name", group="data")
 
@@ -30,6 +30,7 @@ OnBadImage = choices("OnBadImage", "error", "skip")
 # Where the training views' pixels are computed: cpu (per sample, in the DataLoader workers), device (the
 # whole batch on the training device; parameters still drawn per sample in the workers), auto: device on CUDA.
 AugmentOn = choices("AugmentOn", "auto", "cpu", "device")
+IMAGES_TO_CHECK = Rule("must be a number of images or all", lambda v: v == "all" or v.isdigit())
 
 
 @dataclass
@@ -43,7 +44,9 @@ class DataConfig:
     batch_size: int = ruled(128, AT_LEAST_ONE)  # per process; the global batch is batch_size x world size
     num_workers: Optional[int] = ruled(None, NON_NEGATIVE)  # DataLoader workers per process; None: what the machine has
     on_bad_image: OnBadImage = OnBadImage("error")
-    check_images: int = ruled(100, NON_NEGATIVE)  # decoded at start, to find unreadable files before training
+    # How many images of each split are decoded at the start, to find unreadable files before training: a count,
+    # or all (the time it took is printed)
+    check_images: str = ruled("100", IMAGES_TO_CHECK)
     augment_on: AugmentOn = AugmentOn("auto")
 
 

@@ -17,7 +17,6 @@ which `data.on_bad_image=skip` replaces by the next readable sample (solo.data.m
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import os
 import tarfile
@@ -29,7 +28,7 @@ import torch
 from omegaconf import MISSING
 from PIL import Image
 
-from solo.data.decode import ImageReadError
+from solo.data.decode import ImageReadError, decode
 from solo.data.sources.images import IMG_EXTENSIONS
 from solo.data.sources.pairs import ImageTextPairs
 from solo.data.sources.registry import DataConfig, register_dataset
@@ -212,12 +211,7 @@ class ShardDataset:
         return self.member(index, ext), self.describe(index)
 
     def image(self, index: int) -> Image.Image:
-        data, name = self.image_bytes(index)
-        try:
-            with Image.open(io.BytesIO(data)) as img:
-                return img.convert("RGB")
-        except Exception as e:
-            raise ImageReadError(f"cannot decode {name}: {type(e).__name__}: {e}") from e
+        return decode(*self.image_bytes(index))
 
     def label(self, index: int) -> int:
         return self.labels[index]

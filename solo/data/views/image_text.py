@@ -91,7 +91,7 @@ class ImageTextDataset:
             choice = int(torch.randint(len(options), (1,), generator=g))
         text, _ = self.tokenizer.encode(options[choice])
         label = int(self.pairs.label(index))
-        return {**sample, "text": text, "label": label, "index": key_index, "skipped": int(index != key_index)}
+        return {**sample, "text": text, "label": label, "index": key_index, "skipped": (index - key_index) % len(self)}
 
     def _read_raw(self, index: int) -> tuple:
         if hasattr(self.pairs, "image_bytes"):
@@ -109,12 +109,18 @@ class ZeroShotEvalDataset:
     """
 
     def __init__(
-        self, pairs: ImageTextPairs, transform: Callable, tokenizer, prompts: Optional[List[List[str]]] = None
+        self,
+        pairs: ImageTextPairs,
+        transform: Callable,
+        tokenizer,
+        prompts: Optional[List[List[str]]] = None,
+        skip_bad: bool = False,
     ):
         self.pairs = pairs
         self.transform = transform
         self.tokenizer = tokenizer
         self.prompts = prompts
+        self.skip_bad = skip_bad  # an unreadable image: its row is marked "readable": False (as EvalDataset's)
 
     @property
     def classes(self) -> Optional[List[str]]:
@@ -130,6 +136,16 @@ class ZeroShotEvalDataset:
         index = operator.index(index)
         if not 0 <= index < len(self):
             raise IndexError(f"index {index} out of range for {len(self)} samples")
-        text, _ = self.tokenizer.encode(self.caption(index))
-        image = self.transform(self.pairs.image(index))
-        return {"image": image, "text": text, "label": int(self.pairs.label(index)), "index": index}
+        image, used = read_or_skip(self.pairs.image, index, len(self), self.skip_bad)
+        text, _ = self.tokenizer.encode(self.caption(used))
+        return {
+            "image": self.transform(image),
+            "text": text,
+            "label": int(self.pairs.label(used)),
+            "index": index,
+            "readable": used == index,
+        }
+
+    def read(self, index: int):
+        """Pair `index`'s image (an ImageReadError if unreadable)."""
+        return self.pairs.image(index)

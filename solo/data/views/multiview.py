@@ -94,7 +94,8 @@ class MultiViewDataset:
         return samples
 
     def _raw_sample(self, key: Tuple[int, int]) -> Dict:
-        """The sample's image (its next readable one, with skip_bad) and each view's parameters."""
+        """The sample's image (its next readable one, with skip_bad: `"skipped"` unreadable ones from `"index"` on
+        gave way to it) and each view's parameters."""
         epoch, index = epoch_and_index(key, len(self), type(self).__name__)
         ((image, height, width), label), used = read_or_skip(self._read, index, len(self), self.skip_bad)
         # A generator of its own per view: the same numbers as the process's seeded with it (seeded_rng), without
@@ -103,7 +104,13 @@ class MultiViewDataset:
             recipe.draw(height, width, random.Random(sample_seed(self.seed, epoch, index, v)))
             for v, recipe in enumerate(self.view_transforms)
         ]
-        sample = {"image": image, "params": params, "label": int(label), "index": index, "skipped": int(used != index)}
+        sample = {
+            "image": image,
+            "params": params,
+            "label": int(label),
+            "index": index,
+            "skipped": (used - index) % len(self),
+        }
         if self.view_boxes:
             sample["view_boxes"] = view_boxes(torch.tensor(params, dtype=torch.float64), height, width)
         if self.masks is not None:
@@ -152,11 +159,14 @@ def collate_raw(samples: list[dict]) -> dict:
 
 
 class EvalDataset:
-    """One deterministic view per sample, for validation and probes; keys are plain indices."""
+    """One deterministic view per sample, for validation and probes; keys are plain indices. With `skip_bad`, an
+    unreadable image's row holds the next readable one, marked `"readable": False` for consumers to drop
+    (solo.data.real_rows): it is left out at every world size alike."""
 
-    def __init__(self, base, transform: Callable):
+    def __init__(self, base, transform: Callable, skip_bad: bool = False):
         self.base = base
         self.transform = transform
+        self.skip_bad = skip_bad
 
     @property
     def classes(self):
@@ -167,5 +177,9 @@ class EvalDataset:
 
     def __getitem__(self, index: int) -> Dict:
         index = operator.index(index)
-        image, label = self.base[index]
-        return {"image": self.transform(image), "label": int(label), "index": index}
+        (image, label), used = read_or_skip(self.base.__getitem__, index, len(self), self.skip_bad)
+        return {"image": self.transform(image), "label": int(label), "index": index, "readable": used == index}
+
+    def read(self, index: int):
+        """Sample `index` as the base dataset gives it (an ImageReadError if unreadable)."""
+        return self.base[index]

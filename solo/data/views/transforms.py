@@ -9,8 +9,10 @@ from dataclasses import dataclass, field, fields
 from typing import List, Mapping, Optional, Sequence, Union
 
 import torch
+from PIL import Image
 from torchvision.transforms import v2
 
+from solo.data.decode import as_rgb
 from solo.data.views.augment import ViewRecipe, blur_kernel_size
 
 
@@ -93,6 +95,11 @@ def build_view_transform(
     return ViewRecipe(as_view_augmentation(aug), image_size, mean, std)
 
 
+def rgb(image):
+    """A PIL image as RGB (solo.data.decode.as_rgb); a tensor as it is."""
+    return as_rgb(image) if isinstance(image, Image.Image) else image
+
+
 def build_eval_transform(
     image_size: int, mean: Sequence[float], std: Sequence[float], *, resize: bool, fit: bool = False
 ) -> v2.Compose:
@@ -102,8 +109,9 @@ def build_eval_transform(
     image_size * 256 / 224, then a center crop of image_size. resize=False:
     images are already image_size (digits, CIFAR, synthetic), just to tensor + normalise;
     fit=True resizes the whole image to image_size x image_size first (any image, to such a model).
+    A PIL image of any mode becomes RGB first, as the data's readers make it (solo.data.decode.as_rgb).
     """
-    ops = [v2.ToImage()]
+    ops = [rgb, v2.ToImage()]
     if fit:
         ops.append(v2.Resize((image_size, image_size), antialias=True))
     if resize:
