@@ -21,7 +21,7 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from solo.backbones import BACKBONES, SMALL_IMAGES, has_resnet_stem
-from solo.data import DATASETS, view_sizes
+from solo.data import DATASETS, data_id, view_sizes
 from solo.data.views.transforms import ViewAugmentation
 from solo.distributed.env import detect
 from solo.errors import ConfigError
@@ -180,6 +180,8 @@ def register_configs() -> None:
     OmegaConf.register_new_resolver("solo.eval_name", eval_name, replace=True)
     OmegaConf.register_new_resolver("solo.registered", registered, replace=True)
     OmegaConf.register_new_resolver("solo.image_tower", image_tower, replace=True)
+    # The data's identity (data.id, or derived from where the files are): another folder is another run directory.
+    OmegaConf.register_new_resolver("solo.data_id", data_id, replace=True)
 
 
 def eval_name(pretrained: str, random_init: bool) -> str:
@@ -232,8 +234,11 @@ SAFE_TO_CHANGE = (
     "data.batch_size",
     "data.augment_on",
     "data.num_workers",
-    "data.root",
+    "data.root",  # where the data are: their identity is data.id, compared (see data_id)
     "data.file",
+    "data.path",
+    "data.shards",
+    "data.val_shards",
     "data.download",
     "logger",
     "imports",
@@ -296,6 +301,7 @@ def validate_pretrain(cfg: DictConfig) -> DictConfig:
     method.check_config(checked)
     _check_accumulation(checked, method)
     _check_compiled_step(checked)
+    checked.data.id = data_id(checked.data)  # kept in the checkpoints: a resume on other data is refused
     return checked
 
 

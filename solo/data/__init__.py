@@ -21,6 +21,7 @@ from solo.data.sources.registry import (
     FolderConfig,
     build_dataset,
     build_split,
+    data_id,
     dataset_stats,
     register_dataset,
 )
@@ -40,6 +41,7 @@ from solo.data.views.transforms import (
 __all__ = [
     "DATASETS",
     "DataConfig",
+    "data_id",
     "DownloadConfig",
     "FolderConfig",
     "CIFAR10Dataset",

@@ -126,14 +126,15 @@ class CachedFeatures:
         say = log.info if env.is_main else (lambda *a, **k: None)
         self.skipped = SkippedImages(say) if d.on_bad_image == "skip" else None  # names each image left out
         mean, std = DATASETS[d.name].stats
-        # What decides the images: the dataset's keys, but for how they are read.
-        read_only = ("batch_size", "num_workers", "on_bad_image", "check_images", "augment_on", "download")
-        data_id = json.dumps(
+        # What decides the images: the dataset's keys, but for how they are read and the data's name (data.id).
+        # data.on_bad_image is kept: features cached with skip leave rows out, and without skip a bad file must stop.
+        read_only = ("batch_size", "num_workers", "check_images", "augment_on", "download", "id")
+        images = json.dumps(
             {k: v for k, v in plain(d).items() if k not in read_only}
             | {"mean": mean, "std": std, "seed": cfg.seed, "pool": str(cfg.pool)},
             sort_keys=True,
         )
-        self.key_prefix = f"{state_fingerprint(backbone)}|{data_id}"
+        self.key_prefix = f"{state_fingerprint(backbone)}|{images}"
 
     def __call__(self, base, split: str):
         """(features, labels) on rank 0; on the other ranks None when rank 0 found them in its cache."""

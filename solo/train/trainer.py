@@ -646,6 +646,13 @@ def check_resumable(state: dict, cfg: DictConfig, global_batch: int, run_dir: Pa
     """The checkpoint must have been trained with this run's configuration (but for SAFE_TO_CHANGE keys)
     and global batch (any world size)."""
     changed = changed_keys(state["config"], plain(cfg))
+    other_data = [(old, new) for key, old, new in changed if key == "data.id"]
+    if other_data:
+        (old, new), *_ = other_data
+        raise CheckpointError(
+            f"{run_dir} holds a run trained on other data (data.id={old}, this run's data.id={new}): point data at "
+            f"that run's files, or if they are the same files moved, resume with data.id={old}"
+        )
     if changed:
         listed = ", ".join(f"{k}: {a!r} -> {b!r}" for k, a, b in changed)
         raise CheckpointError(

@@ -10,6 +10,10 @@ cache (`writes_cache`: rank 0 builds first, the other ranks then read the cache)
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
+import re
 from dataclasses import dataclass
 from typing import Optional
 
@@ -48,6 +52,10 @@ class DataConfig:
     # or all (the time it took is printed)
     check_images: str = ruled("100", IMAGES_TO_CHECK)
     augment_on: AugmentOn = AugmentOn("auto")
+    # The data's identity, in the run directory's name and in its checkpoints: None derives it from where the data
+    # are (data_id). A resume on data of another identity is refused; set it to the checkpoint's to resume a run
+    # whose files were moved.
+    id: Optional[str] = None
 
 
 @dataclass
@@ -75,6 +83,32 @@ def register_dataset(
     return DATASETS.register(
         name, schema=schema, stats=stats, any_size=any_size, images=images, pairs=pairs, writes_cache=writes_cache
     )
+
+
+# The keys that say where a dataset's files are: a folder, a captions file, a Hugging Face dataset, shards.
+LOCATION_KEYS = ("root", "file", "path", "shards", "val_shards")
+
+
+def data_id(d) -> str:
+    """data.id, or the identity of the data config `d` derived from where its files are: the dataset's name, then,
+    for data in files, the folder's name and 6 hex digits of a hash of the absolute locations
+    (`imagefolder-photos-3fa2b1`). Two folders give two identities, wherever they are named from."""
+    if d.get("id"):
+        return str(d.id)
+    locations = {key: _absolute(key, str(d[key])) for key in LOCATION_KEYS if d.get(key) is not None}
+    if not locations:
+        return str(d.name)
+    first = next(iter(locations.values()))
+    folder = os.path.basename(first) if d.get("root") or d.get("path") else os.path.basename(os.path.dirname(first))
+    digest = hashlib.sha256(json.dumps(locations, sort_keys=True).encode()).hexdigest()[:6]
+    return "-".join(part for part in (str(d.name), re.sub(r"[^A-Za-z0-9_.]+", "_", folder).strip("_"), digest) if part)
+
+
+def _absolute(key: str, location: str) -> str:
+    """A local path made absolute and normal; a URL, or a Hugging Face hub name (data.path that is no local
+    folder), as it is."""
+    hub_name = key == "path" and not os.path.exists(location)
+    return location if "://" in location or hub_name else os.path.abspath(location)
 
 
 def dataset_stats(name: str):
