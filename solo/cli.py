@@ -34,6 +34,7 @@ from solo.config import (
 )
 from solo.data.decode import ImageReadError
 from solo.errors import ConfigError, SoloError
+from solo.schema import unknown_key_hint
 
 WORKER_TRACEBACK = "Original Traceback (most recent call last):"
 # After an image that cannot be read: what to do about it.
@@ -55,7 +56,8 @@ def debugging() -> bool:
 
 def friendly_errors(main):
     """Decorator for an entry point: a SoloError (or a config error) prints `error: <message>` on rank 0 and
-    exits with status 2; SOLO_DEBUG=1 (or HYDRA_FULL_ERROR=1) shows the whole traceback instead."""
+    exits with status 2 (130 when the user stopped the run: Interrupted); SOLO_DEBUG=1 (or HYDRA_FULL_ERROR=1)
+    shows the whole traceback instead."""
 
     @functools.wraps(main)
     def run(*args, **kwargs):
@@ -71,7 +73,7 @@ def friendly_errors(main):
                 # Rank 0 says why. Under torchrun, the first process to exit has the others stopped: wait for
                 # rank 0 to print and exit (torchrun then stops this one), lest this one stop it first.
                 time.sleep(REPORT_GRACE_S)
-            sys.exit(2)
+            sys.exit(getattr(e, "exit_status", 2))
 
     return run
 
@@ -249,7 +251,10 @@ def unknown_key(key: str, override: str, entry: EntryPoint, parsed: list, compos
     parent, _, name = key.rpartition(".")
     if not parent:
         keys = schema_keys(entry.schema)
-        return f"{override}: the config has no key {name}{did_you_mean(name, keys)} (its keys: {', '.join(keys)})"
+        return (
+            f"{override}: the config has no key {name}{did_you_mean(name, keys)} (its keys: {', '.join(keys)})"
+            + unknown_key_hint(key)
+        )
     if composition is None:
         try:
             composition = compose(entry, [o.input_line for o in parsed if o.input_line != override])
@@ -266,7 +271,7 @@ def unknown_key(key: str, override: str, entry: EntryPoint, parsed: list, compos
     node = OmegaConf.select(cfg, parent, default=None) if cfg is not None else None
     keys = [k for k in node.keys() if k != name] if isinstance(node, DictConfig) else []
     text = f"{override}: {parent} has no key {name}{did_you_mean(name, keys, f'{parent}.')}"
-    return f"{text} (its keys: {', '.join(keys)})" if keys else text
+    return (f"{text} (its keys: {', '.join(keys)})" if keys else text) + unknown_key_hint(key)
 
 
 def schema_keys(schema) -> list[str]:

@@ -99,9 +99,12 @@ class TrainerConfig:
     keep_checkpoints: int = ruled(2, AT_LEAST_ONE)
     log_every_steps: int = ruled(10, AT_LEAST_ONE)
     probe: bool = True  # online linear probe on detached backbone features (needs labels)
+    # Evaluate (validation, health metrics, k-NN) every this many epochs, and at the end; None: every epoch for a run
+    # whose length is trainer.max_epochs, at the end only for one that trainer.max_steps stops
+    eval_every: Optional[int] = ruled(None, AT_LEAST_ONE)
     knn_k: int = ruled(
         0, NON_NEGATIVE
-    )  # > 0: online weighted k-NN val accuracy each epoch (cosine, k neighbours; needs labels)
+    )  # > 0: online weighted k-NN val accuracy at each evaluation (cosine, k neighbours; needs labels)
     knn_temperature: float = ruled(0.07, POSITIVE)
     # Image-text methods: an ImageFolder split (class folders, e.g. /data/imagenet/val) classified zero-shot at each
     # epoch end with CLIP's ImageNet prompts, as main_linear.py data=imagefolder does: val/folder_zeroshot_acc1, _acc5.
@@ -218,6 +221,7 @@ SAFE_TO_CHANGE = (
     "trainer.preempt_signals",
     "trainer.requeue",
     "trainer.log_every_steps",
+    "trainer.eval_every",
     "trainer.knn_k",
     "trainer.knn_temperature",
     "trainer.zero_shot_folder",

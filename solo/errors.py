@@ -4,6 +4,14 @@
 class SoloError(Exception):
     """An error the user can act on; its message says what was wrong and what to do."""
 
+    exit_status = 2
+
+
+class Interrupted(SoloError):
+    """The user stopped the run at once (a second Ctrl-C); the message says what was saved."""
+
+    exit_status = 130  # a shell's status for a process that SIGINT stopped
+
 
 class ConfigError(SoloError, ValueError):
     """A configuration value, key or combination that cannot work."""

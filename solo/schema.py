@@ -56,6 +56,19 @@ def ruled(default, rule: Rule):
     return field(default=default, metadata={"rule": rule})
 
 
+# Keys that other trainers (Lightning, accelerate) take to choose devices; solo takes none.
+DEVICE_KEYS = ("accelerator", "device", "devices", "gpus", "num_nodes")
+DEVICES_HINT = (
+    "solo has no device key: it trains on the GPUs when there are any, else on the CPU; one process per GPU with "
+    "torchrun --nproc_per_node=<GPUs>, and CUDA_VISIBLE_DEVICES chooses which"
+)
+
+
+def unknown_key_hint(key: str) -> str:
+    """What to say after `key` is found unknown, where solo knows what was meant ("" elsewhere)."""
+    return f"; {DEVICES_HINT}" if key.rpartition(".")[2] in DEVICE_KEYS else ""
+
+
 def check_values(node: DictConfig, key: str = "") -> None:
     """Check the structured config `node` recursively (lists of them too): no key its schema lacks, every ruled
     field's value, and a schema's `validate()` method if it has one (its ValueError starts with the field's name, which
@@ -70,6 +83,7 @@ def check_values(node: DictConfig, key: str = "") -> None:
         full = f"{key}.{unknown[0]}" if key else unknown[0]
         raise ConfigError(
             f"Key '{unknown[0]}' not in '{schema.__name__}' (full key {full}); its keys: {', '.join(known)}"
+            + unknown_key_hint(full)
         )
     if hasattr(schema, "validate") and not OmegaConf.missing_keys(node):
         try:

@@ -60,6 +60,19 @@ def test_hydra_errors_become_config_errors_that_name_the_override():
         assert f"error: {raised.value}".startswith(expected), raised.value
 
 
+def test_another_trainer_s_device_keys_are_told_how_solo_chooses_devices():
+    from solo.cli import PRETRAIN, precheck
+    from solo.config import register_configs
+
+    register_configs()
+    for bad in ("trainer.accelerator=gpu", "+trainer.device=cuda", "trainer.devices=2", "+gpus=1"):
+        with pytest.raises(ConfigError, match="solo has no device key: it trains on the GPUs when there are any"):
+            precheck(PRETRAIN, [bad])
+    with pytest.raises(ConfigError) as other:
+        precheck(PRETRAIN, ["trainer.max_step=1"])
+    assert "device" not in str(other.value) and "did you mean trainer.max_steps" in str(other.value)
+
+
 @pytest.mark.slow  # each case a subprocess that imports torch: about 25 s of the machine's time
 @pytest.mark.one_process
 @pytest.mark.parametrize(

@@ -117,33 +117,6 @@ def test_a_corrupt_image_read_by_a_worker_is_named_in_one_message(tmp_path):
 
 
 @pytest.mark.slow
-def test_skipped_images_are_the_same_on_every_world_size(tmp_path):
-    _images(tmp_path / "data", bad=["broken1.png", "broken2.png"])
-    data = TINY_FILES + [
-        "data=imagefolder",
-        f"data.root={tmp_path / 'data'}",
-        "data.on_bad_image=skip",
-        "trainer.max_steps=6",
-        "trainer.log_every_steps=1",
-        "trainer.precision=64",
-    ]
-    subprocess.run(
-        [sys.executable, "main_pretrain.py", *data, "data.batch_size=8", f"hydra.run.dir={tmp_path / 'w1'}"],
-        cwd=REPO,
-        check=True,
-        capture_output=True,
-        timeout=300,
-    )
-    launch(data + ["data.batch_size=4"], tmp_path / "w2", nproc=2, stdout=subprocess.DEVNULL).wait(timeout=300)
-    one, two = (
-        [m.get("data/skipped_images") for m in metrics(tmp_path / w) if "train/loss" in m] for w in ("w1", "w2")
-    )
-    assert one == two and sum(one) > 0, (one, two)
-    a, b = weights(tmp_path / "w1"), weights(tmp_path / "w2")
-    assert all(torch.allclose(a[k], b[k], rtol=0, atol=1e-10) for k in a)
-
-
-@pytest.mark.slow
 @pytest.mark.one_process
 def test_ctrl_c_checkpoints_the_current_step_and_the_rerun_redoes_no_step(tmp_path):
     overrides = TINY + ["data.num_samples=256", "data.batch_size=8", "trainer.max_steps=60"]
@@ -156,11 +129,58 @@ def test_ctrl_c_checkpoints_the_current_step_and_the_rerun_redoes_no_step(tmp_pa
     assert proc.returncode == 0 and "Traceback" not in out, out
     state = read_checkpoint(tmp_path / "checkpoints" / "last")
     assert 0 < state["step"] < 60 and f"SIGINT: checkpoint written at step {state['step']}" in out
+    # Said when Ctrl-C arrives: where the run will stop (the next step that checks, every log_every_steps=1).
+    assert f"SIGINT: stopping after step {state['step']} (signals are checked every" in out, out
     rerun = launch(overrides, tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     out, _ = rerun.communicate(timeout=300)
     assert f"resuming from {tmp_path / 'checkpoints' / 'last'} at step {state['step']}" in out
     steps = [m["step"] for m in metrics(tmp_path) if "train/loss" in m]
     assert steps == list(range(1, 61)), "every step trained exactly once"
+
+
+@pytest.mark.slow
+@pytest.mark.one_process
+def test_a_second_ctrl_c_stops_at_once_saying_what_was_saved(tmp_path):
+    # 32 steps an epoch, checked every 100 steps: nothing but a second Ctrl-C stops it before its first checkpoint.
+    overrides = TINY + [
+        "data.num_samples=256",
+        "data.batch_size=8",
+        "trainer.max_steps=60",
+        "trainer.log_every_steps=100",
+    ]
+    proc = launch(overrides, tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines = iter(proc.stdout.readline, "")
+    assert any(line.startswith("world size 1") for line in lines), "the run did not start"
+    time.sleep(1)  # into the steps
+    proc.send_signal(signal.SIGINT)
+    assert any("Ctrl-C again stops at once" in line for line in lines)
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=30)
+    # Not the default action's silent death by signal (status -2): one line saying that nothing was saved, status 130.
+    errors = [line for line in out.splitlines() if line.startswith("error:")]
+    assert proc.returncode == 130 and len(errors) == 1 and "Traceback" not in out, out
+    assert errors[0].startswith("error: stopped by Ctrl-C during step") and "no checkpoint was written" in errors[0]
+    assert not (tmp_path / "checkpoints" / "last").exists()
+
+
+def test_a_run_of_max_steps_evaluates_once_at_the_end_and_the_plot_reads_no_more(tmp_path, monkeypatch):
+    from solo.data.sources.images import SyntheticDataset
+
+    val_reads = []
+    read = SyntheticDataset.__getitem__
+    monkeypatch.setattr(
+        SyntheticDataset,
+        "__getitem__",
+        lambda self, i: val_reads.append(i) or read(self, i) if self._split_id == 1 else read(self, i),
+    )
+    # 64 samples in batches of 16: 4 steps an epoch, so 6 steps cross an epoch's end.
+    short = TINY + ["data.batch_size=16", "trainer.max_steps=6"]
+    pretrain(compose_cfg(short + ["trainer.plots=true"]), tmp_path / "end")
+    assert [m["step"] for m in metrics(tmp_path / "end") if "val/acc1" in m] == [6]
+    assert (tmp_path / "end" / "embedding.png").exists()
+    assert sorted(val_reads) == list(range(64)), "one pass over the val split: the evaluation's, which the plot reuses"
+    pretrain(compose_cfg(short + ["trainer.eval_every=1"]), tmp_path / "every")
+    assert [m["step"] for m in metrics(tmp_path / "every") if "val/acc1" in m] == [4, 6]
 
 
 def _lines(path):

@@ -144,6 +144,8 @@ def test_a_dirty_folder_trains_and_evaluates_with_skip_and_stops_with_one_line_w
     two = run(skip + ["data.check_images=0", "data.batch_size=2"], tmp_path / "two", nproc=2)
     named_once(two)
     assert "images decoded at the start" not in two
+    skipped = [[m["data/skipped_images"] for m in metrics(tmp_path / w) if "train/loss" in m] for w in ("one", "two")]
+    assert skipped[0] == skipped[1] and sum(skipped[0]) > 0, skipped  # the same samples skipped, step by step
     straight, split = weights(tmp_path / "one"), weights(tmp_path / "two")
     for name in straight:
         torch.testing.assert_close(split[name], straight[name], rtol=0, atol=1e-10, msg=name)

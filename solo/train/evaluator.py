@@ -39,6 +39,7 @@ class Evaluator:
         self.knn_k, self.knn_temperature = knn_k, knn_temperature
         self.device, self.autocast = device, autocast
         self.skipped = skipped  # names the unreadable images left out (data.on_bad_image=skip)
+        self.last_val = None  # (features, labels) of the last evaluation's pass over the val split, for the plot
 
     def __call__(self) -> dict:
         method, metrics = self.model.method, {}
@@ -56,6 +57,7 @@ class Evaluator:
             *val, embedded = extract_features(
                 method.backbone, self.loaders.val, self.device, self.autocast, head, self.skipped
             )
+            self.last_val = val
             classifier = method.classifier(self.model.probe)
             if classifier is not None:
                 metrics |= {f"val/{k}": v for k, v in accuracy(classifier, *val, self.device).items()}
@@ -76,11 +78,12 @@ class Evaluator:
         return metrics
 
     def plot(self, run_dir: Path, is_main: bool) -> None:
-        """curves.png from metrics.jsonl and, with labelled val data, embedding.png of the val features."""
+        """curves.png from metrics.jsonl and, with labelled val data, embedding.png of the val features: those of
+        the evaluation at the end where it made them (no second pass), else extracted here."""
         val = self.loaders.val
         if val is not None and self.num_classes:
-            features, labels = extract_features(
-                self.model.method.backbone, val, self.device, self.autocast
+            features, labels = self.last_val or extract_features(
+                self.model.method.backbone, val, self.device, self.autocast, skipped=self.skipped
             )  # all ranks
             if is_main:
                 plot_embedding(

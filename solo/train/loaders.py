@@ -91,6 +91,16 @@ class Loaders:
     zero_shot: DataLoader | None = None  # trainer.zero_shot_folder's images, sharded over ranks
     zero_shot_prompts: list[list[str]] | None = None  # ... and its classes' prompts
 
+    def close(self) -> None:
+        """Stop the loaders' workers now. Left to the garbage collector (the loaders sit in reference cycles), a
+        persistent loader's queues can be finalised before its iterator, and each worker then waits out torch's
+        5 s shutdown timeout: 12 s after `done:` on a folder with 2 workers."""
+        for loader in (self.train.loader, self.val, self.train_eval, self.zero_shot):
+            iterator = getattr(loader, "_iterator", None)  # where torch keeps a persistent loader's iterator
+            if iterator is not None:
+                iterator._shutdown_workers()
+                loader._iterator = None
+
 
 def build_splits(d, env: DistEnv, seed: int, pairs: bool) -> Splits:
     """The train and val base datasets of data config `d`; rank 0 downloads (or builds the shard index) first,

@@ -1,5 +1,6 @@
-"""The training step's peak memory, estimated before the first step: one error line that names the keys to change,
-instead of the kernel's out-of-memory kill (CPU) or CUDA's out-of-memory error in the middle of the first step.
+"""The training step's cost, estimated before the first step. Its peak memory: one error line that names the keys to
+change, instead of the kernel's out-of-memory kill (CPU) or CUDA's out-of-memory error in the middle of the first
+step. On a CPU, its time (`step_seconds`): what a step will take, said before the first.
 
 The estimate is what the process holds now (the interpreter, torch, the model and its teachers), plus the gradients
 and the optimizer's state (sized from the trainable parameters, divided over the ranks under FSDP), plus the
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import os
+import time
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
@@ -79,6 +81,22 @@ def activation_bytes(model, batch: dict, micro_batch: int, autocast) -> int:
             with autocast():
                 saved = sum(saved_bytes(lambda v=view: backbone(v), parameters) for view in batch.get("views", []))
     return saved * micro_batch // PROBE_BATCH
+
+
+def step_seconds(model, batch: dict, batch_size: int, autocast) -> float | None:
+    """About how long the step takes on `batch_size` samples: the method's forward and backward timed on `batch`
+    (PROBE_BATCH samples; the second of two runs, the first picks the kernels) on a copy of `model`, scaled to the
+    batch. None for a method that cannot take so small a batch. For the CPU, where time grows with the batch."""
+    probe = copy.deepcopy(model)
+    with torch.random.fork_rng(devices=[]):
+        try:
+            for _ in range(2):
+                started = time.perf_counter()
+                with autocast():
+                    probe(batch)["loss"].backward()
+        except Exception:  # W-MSE's whitening sub-batches: no estimate
+            return None
+    return (time.perf_counter() - started) * batch_size / PROBE_BATCH
 
 
 def optimizer_states(optimizer_name: str) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+from typing import Callable
 
 import torch
 import torch.distributed as dist
@@ -21,8 +22,9 @@ class Preemption:
     steps, still stops every rank after the same step.
     """
 
-    def __init__(self, signal_names: list[str], device: torch.device):
-        self.device = device
+    def __init__(self, signal_names: list[str], device: torch.device, announce: Callable[[str], None] = print):
+        self.device, self.announce = device, announce  # announce(signal name): says what happens next, once
+        self.pid = os.getpid()  # DataLoader workers forked from this process inherit the handler: they ignore it
         self.received: str | None = None
         self.previous: dict[signal.Signals, object] = {}  # what handled each signal before: restored by close()
         for name in signal_names:
@@ -40,9 +42,13 @@ class Preemption:
         self.previous = {}
 
     def _record(self, signum, frame) -> None:
-        self.received = signal.Signals(signum).name
-        if signum == signal.SIGINT:  # Ctrl-C again: exit at once, without waiting for the checkpoint
-            signal.signal(signal.SIGINT, signal.SIG_DFL)
+        if os.getpid() != self.pid:  # a data worker (Ctrl-C reaches the terminal's whole process group)
+            return
+        if signum == signal.SIGINT and self.received == "SIGINT":
+            raise KeyboardInterrupt  # Ctrl-C again: stop now, without waiting for the checkpoint (the trainer says so)
+        first, self.received = self.received is None, signal.Signals(signum).name
+        if first:
+            self.announce(self.received)
 
     def requested(self) -> bool:
         flag = torch.tensor([1.0 if self.received else 0.0], device=self.device)

@@ -29,7 +29,7 @@ from solo.distributed.checkpoint import Checkpoints
 from solo.distributed.env import process_group
 from solo.distributed.run_dir import hold_run_dir
 from solo.dtypes import full_precision
-from solo.errors import CheckpointError, ConfigError, DataError
+from solo.errors import CheckpointError, ConfigError, DataError, Interrupted
 from solo.eval.health import alignment_squares, collapse
 from solo.loggers import Loggers
 from solo.methods import METHODS, build_method, create_method
@@ -180,20 +180,7 @@ class Trainer:
                 f"method={method.name} learns from the labels, and data={cfg.data.name}'s train split has "
                 "none: give it labelled data (class folders, a label column)"
             )
-        self.model = model = build_model(cfg, splits.num_classes if t.probe else None, backbone)
-        model.method.set_data(len(splits.train))
-        # The model is built alike on every rank; from here each rank draws its own stream, so that randomness left
-        # rank-local never repeats another rank's draws (the step's own are per sample: solo.backbones.stochastic).
-        torch.manual_seed(sample_seed(t.seed, 0, env.rank, 0))
-        random.seed(sample_seed(t.seed, 0, env.rank, 1))
-        self.channels_last = t.channels_last and device.type == "cuda"
-        self.dtype = torch.float64 if t.precision == "64" else torch.float32
-        model.to(
-            device, dtype=self.dtype, memory_format=torch.channels_last if self.channels_last else torch.preserve_format
-        )
-        model.draws = Draws(t.seed, device).attach(model)
-        if t.activation_checkpointing:
-            checkpoint_blocks(model)
+        self.model = model = self._build_model(splits, backbone)
         self.loaders = build_loaders(
             splits,
             cfg.data,
@@ -222,6 +209,8 @@ class Trainer:
         model.method.set_schedule(source.steps_per_epoch, self.total_steps)
         if t.memory_check:
             self._check_memory()
+        if device.type == "cpu" and cfg.data.name != "digits":
+            self._say_cpu_cost()
         if str(t.compile) in ("blocks", "backbone"):
             compile_model(model, str(t.compile))
         keep_local = () if model.method.sync_teacher_batchnorm else model.teachers()
@@ -268,6 +257,7 @@ class Trainer:
             ),
         )
         self.warned_collapse = False
+        self.eval_every = t.eval_every or (None if t.max_steps else 1)  # epochs; None: at the end only
         self.evaluator = Evaluator(
             model,
             self.loaders,
@@ -285,6 +275,25 @@ class Trainer:
         generators = RNGState(device, env.rank, t.seed)
         self.checkpointer = Checkpointer(checkpoints, sharded, generators, components, info)
         self.step, self.logger, self.last_metrics = 0, None, {}
+
+    def _build_model(self, splits, backbone: nn.Module | None) -> PretrainModel:
+        """The model, built alike on every rank, on the device in the run's precision, with its per-sample draws."""
+        t, device = self.t, self.device
+        model = build_model(self.cfg, splits.num_classes if t.probe else None, backbone)
+        model.method.set_data(len(splits.train))
+        # From here each rank draws its own stream, so that randomness left rank-local never repeats another rank's
+        # draws (the step's own are per sample: solo.backbones.stochastic).
+        torch.manual_seed(sample_seed(t.seed, 0, self.env.rank, 0))
+        random.seed(sample_seed(t.seed, 0, self.env.rank, 1))
+        self.channels_last = t.channels_last and device.type == "cuda"
+        self.dtype = torch.float64 if t.precision == "64" else torch.float32
+        model.to(
+            device, dtype=self.dtype, memory_format=torch.channels_last if self.channels_last else torch.preserve_format
+        )
+        model.draws = Draws(t.seed, device).attach(model)
+        if t.activation_checkpointing:
+            checkpoint_blocks(model)
+        return model
 
     def _set_threads(self) -> None:
         """torch's intra-op threads: trainer.threads; else OMP_NUM_THREADS where it is set (by you; by torchrun, 1 per
@@ -341,15 +350,33 @@ class Trainer:
         if self.env.is_main:
             self.skipped.find(self.loaders.read_train, found)
 
+    def _probe_batch(self) -> dict:
+        """The first PROBE_BATCH train samples, on the device: what the step's cost is estimated on."""
+        dataset = self.loaders.train.loader.dataset
+        keys = [(0, i) for i in range(min(memory.PROBE_BATCH, len(dataset)))]
+        return self._to_device(self.loaders.train.loader.collate_fn([dataset[k] for k in keys]))
+
+    def _say_cpu_cost(self) -> None:
+        """On a CPU, what a step will take, timed on a probe batch, and what to lower: sizes for a GPU take minutes."""
+        d = self.cfg.data
+        seconds = memory.step_seconds(
+            self.model, self._probe_batch(), d.batch_size, precision_context(str(self.t.precision), self.device)[0]
+        )
+        if seconds is None:
+            return
+        self.say(
+            f"cpu: a step of {d.batch_size} images of {d.image_size} px per process will take about "
+            f"{duration(seconds)}, the run's {self.total_steps} steps about {duration(seconds * self.total_steps)} "
+            f"(timed on {memory.PROBE_BATCH} images here); to go faster, lower data.image_size (a CPU trains at 64 "
+            "to 96 px) and data.batch_size, or train on a GPU"
+        )
+
     def _check_memory(self) -> None:
         """Estimate the step's peak memory on a probe batch (solo.train.memory); stop here if it cannot fit."""
         cfg, t = self.cfg, self.t
-        dataset = self.loaders.train.loader.dataset
-        keys = [(0, i) for i in range(min(memory.PROBE_BATCH, len(dataset)))]
-        batch = self._to_device(self.loaders.train.loader.collate_fn([dataset[k] for k in keys]))
         found = memory.estimate(
             self.model,
-            batch,
+            self._probe_batch(),
             micro_batch=cfg.data.batch_size // t.accumulate,
             optimizer=cfg.optim.name,
             shards=self.env.world_size if t.strategy == "fsdp" else 1,
@@ -424,6 +451,11 @@ class Trainer:
             f"lr {o.lr} x {o.lr_scaling} scaling = {self.lr:.4g}, {self.source.steps_per_epoch} steps per epoch, "
             f"{self.total_steps} steps, run dir {self.run_dir}"
         )
+        if self.eval_every is None:
+            self.say(
+                f"evaluation: at the end only, as trainer.max_steps={self.t.max_steps} sets the run's length "
+                "(trainer.eval_every=N evaluates every N epochs too)"
+            )
 
     @property
     def finished(self) -> bool:
@@ -432,9 +464,20 @@ class Trainer:
     def fit(self) -> dict:
         """Train to the end, or to a preemption signal (checkpointed); the last metrics. The preemption signals are
         caught only while it runs: their previous handlers are back when it returns or raises."""
-        self.preemption = Preemption(list(self.t.preempt_signals), self.device)
+        self.preemption = Preemption(list(self.t.preempt_signals), self.device, self._say_stopping)
         try:
             return self._fit()
+        except KeyboardInterrupt:  # a second Ctrl-C (or the first, where SIGINT is not among trainer.preempt_signals)
+            self.checkpointer.checkpoints.wait()
+            last = self.checkpointer.checkpoints.last
+            raise Interrupted(
+                f"stopped by Ctrl-C during step {self.step + 1}, without a checkpoint of it; "
+                + (
+                    f"the last checkpoint is {last.resolve()}, where the same command resumes"
+                    if last.exists()
+                    else "no checkpoint was written: the same command starts the run again"
+                )
+            ) from None
         except RuntimeError as e:
             if "DataLoader worker" not in str(e) or not (
                 "killed by signal" in str(e) or "exited unexpectedly" in str(e)
@@ -447,7 +490,18 @@ class Trainer:
             ) from None
         finally:
             self.preemption.close()
+            self.loaders.close()
             self.checkpointer.checkpoints.wait()  # the last checkpoint is on disk when fit returns or raises
+
+    def _say_stopping(self, signal_name: str) -> None:
+        """What a preemption signal does, said when it arrives: the run stops at the next step that checks for it."""
+        every = self.t.log_every_steps
+        at = min(self.total_steps, (self.step // every + 1) * every)  # self.step + 1 is the step running
+        self.say(
+            f"{signal_name}: stopping after step {at} (signals are checked every trainer.log_every_steps={every} "
+            "steps), with a checkpoint there; the same command resumes"
+            + ("; Ctrl-C again stops at once, without it" if signal_name == "SIGINT" else "")
+        )
 
     def _fit(self) -> dict:
         self._start()
@@ -530,8 +584,10 @@ class Trainer:
         bar.set_postfix(loss=f"{losses[0]:.4f}", img_s=f"{metrics['train/img_per_s']:.0f}")
 
     def _end_epoch(self) -> None:
-        """At an epoch's end (or the last step): validate, log, move to the next epoch, checkpoint."""
-        val = self.evaluator()
+        """At an epoch's end (or the last step): validate when due (trainer.eval_every, and at the end), log, move to
+        the next epoch, checkpoint."""
+        due = self.finished or (self.eval_every is not None and (self.source.epoch + 1) % self.eval_every == 0)
+        val = self.evaluator() if due else {}
         if val:
             self.last_metrics = {"step": self.step, "epoch": self.source.epoch, **val}
             if self.logger:
@@ -632,6 +688,13 @@ class MetricsWindow:
 # data.on_bad_image=skip replaces an unreadable image by a readable one; past this share of a logging window's
 # images, the data (or data.root / data.path) is wrong rather than a few files damaged.
 MAX_SKIPPED_SHARE = 0.5
+
+
+def duration(seconds: float) -> str:
+    """`seconds` as a person says it: 40 s, 3.5 min, 2.1 h."""
+    if seconds < 90:
+        return f"{seconds:.0f} s" if seconds >= 1 else f"{seconds:.1f} s"
+    return f"{seconds / 60:.1f} min" if seconds < 5400 else f"{seconds / 3600:.1f} h"
 
 
 def check_skipped(skipped: int, images: int, dataset: str) -> None:
