@@ -113,6 +113,21 @@ def test_the_zoo_transform_gives_rgb_of_every_readable_file(tmp_path):
             assert transform(image).shape == (3, 16, 16), (path.name, image.mode)
 
 
+def test_the_feature_cache_tells_two_folders_of_one_relative_name_apart(tmp_path, monkeypatch):
+    from solo.evaluate.offline import evaluate_pretrained
+    from tests.test_eval import compose_linear
+
+    monkeypatch.setenv("SOLO_CACHE", str(tmp_path / "cache"))
+    linear = ["pretrained=simclr-digits-resnet18half", "random_init=true", "data=imagefolder", "data.root=photos"]
+    linear += ["data.image_size=16", "data.num_workers=0", "linear.epochs=1", "plots=false"]
+    for where in ("one", "two"):
+        write_folder(tmp_path / where / "photos", dirty=False)
+        monkeypatch.chdir(tmp_path / where)
+        evaluate_pretrained(compose_linear(linear), tmp_path / where / "eval")
+    # Keyed by where the files are, not by data.root=photos as written: each folder its own train and val features.
+    assert len(list((tmp_path / "cache" / "features").iterdir())) == 4
+
+
 def command(script: str, overrides: list[str], run_dir: Path) -> subprocess.CompletedProcess:
     """`python script overrides` in `run_dir`, its stdout and stderr together."""
     return subprocess.run(

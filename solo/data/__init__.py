@@ -22,6 +22,7 @@ from solo.data.sources.registry import (
     build_dataset,
     build_split,
     data_id,
+    data_locations,
     dataset_stats,
     register_dataset,
 )
@@ -42,6 +43,7 @@ __all__ = [
     "DATASETS",
     "DataConfig",
     "data_id",
+    "data_locations",
     "DownloadConfig",
     "FolderConfig",
     "CIFAR10Dataset",

@@ -13,7 +13,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from solo.backbones.vit import pool_patch_tokens
 from solo.config import check_required, plain, validate_linear
-from solo.data import DATASETS, EvalDataset, build_eval_transform, build_split, eval_loader
+from solo.data import DATASETS, EvalDataset, build_eval_transform, build_split, data_locations, eval_loader
 from solo.data.decode import SkippedImages
 from solo.data.sampling.source import loader_workers
 from solo.distributed import DistEnv
@@ -131,6 +131,7 @@ class CachedFeatures:
         read_only = ("batch_size", "num_workers", "check_images", "augment_on", "download", "id")
         images = json.dumps(
             {k: v for k, v in plain(d).items() if k not in read_only}
+            | data_locations(d)  # relative paths made whole
             | {"mean": mean, "std": std, "seed": cfg.seed, "pool": str(cfg.pool)},
             sort_keys=True,
         )

@@ -367,8 +367,8 @@ class Trainer:
         self.say(
             f"cpu: a step of {d.batch_size} images of {d.image_size} px per process will take about "
             f"{duration(seconds)}, the run's {self.total_steps} steps about {duration(seconds * self.total_steps)} "
-            f"(timed on {memory.PROBE_BATCH} images here); to go faster, lower data.image_size (a CPU trains at 64 "
-            "to 96 px) and data.batch_size, or train on a GPU"
+            f"(timed on {memory.PROBE_BATCH} images here); to go faster, lower data.image_size and data.batch_size, "
+            "or train on a GPU"
         )
 
     def _check_memory(self) -> None:

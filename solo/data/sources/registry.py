@@ -95,13 +95,18 @@ def data_id(d) -> str:
     (`imagefolder-photos-3fa2b1`). Two folders give two identities, wherever they are named from."""
     if d.get("id"):
         return str(d.id)
-    locations = {key: _absolute(key, str(d[key])) for key in LOCATION_KEYS if d.get(key) is not None}
+    locations = data_locations(d)
     if not locations:
         return str(d.name)
     first = next(iter(locations.values()))
     folder = os.path.basename(first) if d.get("root") or d.get("path") else os.path.basename(os.path.dirname(first))
     digest = hashlib.sha256(json.dumps(locations, sort_keys=True).encode()).hexdigest()[:6]
     return "-".join(part for part in (str(d.name), re.sub(r"[^A-Za-z0-9_.]+", "_", folder).strip("_"), digest) if part)
+
+
+def data_locations(d) -> dict[str, str]:
+    """Where the files of data config `d` are: {key: its local paths made absolute, a URL or hub name as it is}."""
+    return {key: _absolute(key, str(d[key])) for key in LOCATION_KEYS if d.get(key) is not None}
 
 
 def _absolute(key: str, location: str) -> str:
