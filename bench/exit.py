@@ -7,6 +7,7 @@ exit, and the evaluations it ran (the val/acc1 records of its metrics.jsonl).
 
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 import sys
@@ -35,4 +36,6 @@ def main(overrides: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("overrides", nargs="*", help="main_pretrain.py overrides (default: the digits)")
+    main(parser.parse_args().overrides)

@@ -47,9 +47,8 @@ class ImageCheck:
     count: int  # images decoded, over the splits
     total: int  # the splits' images
     seconds: float
-    unreadable: list[
-        str
-    ]  # what was wrong with each image found unreadable (data.on_bad_image=skip), and damaged shards
+    # What was wrong with each image found unreadable (data.on_bad_image=skip), and with damaged shards
+    unreadable: list[str]
 
 
 def check_images(splits: Splits, d, env: DistEnv) -> ImageCheck:
