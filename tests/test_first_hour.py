@@ -285,7 +285,12 @@ def test_a_killed_data_worker_is_named_with_what_to_try(tmp_path, monkeypatch):
     from solo.data import MultiViewDataset
     from solo.errors import DataError
 
-    monkeypatch.setattr(MultiViewDataset, "__getitems__", lambda self, keys: os.kill(os.getpid(), signal.SIGKILL))
+    read = MultiViewDataset.__getitems__
+
+    def killed_in_a_worker(self, keys):  # never this process (the test's): only a DataLoader worker is killed
+        return os.kill(os.getpid(), signal.SIGKILL) if torch.utils.data.get_worker_info() else read(self, keys)
+
+    monkeypatch.setattr(MultiViewDataset, "__getitems__", killed_in_a_worker)
     with pytest.raises(DataError, match=r"data.num_workers=1: a data-loading worker died .* out of memory"):
         pretrain(compose_cfg(SHORT + ["data.num_workers=1", "trainer.memory_check=false"]), tmp_path)
 

@@ -209,7 +209,7 @@ class Trainer:
         model.method.set_schedule(source.steps_per_epoch, self.total_steps)
         if t.memory_check:
             self._check_memory()
-        if device.type == "cpu" and cfg.data.name != "digits":
+        if device.type == "cpu" and cfg.data.name not in SIZED_FOR_A_CPU:
             self._say_cpu_cost()
         if str(t.compile) in ("blocks", "backbone"):
             compile_model(model, str(t.compile))
@@ -688,6 +688,10 @@ class MetricsWindow:
 # data.on_bad_image=skip replaces an unreadable image by a readable one; past this share of a logging window's
 # images, the data (or data.root / data.path) is wrong rather than a few files damaged.
 MAX_SKIPPED_SHARE = 0.5
+
+
+# The embedded digits and the generated test images: small enough for a CPU, so no word on a CPU step's cost.
+SIZED_FOR_A_CPU = ("digits", "synthetic")
 
 
 def duration(seconds: float) -> str:
