@@ -198,9 +198,12 @@ def test_the_teacher_is_frozen_in_eval_mode_and_the_student_learns():
 @pytest.mark.slow
 @pytest.mark.one_process
 def test_a_run_keeps_its_teacher_logs_agreement_and_is_itself_a_teacher(tmp_path):
-    """Three steps: the checkpoint holds the teacher as loaded (what a resumed run reads back), every epoch end logs
-    val/teacher_agreement; the run directory then serves as a teacher: its student's backbone."""
-    pretrain(compose_cfg(BASE + ["trainer.max_steps=3", "data.batch_size=32"]), tmp_path / "run")
+    """Three steps: the checkpoint holds the teacher as loaded (what a resumed run reads back), every evaluation (each
+    epoch's end, trainer.eval_every=1) logs val/teacher_agreement; the run directory then serves as a teacher: its
+    student's backbone."""
+    pretrain(
+        compose_cfg(BASE + ["trainer.max_steps=3", "data.batch_size=32", "trainer.eval_every=1"]), tmp_path / "run"
+    )
     saved = read_checkpoint(tmp_path / "run" / "checkpoints" / "last")["model"]
     zoo = solo.zoo.resolve("simclr-digits-resnet18half").state
     assert all(torch.equal(saved[f"method.teacher.encoder.{k}"], v) for k, v in zoo.items())
