@@ -13,7 +13,7 @@ class GlobalBatchSampler:
     """Yields, for one rank, its contiguous slice of each global batch as a list of (epoch, index) keys.
 
     The global order depends only on (seed, epoch): a random permutation, or `order(seed, epoch)` when
-    given (e.g. shards shuffled with locality, solo.data.shards). Global batch k is split into W
+    given (e.g. shards shuffled with locality, solo.data.sources.shards). Global batch k is split into W
     consecutive slices of `batch_size`: one process with batch 2b sees exactly the samples of two
     processes with batch b, in rank order. The last incomplete global batch is dropped so every step
     has the same size.

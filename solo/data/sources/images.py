@@ -2,7 +2,7 @@
 
 ``label == -1`` marks unlabeled data; ``.classes`` is then ``None``. Base
 datasets are deterministic and never touch a global RNG; all augmentation
-randomness lives in :mod:`solo.data.multiview`.
+randomness lives in :mod:`solo.data.views.multiview`.
 """
 
 import colorsys
@@ -325,7 +325,7 @@ def _walk_images(folder: str) -> List[str]:
 
 
 # ---------------------------------------------------------------------------- build
-# (digits is registered with its image-text pairs, in solo.data.image_text)
+# (digits is registered with its image-text pairs, in solo.data.sources.pairs)
 
 
 @dataclass

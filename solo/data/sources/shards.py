@@ -11,7 +11,7 @@ The epoch order shuffles the shards, then the samples within each window of `shu
 shards of that order: a global batch draws from one or two windows, so reads stay within a few files.
 Damage is found without crashing: a shard whose tar breaks off keeps the samples before the break (the
 index says where), and a sample without an image, or whose image does not decode, raises ImageReadError,
-which `data.on_bad_image=skip` replaces by the next readable sample (solo.data.multiview.read_or_skip).
+which `data.on_bad_image=skip` replaces by the next readable sample (solo.data.decode.read_or_skip).
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ def epoch_and_index(key, length: int, owner: str) -> Tuple[int, int]:
     except (TypeError, ValueError):
         raise TypeError(
             f"{owner} keys are (epoch, index) tuples, got {key!r}; "
-            "iterate it with the epoch-aware sampler from solo.data.sampler"
+            "iterate it with the epoch-aware sampler from solo.data.sampling.sampler"
         ) from None
     if not 0 <= index < length:
         raise IndexError(f"index {index} out of range for {length} samples")
@@ -38,7 +38,7 @@ class MultiViewDataset:
 
     A DataLoader worker reads a whole batch (``__getitems__``): the images (JPEG files
     decoded by torchvision's decode_jpeg, others by PIL) and each view's parameters,
-    then makes each view of all its samples at once (solo.data.augment's batched
+    then makes each view of all its samples at once (solo.data.views.augment's batched
     operations, which give every sample the same view as alone). With ``raw`` it
     returns the images (JPEGs still encoded) and the parameters instead, for the
     views to be made on the device.
@@ -127,7 +127,7 @@ class MultiViewDataset:
         data, name = self.base.image_bytes(index)
         image, height, width = raw_image(data, name)
         if image.dim() == 1 and not self.raw:
-            try:  # torchvision directly: solo.data.augment.decode's error is the device path's
+            try:  # torchvision directly: solo.data.views.augment.decode's error is the device path's
                 image = decode_jpeg(image, mode=ImageReadMode.RGB)
             except RuntimeError as e:
                 raise ImageReadError(f"cannot read {name}: {e}") from e

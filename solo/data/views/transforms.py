@@ -1,8 +1,8 @@
-"""Image transforms: random views for pretraining (their recipes; solo.data.augment draws and applies them),
+"""Image transforms: random views for pretraining (their recipes; solo.data.views.augment draws and applies them),
 a fixed one for evaluation.
 
 All randomness comes from Python's generator: one of the view's own (solo.data.views.multiview seeds one per
-sample and view), or the process's, which :func:`solo.data.seeding.seeded_rng` seeds.
+sample and view), or the process's, which :func:`solo.data.sampling.seeding.seeded_rng` seeds.
 """
 
 from dataclasses import dataclass, field, fields
@@ -91,7 +91,7 @@ def build_view_transform(
     aug: AugmentationLike, image_size: int, mean: Sequence[float], std: Sequence[float]
 ) -> ViewRecipe:
     """PIL RGB image (or uint8 (3, H, W) tensor) -> normalised float32 tensor (3, image_size, image_size), randomly
-    augmented; its parameters can also be drawn and applied to a whole batch on a device (solo.data.augment)."""
+    augmented; its parameters can also be drawn and applied to a whole batch on a device (solo.data.views.augment)."""
     return ViewRecipe(as_view_augmentation(aug), image_size, mean, std)
 
 
