@@ -305,6 +305,7 @@ def validate_pretrain(cfg: DictConfig) -> DictConfig:
     method.check_config(checked)
     _check_accumulation(checked, method)
     _check_compiled_step(checked)
+    _check_patch_grid(checked)
     checked.data.id = data_id(checked.data)  # kept in the checkpoints: a resume on other data is refused
     return checked
 
@@ -374,6 +375,32 @@ def check_required(cfg: DictConfig) -> None:
 def validate_linear(cfg: DictConfig) -> DictConfig:
     """main_linear.py's composed config checked against its schemas; raises ConfigError."""
     return typed(cfg, LinearEvalConfig, ("data", "logger", "finetune.optim"))
+
+
+def patch_size(backbone: DictConfig) -> int | None:
+    """The patch side of a ViT-style backbone: backbone.kwargs.patch_size, else the `patch<N>` in timm's name."""
+    given = (backbone.get("kwargs") or {}).get("patch_size")
+    named = re.search(r"patch(\d+)", str(backbone.name))
+    return int(given) if given is not None else int(named.group(1)) if named else None
+
+
+def _check_patch_grid(cfg: DictConfig) -> None:
+    """Every view, and the evaluation images, must tile into the backbone's patches (timm refuses mid-run)."""
+    patch = patch_size(cfg.backbone)
+    if patch is None or (cfg.backbone.get("kwargs") or {}).get("dynamic_img_pad"):
+        return
+    sizes = [("data.image_size", cfg.data.image_size)] + [
+        (f"augmentation.views[{i}].size", view.size) for i, view in enumerate(cfg.augmentation.views) if view.size
+    ]
+    for key, size in sizes:
+        if size % patch:
+            low, high = size // patch * patch, (size // patch + 1) * patch
+            given = (cfg.backbone.get("kwargs") or {}).get("patch_size") is not None
+            source = f"backbone.kwargs.patch_size={patch}" if given else f"backbone.name={cfg.backbone.name}"
+            raise ConfigError(
+                f"{key}={size} does not tile into the backbone's {patch} px patches ({source}): use {low or high} "
+                f"or {high}, or set backbone.kwargs.patch_size to a divisor of {size}"
+            )
 
 
 def _check_accumulation(cfg: DictConfig, method) -> None:

@@ -60,6 +60,27 @@ def test_hydra_errors_become_config_errors_that_name_the_override():
         assert f"error: {raised.value}".startswith(expected), raised.value
 
 
+def test_an_image_size_that_does_not_tile_into_the_patches_is_one_line_before_anything_is_built():
+    from solo.cli import PRETRAIN, precheck
+    from solo.config import register_configs
+
+    register_configs()
+    for bad, message in (
+        (["backbone=vit_tiny", "data.image_size=30"], "data.image_size=30 does not tile into the backbone's 4 px"),
+        (
+            ["backbone=vit_tiny", "backbone.kwargs.patch_size=16", "data.image_size=100"],
+            r"data.image_size=100 does not tile .* 16 px patches \(backbone.kwargs.patch_size=16\): use 96 or 112",
+        ),
+        (
+            ["backbone=vit_tiny", "method=dino", "augmentation=multicrop_digits", "backbone.kwargs.patch_size=16"],
+            r"augmentation.views\[\d\].size=8 does not tile into the backbone's 16 px patches",
+        ),
+    ):
+        with pytest.raises(ConfigError, match=message):
+            precheck(PRETRAIN, bad)
+    precheck(PRETRAIN, ["backbone=vit_tiny", "data.image_size=32"])  # a multiple of 4: accepted
+
+
 def test_another_trainer_s_device_keys_are_told_how_solo_chooses_devices():
     from solo.cli import PRETRAIN, precheck
     from solo.config import register_configs

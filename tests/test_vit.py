@@ -128,8 +128,8 @@ MAE_ON_A_RESNET = [o for o in TINY if not o.startswith("method")] + ["method=mae
             "method=mae masks the patches of a Vision Transformer, and the backbone is a ResNet: use backbone=vit_tiny",
         ),
         (
-            MAE + ["backbone.kwargs.patch_size=5"],
-            "backbone.kwargs.patch_size=5: the patch size does not divide the image",
+            MAE + ["backbone.kwargs.patch_size=5"],  # refused with the config, before the model is built
+            r"data.image_size=16 does not tile into the backbone's 5 px patches \(backbone.kwargs.patch_size=5\)",
         ),
     ],
 )
