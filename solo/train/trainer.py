@@ -207,10 +207,12 @@ class Trainer:
         self.lr = scaled_lr(cfg.optim, source.global_batch)
         self.total_steps = t.max_steps or t.max_epochs * source.steps_per_epoch
         model.method.set_schedule(source.steps_per_epoch, self.total_steps)
+        say_cost = device.type == "cpu" and cfg.data.name not in SIZED_FOR_A_CPU
+        probe = self._probe_batch() if t.memory_check or say_cost else None  # read once for both estimates
         if t.memory_check:
-            self._check_memory()
-        if device.type == "cpu" and cfg.data.name not in SIZED_FOR_A_CPU:
-            self._say_cpu_cost()
+            self._check_memory(probe)
+        if say_cost:
+            self._say_cpu_cost(probe)
         if str(t.compile) in ("blocks", "backbone"):
             compile_model(model, str(t.compile))
         keep_local = () if model.method.sync_teacher_batchnorm else model.teachers()
@@ -356,11 +358,11 @@ class Trainer:
         keys = [(0, i) for i in range(min(memory.PROBE_BATCH, len(dataset)))]
         return self._to_device(self.loaders.train.loader.collate_fn([dataset[k] for k in keys]))
 
-    def _say_cpu_cost(self) -> None:
+    def _say_cpu_cost(self, probe: dict) -> None:
         """On a CPU, what a step will take, timed on a probe batch, and what to lower: sizes for a GPU take minutes."""
         d = self.cfg.data
         seconds = memory.step_seconds(
-            self.model, self._probe_batch(), d.batch_size, precision_context(str(self.t.precision), self.device)[0]
+            self.model, probe, d.batch_size, precision_context(str(self.t.precision), self.device)[0]
         )
         if seconds is None:
             return
@@ -371,12 +373,12 @@ class Trainer:
             "or train on a GPU"
         )
 
-    def _check_memory(self) -> None:
+    def _check_memory(self, probe: dict) -> None:
         """Estimate the step's peak memory on a probe batch (solo.train.memory); stop here if it cannot fit."""
         cfg, t = self.cfg, self.t
         found = memory.estimate(
             self.model,
-            self._probe_batch(),
+            probe,
             micro_batch=cfg.data.batch_size // t.accumulate,
             optimizer=cfg.optim.name,
             shards=self.env.world_size if t.strategy == "fsdp" else 1,
