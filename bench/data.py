@@ -233,7 +233,7 @@ def profile(paths, recipe) -> list[tuple[str, float]]:
         with seeded_rng(i):
             p = clock("draw parameters", recipe.draw, height, width)
         canvas = clock("place in the batch's canvas", augment.padded_canvas, [pixels], cpu)
-        top, left, h, w = p[: augment.AT["width"] + 1]
+        top, left, h, w = p[: augment.PARAM_INDEX["width"] + 1]
         box = torch.tensor([[0.0, left, top, left + w, top + h]])
         x = clock("crop + resize (roi_align)", augment.crop_resize, canvas, box, recipe.size)
         x = clock("flip", torch.flip, x, (-1,))
@@ -259,7 +259,7 @@ def numerics(paths, recipe) -> list[str]:
         pixels = augment.decode([encoded], cpu)[0]
         with seeded_rng(i):
             p = recipe.draw(height, width)
-        top, left, h, w = (int(v) for v in p[: augment.AT["width"] + 1])
+        top, left, h, w = (int(v) for v in p[: augment.PARAM_INDEX["width"] + 1])
         box = torch.tensor([[0.0, left, top, left + w, top + h]])
         ours = augment.crop_resize(augment.padded_canvas([pixels], cpu), box, recipe.size)[0]
         theirs = TF.resized_crop(pixels.float(), top, left, h, w, [recipe.size] * 2, antialias=True) / 255

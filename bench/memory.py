@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""solo's estimate of the training step's peak memory (trainer.memory_check, solo.train.memory) against the peak
+"""solo's estimate of the training step's peak memory (trainer.memory_check, solo.train.estimates) against the peak
 resident memory the process reached, on the CPU, for three configurations: the digits default, a ResNet-18 at 96 px
 (the standard stem) and a ViT-S/16 at 224 px with 8 images per step.
 

@@ -379,6 +379,6 @@ def linear_main() -> None:
     from solo.launch import die_with_launcher
 
     die_with_launcher()
-    from solo.evaluate.offline import evaluate_pretrained
+    from solo.downstream.offline import evaluate_pretrained
 
     _hydra_entry_point(LINEAR, evaluate_pretrained)

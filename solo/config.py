@@ -84,7 +84,7 @@ class TrainerConfig:
     # fsdp: free each block's gathered parameters after its forward (less memory, one more all-gather in backward)
     reshard_after_forward: bool = True
     activation_checkpointing: bool = False  # per block: each block's activations recomputed in the backward
-    # Before the first step, estimate the step's peak memory (solo.train.memory) and stop with an error naming the keys
+    # Before the first step, estimate the step's peak memory (solo.train.estimates) and stop with an error naming the keys
     # to change if it exceeds what the device has (or memory_limit_gib, GiB per process, when set).
     memory_check: bool = True
     memory_limit_gib: Optional[float] = ruled(None, POSITIVE)
@@ -135,7 +135,7 @@ class KNNConfig:
 
 @dataclass
 class FinetuneConfig:
-    """main_linear.py's full fine-tuning, run by the pretraining trainer as method=supervised (solo.evaluate.finetune)."""
+    """main_linear.py's full fine-tuning, run by the pretraining trainer as method=supervised (solo.downstream.finetune)."""
 
     enabled: bool = False
     epochs: int = ruled(10, AT_LEAST_ONE)
@@ -407,7 +407,7 @@ def _check_accumulation(cfg: DictConfig, method) -> None:
     k, batch = cfg.trainer.accumulate, cfg.data.batch_size
     if k > 1 and not method.can_accumulate():
         raise ConfigError(
-            f"trainer.accumulate={k}: method={method.name} cannot accumulate gradients exactly (it has no encode/joint "
+            f"trainer.accumulate={k}: method={method.name} cannot accumulate gradients exactly (it has no encode/batch_loss "
             "split, see solo.methods.Method.encode); use trainer.accumulate=1"
         )
     if batch % k:

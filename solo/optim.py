@@ -397,7 +397,7 @@ class AdamW(ShardsApart, torch.optim.AdamW):
                     state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
 
 
-def kernels(groups: list[dict], *, fused_shards: bool) -> dict:
+def kernel_kwargs(groups: list[dict], *, fused_shards: bool) -> dict:
     """torch's quickest step for the parameters of `groups`: {"fused": True} where a fused kernel takes every one (its
     device type and a floating dtype; FSDP's shards only where DTensor shards the kernel, `fused_shards`), else
     {"foreach": True}. A fused AdamW keeps its step counts on the device: its step reads nothing on the host."""
@@ -415,7 +415,7 @@ def kernels(groups: list[dict], *, fused_shards: bool) -> dict:
 @OPTIMIZERS.register("sgd", schema=SGDConfig)
 def _sgd(groups, cfg: SGDConfig, lr: float):
     # DTensor has no sharding rule for the fused SGD kernel (torch 2.11 to 2.14): shards take the foreach one.
-    fast = kernels(groups, fused_shards=False)
+    fast = kernel_kwargs(groups, fused_shards=False)
     return SGD(groups, lr=lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay, **fast)
 
 
@@ -426,7 +426,7 @@ def _lars(groups, cfg: LARSConfig, lr: float):
 
 @OPTIMIZERS.register("adamw", schema=AdamWConfig)
 def _adamw(groups, cfg: AdamWConfig, lr: float):
-    fast = kernels(groups, fused_shards=True)
+    fast = kernel_kwargs(groups, fused_shards=True)
     return AdamW(groups, lr=lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay, **fast)
 
 

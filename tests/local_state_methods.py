@@ -9,7 +9,7 @@ from solo.losses import dino_center, dino_loss
 from solo.methods.base import register_method
 from solo.methods.dino import DINO, DINOConfig
 from solo.methods.ijepa import IJEPA, IJEPAConfig
-from solo.methods.memory import GlobalQueue
+from solo.methods.memory_banks import GlobalQueue
 from solo.methods.mocov2plus import MoCoV2Plus, MoCoV2PlusConfig
 from solo.methods.nnclr import NNCLR, NNCLRConfig
 
@@ -50,7 +50,7 @@ class DINOCentrePerMicroBatch(DINO):
                 self.center.copy_(dino_center(teacher, self.center, self.cfg.center_momentum))
         return encoded
 
-    def joint(self, encoded: dict, batch: dict) -> dict:
+    def batch_loss(self, encoded: dict, batch: dict) -> dict:
         student = [self.head(f) for f in encoded["features"]]
         with torch.no_grad():
             teacher = [self.teacher[1](t) for t in encoded["teacher"]]

@@ -23,7 +23,7 @@ from solo.config import resume_policy, validate_linear
 from solo.distributed.checkpoint import SIZES, Checkpoints, damage, find_checkpoints, read_checkpoint
 from solo.errors import CheckpointError, ConfigError
 from solo.losses.check import worker_context
-from solo.train.checkpoint import Checkpointer, ModelState, OptimizerState, RNGState, own_cuda_state
+from solo.train.state import Checkpointer, ModelState, OptimizerState, RNGState, own_cuda_state
 from solo.zoo.pretrained import resolve
 from tests.test_train import REPO, TINY, compose_cfg, launch, many_runs, weights
 

@@ -412,7 +412,7 @@ def _batchnorm_worker(rank, world, store, sizes, device, views, grouped, queue):
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
     x, upstream = _batchnorm_inputs(sizes, views)
     start, stop = sum(sizes[:rank]), sum(sizes[: rank + 1])
-    # This rank's rows of every view, the views one after the other in one call (solo.methods.base.through).
+    # This rank's rows of every view, the views one after the other in one call (solo.methods.base.encode_views).
     mine = x[:, start:stop].reshape(-1, *x.shape[2:]).to(device).requires_grad_()
     bn = torch.nn.Sequential(torch.nn.BatchNorm2d(3, dtype=torch.float64)).to(device)
     with torch.no_grad():
@@ -495,7 +495,7 @@ def test_sync_batchnorm_equals_batchnorm_on_the_whole_batch(device, sizes):
 @pytest.mark.slow  # two launches of 3 processes: about 10 s
 @pytest.mark.parametrize("sizes", [[4, 0, 2]])
 def test_views_in_one_call_keep_their_own_global_statistics(sizes):
-    """Two views concatenated in one call under row_groups(2) (what solo.methods.base.through does with solo's
+    """Two views concatenated in one call under row_groups(2) (what solo.methods.base.encode_views does with solo's
     global BatchNorm) give the gradients and running statistics of one BatchNorm called on each view's whole batch in
     turn; without the groups (one set of statistics for both views: the known-wrong way) they do not."""
     _, differs = _sync_batchnorm_against_one_process("cpu", sizes, views=2)

@@ -21,11 +21,11 @@ from sklearn.model_selection import train_test_split
 from sklearn.preprocessing import StandardScaler
 
 from solo.distributed.checkpoint import read_checkpoint
+from solo.downstream.offline import evaluate_pretrained
 from solo.errors import SoloError
 from solo.eval.knn import knn_accuracy, knn_logits
 from solo.eval.linear import LinearProtocol, train_linear
 from solo.eval.plots import plot_curves
-from solo.evaluate.offline import evaluate_pretrained
 from tests.test_accumulate import CASES
 from tests.test_train import REPO, TINY, metrics, run, weights
 

@@ -257,7 +257,7 @@ def test_defaults_follow_the_data_and_an_explicit_setting_wins():
 def test_saved_activations_are_counted_once_without_the_weights():
     """A Linear's backward keeps its input (8 x 100 floats) and weight, ReLU's its output (8 x 50); the weight is the
     model's, not an activation (an input that needs a gradient, as a block's inside a network, has the weight kept)."""
-    from solo.train.memory import saved_bytes
+    from solo.train.estimates import saved_bytes
 
     linear, x = torch.nn.Linear(100, 50), torch.randn(8, 100, requires_grad=True)
     weights = {p.untyped_storage().data_ptr() for p in linear.parameters()}

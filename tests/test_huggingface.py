@@ -187,7 +187,7 @@ def test_missing_split_path_and_captions_are_named(saved, tmp_path):
 @pytest.mark.slow  # a pretraining run, then main_linear.py: about 8 s
 @pytest.mark.one_process
 def test_linear_evaluation_of_unlabelled_data_is_refused(saved, tmp_path):
-    from solo.evaluate.offline import evaluate_pretrained
+    from solo.downstream.offline import evaluate_pretrained
     from tests.test_train import run as pretrain_run
 
     pretrain_run(TINY + ["trainer.max_steps=1", "data.batch_size=8"], tmp_path / "pre")

@@ -13,9 +13,9 @@ from safetensors.torch import save_file
 
 import solo.zoo
 from solo.data import ImageFolderDataset
+from solo.downstream.offline import evaluate_pretrained
 from solo.errors import ConfigError, NotFound
 from solo.eval.zero_shot import class_names, class_prompts, imagenet_zeroshot
-from solo.evaluate.offline import evaluate_pretrained
 from solo.train.trainer import build_model, pretrain
 from solo.zoo.__main__ import main as zoo_command
 from tests.test_eval import compose_linear

@@ -114,7 +114,7 @@ def test_the_zoo_transform_gives_rgb_of_every_readable_file(tmp_path):
 
 
 def test_the_feature_cache_tells_two_folders_of_one_relative_name_apart(tmp_path, monkeypatch):
-    from solo.evaluate.offline import evaluate_pretrained
+    from solo.downstream.offline import evaluate_pretrained
     from tests.test_eval import compose_linear
 
     monkeypatch.setenv("SOLO_CACHE", str(tmp_path / "cache"))

@@ -200,7 +200,7 @@ def test_ijepa_method_loss_picks_the_error_smooth_l1_by_default(loss):
     prediction = 2 * prediction
     valid = torch.rand(2, 4, 3, generator=g) < 0.7
     encoded = {"prediction": prediction, "target": target, "valid": valid}
-    got = float(method.joint(encoded, {"label": torch.zeros(2, dtype=torch.long)})["loss"])
+    got = float(method.batch_loss(encoded, {"label": torch.zeros(2, dtype=torch.long)})["loss"])
     errors = (prediction - target)[valid].flatten().tolist()
     per_error = (lambda e: e * e) if loss == "mse" else _smooth_l1
     assert got == pytest.approx(sum(map(per_error, errors)) / len(errors), rel=1e-12)

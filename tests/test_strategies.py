@@ -15,8 +15,8 @@ from torch.distributed._composable import checkpoint
 from solo.distributed.checkpoint import read_checkpoint
 from solo.errors import ConfigError
 from solo.methods import METHODS
-from solo.train.checkpoint import OptimizerState
 from solo.train.distribute import blocks, checkpoint_blocks
+from solo.train.state import OptimizerState
 from solo.train.step import precision_context
 from solo.train.trainer import build_model
 from tests.test_accumulate import VIT

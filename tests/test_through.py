@@ -1,4 +1,4 @@
-"""solo.methods.base.through: the views of one size through a ViT in one call, with the outputs of one call per view; a
+"""solo.methods.base.encode_views: the views of one size through a ViT in one call, with the outputs of one call per view; a
 BatchNorm backbone in one call too where its BatchNorms take row groups (each view's statistics, the method's), else one
 call per view."""
 
@@ -9,7 +9,7 @@ import torch
 from solo.backbones import build_backbone
 from solo.backbones.stochastic import Draws
 from solo.distributed.batchnorm import group_batchnorms
-from solo.methods.base import through
+from solo.methods.base import encode_views
 
 
 def _backbone(name: str, **kwargs) -> torch.nn.Module:
@@ -34,7 +34,7 @@ def test_a_vit_takes_each_crop_size_in_one_call_and_gives_each_view_its_own_outp
     vit = _backbone("test_vit", kwargs={"img_size": 16, "patch_size": 4, "dynamic_img_size": True})
     views = _views([16, 16, 8, 8, 8])
     rows = _calls(vit)
-    out = through(vit, views)
+    out = encode_views(vit, views)
     assert rows == [6, 9] and len(out) == 5
     rows.clear()
     want = [vit(v) for v in views]
@@ -42,7 +42,7 @@ def test_a_vit_takes_each_crop_size_in_one_call_and_gives_each_view_its_own_outp
     for got, expected in zip(out, want):
         torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)
     scales = [torch.full((3, 1, 1, 1), float(i + 1), dtype=torch.float64) for i in range(5)]
-    scaled = through(vit, views, scales, forward=lambda x, scale: vit(x * scale))
+    scaled = encode_views(vit, views, scales, forward=lambda x, scale: vit(x * scale))
     for got, v, scale in zip(scaled, views, scales):
         torch.testing.assert_close(got, vit(v * scale), rtol=1e-12, atol=1e-12)
 
@@ -53,7 +53,7 @@ def test_a_batchnorm_backbone_takes_each_view_apart():
     resnet = _backbone("test_resnet")
     views = _views([16, 16])
     rows = _calls(resnet)
-    out = through(resnet, views)
+    out = encode_views(resnet, views)
     assert rows == [3, 3]
     torch.testing.assert_close(out[0], resnet(views[0]), rtol=0, atol=0)
     joined = resnet(torch.cat(views))[:3]
@@ -69,7 +69,7 @@ def test_a_batchnorm_backbone_with_row_groups_takes_the_views_of_one_size_in_one
     group_batchnorms(resnet)
     views = _views([16, 16, 8])
     rows, plain_rows = _calls(resnet), _calls(plain)
-    out, want = through(resnet, views), through(plain, views)
+    out, want = encode_views(resnet, views), encode_views(plain, views)
     assert rows == [6, 3] and plain_rows == [3, 3, 3]
     for got, expected in zip(out, want):
         torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)
@@ -90,8 +90,8 @@ def test_stochastic_depth_in_a_concatenated_call_draws_per_sample_and_view():
     draws = Draws(0, torch.device("cpu")).attach(vit)
     draws.set_step(3)
     with draws.on(index):
-        whole = through(vit, views)
+        whole = encode_views(vit, views)
     with draws.on(index[2:]):
-        part = through(vit, [v[2:] for v in views])
+        part = encode_views(vit, [v[2:] for v in views])
     for got, expected in zip(part, whole):
         torch.testing.assert_close(got, expected[2:], rtol=1e-12, atol=1e-12)

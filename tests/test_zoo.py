@@ -15,7 +15,7 @@ import solo.zoo
 from solo.backbones import create_backbone
 from solo.data import DigitsDataset
 from solo.distributed.checkpoint import read_checkpoint
-from solo.evaluate.offline import evaluate_pretrained
+from solo.downstream.offline import evaluate_pretrained
 from solo.train.trainer import pretrain
 from solo.zoo import ChecksumError, ManifestError, export_backbone, read_training_checkpoint
 from solo.zoo.manifest import MANIFEST, markdown_table, read_manifest

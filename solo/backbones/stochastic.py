@@ -193,7 +193,7 @@ def step_generator(owner: nn.Module, name: str, device: torch.device) -> torch.G
     return None if draws is None else draws.generator(name, device)
 
 
-def uniforms(module: nn.Module, rows: int, per_row: int, device: torch.device) -> torch.Tensor:
+def per_sample_uniforms(module: nn.Module, rows: int, per_row: int, device: torch.device) -> torch.Tensor:
     """(rows, per_row) float64 uniforms in [0, 1) for `module`'s call on `rows` rows: per sample where it has Draws
     (the trainer's), else from torch's generator."""
     if module.draws is None:
@@ -226,7 +226,7 @@ class DropPath(nn.Module):
         if self.draws is not None:  # per sample: a row of its Draws' masks for this forward
             return x * self.draws.row_mask(self, x.shape[0], x.dtype).view(shape)
         keep = 1.0 - self.drop_prob
-        mask = (uniforms(self, x.shape[0], 1, x.device) < keep).to(x.dtype).view(shape)
+        mask = (per_sample_uniforms(self, x.shape[0], 1, x.device) < keep).to(x.dtype).view(shape)
         return x * (mask / keep if self.scale_by_keep and keep > 0 else mask)
 
     def extra_repr(self) -> str:
@@ -252,7 +252,7 @@ class Dropout(nn.Module):
         keep = 1.0 - self.p
         if keep == 0.0 or x.numel() == 0:
             return x * 0
-        draws = uniforms(self, x.shape[0], x[0].numel(), x.device).view(x.shape)
+        draws = per_sample_uniforms(self, x.shape[0], x[0].numel(), x.device).view(x.shape)
         return x * ((draws < keep).to(x.dtype) / keep)
 
     def extra_repr(self) -> str:

@@ -1,6 +1,6 @@
 """BatchNorm over views that share one call, and with statistics over the global batch.
 
-A method's views each keep their batch statistics (solo.methods.base.through), yet the views of one size go through
+A method's views each keep their batch statistics (solo.methods.base.encode_views), yet the views of one size go through
 the backbone in one call: inside `row_groups(module, G)` the call's rows are G equal groups, each normalised with its
 own statistics, as G calls would normalise them (an attribute of each BatchNorm, set and put back around the call:
 state a compiled step can carry, where a ContextVar's setting cannot be traced). `group_batchnorms` makes a model's BatchNorms do so: each group through
@@ -35,7 +35,7 @@ def grouping(module: nn.Module) -> list[nn.Module]:
 def row_groups(module: nn.Module, count: int):
     """Inside it, the BatchNorms of `module` that take row groups (`grouping`) take their input's rows as `count` equal
     groups, each normalised with its own statistics: `count` views concatenated in one call are normalised as `count`
-    calls would normalise them (solo.methods.base.through); solo's SyncBatchNorm takes every group's global
+    calls would normalise them (solo.methods.base.encode_views); solo's SyncBatchNorm takes every group's global
     statistics in one collective each way."""
     norms = grouping(module)
     outer = [m.__dict__.get("row_groups") for m in norms]  # None: the class's 1

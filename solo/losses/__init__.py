@@ -3,6 +3,7 @@
 from solo.losses._checks import NonFiniteError
 from solo.losses.barlow_twins import all4one_feature_loss, barlow_twins_loss
 from solo.losses.capi import capi_clustering, capi_loss
+from solo.losses.checked import LOSSES
 from solo.losses.contrastive import (
     align_uniform_loss,
     clip_loss,
@@ -27,7 +28,6 @@ from solo.losses.masked import (
 )
 from solo.losses.mmcr import mmcr_loss
 from solo.losses.msn import msn_loss, msn_targets, power_law_prior, prototype_logits
-from solo.losses.registry import LOSSES
 from solo.losses.regression import byol_loss, moco_queue_loss, mocov3_loss, ressl_loss, simsiam_loss
 from solo.losses.self_distillation import (
     centred_softmax,

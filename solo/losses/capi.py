@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 from solo.distributed import all_reduce, world_size
 from solo.dtypes import full_precision
-from solo.losses.registry import LOSSES
+from solo.losses.checked import LOSSES
 from solo.losses.self_distillation import sinkhorn
 
 

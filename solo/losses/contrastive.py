@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from solo.distributed import all_reduce, batch_sizes, gather, rank, world_size
 from solo.dtypes import full_precision
 from solo.losses._checks import check_non_negative, check_pair, check_positive
-from solo.losses.registry import LOSSES
+from solo.losses.checked import LOSSES
 from solo.losses.tiled import resolve_tile, tiled_logsumexp
 
 
@@ -188,7 +188,7 @@ def directclr_loss(r1: torch.Tensor, r2: torch.Tensor, d0: int, temperature: flo
 
 def nnclr_loss(anchors: torch.Tensor, p: torch.Tensor, temperature: float) -> torch.Tensor:
     """NNCLR (Dwibedi et al., 2021): InfoNCE of each sample's anchor (its support-set neighbour,
-    solo.methods.memory.GlobalQueue.nearest, which has no gradient; All4One's attended embedding, which has) against
+    solo.methods.memory_banks.GlobalQueue.nearest, which has no gradient; All4One's attended embedding, which has) against
     the predictions `p` of the whole global batch, its positive being its own sample's; averaged over the global
     batch. Both are L2-normalised here."""
     check_pair(anchors, p, "anchors", "p")

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from solo.distributed import all_reduce, batch_sizes, gather, rank, world_size
 from solo.dtypes import full_precision
 from solo.losses._checks import check_positive
-from solo.losses.registry import LOSSES
+from solo.losses.checked import LOSSES
 
 
 def detcon_loss(

@@ -8,7 +8,7 @@ import torch
 from solo.distributed import all_reduce, batch_sizes, world_size
 from solo.dtypes import full_precision
 from solo.losses._checks import check_non_negative, check_pair
-from solo.losses.registry import LOSSES
+from solo.losses.checked import LOSSES
 
 
 def frossl_loss(z1: torch.Tensor, z2: torch.Tensor, invariance_weight: float = 1.0) -> torch.Tensor:

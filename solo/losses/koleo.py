@@ -14,8 +14,8 @@ import torch.nn.functional as F
 
 from solo.distributed import gather, world_size
 from solo.dtypes import full_precision
+from solo.losses.checked import LOSSES
 from solo.losses.contrastive import _global_rows
-from solo.losses.registry import LOSSES
 
 
 def koleo_loss(x: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:

@@ -7,7 +7,7 @@ import torch
 from solo.distributed import all_reduce, batch_sizes, world_size
 from solo.dtypes import full_precision
 from solo.losses._checks import check_pair, check_positive
-from solo.losses.registry import LOSSES
+from solo.losses.checked import LOSSES
 
 
 def random_directions(

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 from solo.distributed import world_size
 from solo.dtypes import full_precision
-from solo.losses.registry import LOSSES
+from solo.losses.checked import LOSSES
 
 
 def masked_count(mask: torch.Tensor) -> torch.Tensor:

@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from solo.distributed import batch_sizes, gather, world_size
 from solo.dtypes import full_precision
 from solo.losses._checks import check_non_negative, check_pair
-from solo.losses.registry import LOSSES
+from solo.losses.checked import LOSSES
 
 
 def mmcr_loss(views: list[torch.Tensor], lambd: float = 0.0) -> torch.Tensor:

@@ -14,8 +14,8 @@ import torch.nn.functional as F
 from solo.distributed import batch_sizes, gather, world_size
 from solo.dtypes import full_precision
 from solo.losses._checks import check_pair, check_positive
+from solo.losses.checked import LOSSES
 from solo.losses.contrastive import _global_rows
-from solo.losses.registry import LOSSES
 
 
 def byol_loss(p: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
@@ -71,7 +71,7 @@ def moco_queue_loss(
 ) -> torch.Tensor:
     """MoCo v2 (Chen, Fan, Girshick and He, 2020): InfoNCE of each query against its own key (the positive) and the
     `valid` rows of `queue` (the negatives: earlier steps' keys, identical on every rank, see
-    solo.methods.memory.GlobalQueue), averaged over the global batch. q and k are L2-normalised here, k detached;
+    solo.methods.memory_banks.GlobalQueue), averaged over the global batch. q and k are L2-normalised here, k detached;
     the queue's rows are taken as they are (normalised when pushed)."""
     check_pair(q, k, "q", "k")
     check_positive(temperature, "temperature")
@@ -94,7 +94,7 @@ def ressl_loss(
     """ReSSL (Zheng et al., 2021): the cross-entropy from the teacher's relation to the queue (softmax of k's
     similarities to the `valid` rows of `queue` at `temperature_k`, a target) to the student's (q's at
     `temperature_q`), averaged over the global batch. q and k are L2-normalised here, k detached; the queue's rows
-    (earlier steps' keys, the same on every rank: solo.methods.memory.GlobalQueue) are taken as they are. Before
+    (earlier steps' keys, the same on every rank: solo.methods.memory_banks.GlobalQueue) are taken as they are. Before
     any row was pushed every similarity counts as 0: the loss is log(size), with no gradient."""
     check_pair(q, k, "q", "k")
     check_positive(temperature_q, "temperature_q")

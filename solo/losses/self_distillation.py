@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from solo.distributed import all_reduce, batch_sizes, world_size
 from solo.dtypes import full_precision
 from solo.losses._checks import check_pair, check_positive, checks_values
-from solo.losses.registry import LOSSES
+from solo.losses.checked import LOSSES
 
 
 def _check_views(views: list[torch.Tensor], name: str, at_least: int = 1) -> None:

@@ -10,8 +10,8 @@ import torch.nn.functional as F
 from solo.distributed import gather, world_size
 from solo.dtypes import full_precision
 from solo.losses._checks import check_pair, check_positive, checks_values
+from solo.losses.checked import LOSSES
 from solo.losses.contrastive import _global_rows, _is_column
-from solo.losses.registry import LOSSES
 
 
 def siglip_loss(

@@ -7,7 +7,7 @@ import torch
 from solo.distributed import all_reduce, batch_sizes
 from solo.dtypes import full_precision
 from solo.losses._checks import check_pair
-from solo.losses.registry import LOSSES
+from solo.losses.checked import LOSSES
 
 
 def ssl_ey_loss(z1: torch.Tensor, z2: torch.Tensor) -> torch.Tensor:

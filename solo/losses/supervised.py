@@ -7,7 +7,7 @@ import torch.nn.functional as F
 
 from solo.distributed import batch_sizes, world_size
 from solo.dtypes import full_precision
-from solo.losses.registry import LOSSES
+from solo.losses.checked import LOSSES
 
 
 def supervised_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from solo.distributed import all_reduce, world_size
 from solo.dtypes import full_precision
 from solo.losses._checks import check_non_negative, check_pair
-from solo.losses.registry import LOSSES
+from solo.losses.checked import LOSSES
 from solo.losses.vicreg import STD_EPS, _global_size_and_invariance, _variance_and_covariance
 
 

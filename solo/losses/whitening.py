@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from solo.distributed import batch_sizes, gather
 from solo.dtypes import full_precision
 from solo.losses._checks import check_non_negative, check_pair, checks_values
-from solo.losses.registry import LOSSES
+from solo.losses.checked import LOSSES
 
 
 def whiten(x: torch.Tensor, eps: float) -> torch.Tensor:

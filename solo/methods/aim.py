@@ -78,7 +78,7 @@ class AIM(Method):
     """One view per image and its prefix (solo.data.views.masks.PrefixMask: a length drawn per sample, `batch["mask"]`
     True at the patches predicted). `encode` runs the backbone on every patch, raster order, under prefix-causal
     attention, and the head on each patch position; when an online probe reads them, also the backbone on the whole
-    image as validation sees it, under plain bidirectional attention (`probe_view`), without a graph. `joint` is the
+    image as validation sees it, under plain bidirectional attention (`probe_view`), without a graph. `batch_loss` is the
     loss: the squared error of each predicted patch, averaged over every predicted patch of the global batch
     (solo.losses.next_patch_mse). The backbone's pooled feature becomes the mean patch token."""
 
@@ -111,7 +111,7 @@ class AIM(Method):
                 encoded["features"] = pooled_feature(vit, batch["probe_image"])
         return encoded
 
-    def joint(self, encoded: dict, batch: dict) -> dict:
+    def batch_loss(self, encoded: dict, batch: dict) -> dict:
         target = patchify(batch["views"][0], self.patch)
         if self.cfg.norm_pix_loss:
             target = normalised_patches(target)

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from solo.errors import ConfigError
 from solo.losses import all4one_feature_loss, nnclr_loss
 from solo.methods.base import MomentumTwoViewMethod, mlp, register_method
-from solo.methods.memory import GlobalQueue, check_queue_size
+from solo.methods.memory_banks import GlobalQueue, check_queue_size
 from solo.schema import AT_LEAST_ONE, POSITIVE, PROBABILITY, ruled
 
 NEIGHBOURS = 5  # the paper's neighbourhood: the sequence the Transformer attends over
@@ -76,7 +76,7 @@ class All4One(MomentumTwoViewMethod):
     def attend(self, sequence: torch.Tensor) -> torch.Tensor:
         return self.transformer(sequence + self.positions.to(sequence.dtype))[:, 0]
 
-    def joint(self, encoded: dict, batch: dict) -> dict:
+    def batch_loss(self, encoded: dict, batch: dict) -> dict:
         f1, f2 = encoded["features"]
         z1, z2 = self.projector(f1), self.projector(f2)
         with torch.no_grad():

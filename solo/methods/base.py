@@ -15,7 +15,7 @@ A method is an nn.Module from a batch to its loss. Besides `forward`, it tells t
   (`after_optimizer_step`: EMA teachers), which trainer.compile=step captures with the step;
 - the metrics it logs besides the loss (`metrics`), and how it is validated (`classifier`: the layer scored on the
   val features; `val_health`: health metrics of its own; image-text methods: `evaluate`);
-- optionally, its split into `encode` (per sample: the backbone) and `joint` (what couples the samples:
+- optionally, its split into `encode` (per sample: the backbone) and `batch_loss` (what couples the samples:
   projector BatchNorm, the loss), which gradient accumulation (`trainer.accumulate`) needs.
 """
 
@@ -157,15 +157,15 @@ class Method(nn.Module):
     def encode(self, batch: dict) -> dict:
         """The per-sample part of forward (the encoders), as a dict of (batch, ...) tensors or lists of them.
 
-        Under trainer.accumulate=k it runs micro-batch by micro-batch; `joint` then runs on all of them."""
-        raise NotImplementedError(f"method={self.name} has no encode/joint split")
+        Under trainer.accumulate=k it runs micro-batch by micro-batch; `batch_loss` then runs on all of them."""
+        raise NotImplementedError(f"method={self.name} has no encode/batch_loss split")
 
-    def joint(self, encoded: dict, batch: dict) -> dict:
+    def batch_loss(self, encoded: dict, batch: dict) -> dict:
         """What couples the samples (projector BatchNorm, the loss) on `encode`'s output for the whole batch."""
-        raise NotImplementedError(f"method={self.name} has no encode/joint split")
+        raise NotImplementedError(f"method={self.name} has no encode/batch_loss split")
 
     def forward(self, batch: dict) -> dict:
-        return self.joint(self.encode(batch), batch)
+        return self.batch_loss(self.encode(batch), batch)
 
     @classmethod
     def can_accumulate(cls) -> bool:
@@ -204,7 +204,9 @@ class Method(nn.Module):
         return {}
 
 
-def through(encoder: nn.Module, views: list[torch.Tensor], *per_view: list, forward: Callable | None = None) -> list:
+def encode_views(
+    encoder: nn.Module, views: list[torch.Tensor], *per_view: list, forward: Callable | None = None
+) -> list:
     """[forward(view, *its own inputs) for each view] (`forward` defaults to `encoder`; `per_view`: lists of inputs
     with one entry per view, such as each view's patch mask). An encoder without BatchNorm (a ViT: its LayerNorm is
     per token) gives each sample the same output in any batch: the views of one size, with their inputs, are
@@ -278,11 +280,11 @@ class TwoViewMethod(Method):
 
     def encode(self, batch: dict) -> dict:
         # A BatchNorm backbone takes each view apart: statistics per view, as in the SimCLR/Barlow Twins papers.
-        return {"features": through(self.backbone, batch["views"])}
+        return {"features": encode_views(self.backbone, batch["views"])}
 
-    def joint(self, encoded: dict, batch: dict) -> dict:
+    def batch_loss(self, encoded: dict, batch: dict) -> dict:
         f1, f2 = encoded["features"]
-        loss = self.loss(*through(self.projector, [f1, f2]))  # each view's BatchNorm statistics, in one call
+        loss = self.loss(*encode_views(self.projector, [f1, f2]))  # each view's BatchNorm statistics, in one call
         return {"loss": loss, "features": torch.cat([f1, f2]), "labels": batch["label"].repeat(2)}
 
 
@@ -333,14 +335,14 @@ class MomentumTwoViewMethod(Method):
 
     def encode(self, batch: dict) -> dict:
         with torch.no_grad():
-            teacher = through(self.teacher[0], batch["views"])
-        return {"features": through(self.backbone, batch["views"]), "teacher": teacher}
+            teacher = encode_views(self.teacher[0], batch["views"])
+        return {"features": encode_views(self.backbone, batch["views"]), "teacher": teacher}
 
-    def joint(self, encoded: dict, batch: dict) -> dict:
+    def batch_loss(self, encoded: dict, batch: dict) -> dict:
         f1, f2 = encoded["features"]
-        p1, p2 = through(nn.Sequential(self.projector, self.predictor), [f1, f2])
+        p1, p2 = encode_views(nn.Sequential(self.projector, self.predictor), [f1, f2])
         with torch.no_grad():
-            t1, t2 = through(self.teacher[1], encoded["teacher"])
+            t1, t2 = encode_views(self.teacher[1], encoded["teacher"])
         return {
             "loss": self.pair_loss(p1, p2, t1, t2),
             "features": torch.cat([f1, f2]),
@@ -377,12 +379,12 @@ class SiameseMethod(Method):
         raise NotImplementedError
 
     def encode(self, batch: dict) -> dict:
-        return {"features": through(self.backbone, batch["views"])}
+        return {"features": encode_views(self.backbone, batch["views"])}
 
-    def joint(self, encoded: dict, batch: dict) -> dict:
+    def batch_loss(self, encoded: dict, batch: dict) -> dict:
         f1, f2 = encoded["features"]
-        z1, z2 = through(self.projector, [f1, f2])
-        p1, p2 = through(self.predictor, [z1, z2])
+        z1, z2 = encode_views(self.projector, [f1, f2])
+        p1, p2 = encode_views(self.predictor, [z1, z2])
         loss = self.pair_loss(p1, p2, z1, z2)
         return {"loss": loss, "features": torch.cat([f1, f2]), "labels": batch["label"].repeat(2)}
 

@@ -138,7 +138,7 @@ class OnlineClustering(nn.Module):
 class CAPI(Method):
     """One view per image and its masks (solo.data.views.masks.InverseBlockMask, drawn per sample: the hidden patches
     and the predicted ones among them). `encode` runs the encoder on the visible patches, the predictor at the
-    predicted positions, and the teacher (an EMA of the encoder) on the whole image. `joint` runs the clustering head
+    predicted positions, and the teacher (an EMA of the encoder) on the whole image. `batch_loss` runs the clustering head
     on every teacher patch token, Sinkhorn-Knopp over the global batch for its targets, and sums two losses: the
     clustering head's own (every token of the global batch; only the head gets its gradient) and the student's
     cross-entropy against the targets at the predicted patches (every predicted patch of the global batch). The
@@ -197,7 +197,7 @@ class CAPI(Method):
                 encoded["features"] = pooled_feature(vit, batch["probe_image"])
         return encoded
 
-    def joint(self, encoded: dict, batch: dict) -> dict:
+    def batch_loss(self, encoded: dict, batch: dict) -> dict:
         c = self.cfg
         # The teacher's tokens carry no graph: the clustering loss trains the clustering head only
         targets, clustering = capi_clustering(

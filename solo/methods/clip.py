@@ -66,7 +66,7 @@ def build_towers(backbone, feature_dim: int, cfg: TowersConfig) -> Towers:
 
 class ImageTextMethod(Method):
     """An image tower and a text tower, each projected to the pairs' shared embedding space (solo.methods.towers:
-    solo's own, or open_clip's with method.model; LiT's locked image tower); subclasses give the loss in `joint`
+    solo's own, or open_clip's with method.model; LiT's locked image tower); subclasses give the loss in `batch_loss`
     (CLIP, SigLIP, LiT). `init_bias`: a learnt logit bias (SigLIP's), None for none."""
 
     inputs = "image_text"
@@ -156,7 +156,7 @@ class CLIP(ImageTextMethod):
         # Clamped at max_logit_scale (CLIP: 100) to keep training stable; no gradient past the clamp.
         return self.log_logit_scale.exp().clamp(max=self.max_logit_scale)
 
-    def joint(self, encoded: dict, batch: dict) -> dict:
+    def batch_loss(self, encoded: dict, batch: dict) -> dict:
         image = self.embed_features(encoded["image"])
         text = self.embed_text(encoded["text"])
         loss = clip_loss(image, text, self.logit_scale(), tile=self.tile)

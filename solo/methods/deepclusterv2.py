@@ -11,8 +11,8 @@ import torch.nn.functional as F
 
 from solo.errors import ConfigError, DataError
 from solo.losses import deepcluster_loss
-from solo.methods.base import Method, mlp, register_method, through
-from solo.methods.memory import MemoryBank, kmeans
+from solo.methods.base import Method, encode_views, mlp, register_method
+from solo.methods.memory_banks import MemoryBank, kmeans
 from solo.schema import AT_LEAST_ONE, POSITIVE, ruled
 
 
@@ -30,8 +30,8 @@ class DeepClusterV2Config:
 class DeepClusterV2(Method):
     """At the end of every epoch, one k-means per entry of method.num_prototypes, the h-th over the bank's embeddings of
     view h mod 2, fixes the centroids (the prototypes, not trained) and every sample's cluster for the next epoch. The
-    first epoch fills the bank and has no loss. The bank (solo.methods.memory.MemoryBank) holds the whole data set's
-    embeddings on every rank; k-means splits its work over the ranks (solo.methods.memory.kmeans)."""
+    first epoch fills the bank and has no loss. The bank (solo.methods.memory_banks.MemoryBank) holds the whole data set's
+    embeddings on every rank; k-means splits its work over the ranks (solo.methods.memory_banks.kmeans)."""
 
     augmentations = {"digits": "digits", "natural": "multicrop_swav"}
 
@@ -59,9 +59,9 @@ class DeepClusterV2(Method):
         )
 
     def encode(self, batch: dict) -> dict:
-        return {"features": through(self.backbone, batch["views"])}
+        return {"features": encode_views(self.backbone, batch["views"])}
 
-    def joint(self, encoded: dict, batch: dict) -> dict:
+    def batch_loss(self, encoded: dict, batch: dict) -> dict:
         features = encoded["features"]
         z = [F.normalize(self.projector(f), dim=1) for f in features]
         both, index = torch.cat(z), batch["index"]

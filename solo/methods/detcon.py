@@ -60,7 +60,7 @@ class DetCon(Method):
         self.cfg = cfg
 
     def encode(self, batch: dict) -> dict:
-        # Each view apart: a ResNet's BatchNorm statistics are per view, as for SimCLR (solo.methods.base.through).
+        # Each view apart: a ResNet's BatchNorm statistics are per view, as for SimCLR (solo.methods.base.encode_views).
         pooled, maps = zip(*(pooled_and_map(self.backbone, view) for view in batch["views"]))
         return {"features": list(pooled), "maps": list(maps)}
 
@@ -77,7 +77,7 @@ class DetCon(Method):
         pooled = torch.einsum("brk,bck->brc", weights, view_map.flatten(2))
         return self.projector(pooled.flatten(0, 1)).unflatten(0, pooled.shape[:2]), present
 
-    def joint(self, encoded: dict, batch: dict) -> dict:
+    def batch_loss(self, encoded: dict, batch: dict) -> dict:
         (f1, f2), maps = encoded["features"], encoded["maps"]
         (z1, present1), (z2, present2) = (self.regions(m, batch["view_boxes"][:, v]) for v, m in enumerate(maps))
         loss = detcon_loss(z1, z2, present1, present2, temperature=self.cfg.temperature)

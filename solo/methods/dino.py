@@ -14,9 +14,9 @@ from solo.methods.base import (
     Method,
     cosine_momentum,
     ema_update,
+    encode_views,
     make_teacher,
     register_method,
-    through,
     with_group_settings,
 )
 from solo.schema import AT_LEAST_ONE, MOMENTUM, NON_NEGATIVE, POSITIVE, PROBABILITY, ruled
@@ -129,10 +129,10 @@ class DINO(SelfDistillation):
     def encode(self, batch: dict) -> dict:
         views = batch["views"]
         with torch.no_grad():
-            teacher = through(self.teacher[0], views[: self.num_views])  # the global crops only
-        return {"features": through(self.backbone, views), "teacher": teacher}
+            teacher = encode_views(self.teacher[0], views[: self.num_views])  # the global crops only
+        return {"features": encode_views(self.backbone, views), "teacher": teacher}
 
-    def joint(self, encoded: dict, batch: dict) -> dict:
+    def batch_loss(self, encoded: dict, batch: dict) -> dict:
         student = [self.head(f) for f in encoded["features"]]
         with torch.no_grad():
             teacher = [self.teacher[1](t) for t in encoded["teacher"]]

@@ -32,7 +32,7 @@ from solo.losses import (
     masked_center,
     sinkhorn,
 )
-from solo.methods.base import ema_update, make_teacher, register_method, through
+from solo.methods.base import ema_update, encode_views, make_teacher, register_method
 from solo.methods.dino import DINOHead, SelfDistillation
 from solo.schema import AT_LEAST_ONE, FRACTION, MOMENTUM, NON_NEGATIVE, POSITIVE, PROBABILITY, choices, ruled
 
@@ -132,9 +132,11 @@ class DINOv2(SelfDistillation):
                 "(timm then resizes its position embeddings to each crop)"
             )
         hidden, crops, crop_masks = self.masks().hidden, views[: self.num_views], list(masks.unbind(1))
-        student = through(vit, crops, crop_masks, forward=lambda x, mask: output_tokens(vit, x, mask, self.mask_token))
+        student = encode_views(
+            vit, crops, crop_masks, forward=lambda x, mask: output_tokens(vit, x, mask, self.mask_token)
+        )
         with torch.no_grad():
-            teacher = through(self.teacher[0], crops, forward=partial(output_tokens, self.teacher[0]))
+            teacher = encode_views(self.teacher[0], crops, forward=partial(output_tokens, self.teacher[0]))
         cls, patches, teacher_cls, teacher_patches = [], [], [], []
         for tokens, teacher_tokens, mask in zip(student, teacher, crop_masks):
             positions = first_positions(mask, hidden)  # the masked patches first: iBOT's candidates
@@ -142,19 +144,21 @@ class DINOv2(SelfDistillation):
             patches.append(take(tokens[:, prefix:], positions))
             teacher_cls.append(teacher_tokens[:, 0])
             teacher_patches.append(take(teacher_tokens[:, prefix:], positions))
-        cls += [tokens[:, 0] for tokens in through(vit, views[self.num_views :], forward=partial(output_tokens, vit))]
+        cls += [
+            tokens[:, 0] for tokens in encode_views(vit, views[self.num_views :], forward=partial(output_tokens, vit))
+        ]
         encoded = {"cls": cls, "patches": patches, "teacher_cls": teacher_cls, "teacher_patches": teacher_patches}
         if self.cfg.gram_anchor and self.is_anchored():  # every patch of the global crops, masked ones too (DINOv3's)
             encoded["gram"] = [tokens[:, prefix:] for tokens in student]
             with torch.no_grad():
-                anchor = through(self.gram_teacher, crops, forward=partial(output_tokens, self.gram_teacher))
+                anchor = encode_views(self.gram_teacher, crops, forward=partial(output_tokens, self.gram_teacher))
             encoded["gram_anchor"] = [tokens[:, prefix:] for tokens in anchor]
         if self.feeds_probe:  # the probe learns on what it is evaluated on (Method.probe_view)
             with torch.no_grad():
                 encoded["features"] = pooled_feature(vit, batch["probe_image"])
         return encoded
 
-    def joint(self, encoded: dict, batch: dict) -> dict:
+    def batch_loss(self, encoded: dict, batch: dict) -> dict:
         c, temperature = self.cfg, self.teacher_temperature
         student = [self.head(x) for x in encoded["cls"]]
         with torch.no_grad():

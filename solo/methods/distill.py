@@ -137,7 +137,7 @@ class Distill(Method):
         target_patches = on_grid(target_patches, grid_of(self.teacher.encoder, images), grid)
         return {"features": features, "patches": patches, "teacher": target, "teacher_patches": target_patches}
 
-    def joint(self, encoded: dict, batch: dict) -> dict:
+    def batch_loss(self, encoded: dict, batch: dict) -> dict:
         features = encoded["features"]
         loss = feature_distillation_loss(self.projector(features), encoded["teacher"], self.kind)
         if self.patch_weight:

@@ -53,7 +53,7 @@ class EMPSSL(Method):
                 encoded["features"] = self.backbone(batch["probe_image"])
         return encoded
 
-    def joint(self, encoded: dict, batch: dict) -> dict:
+    def batch_loss(self, encoded: dict, batch: dict) -> dict:
         patches = encoded["patches"]
         projected = self.projector(torch.cat(patches)).split([len(f) for f in patches])
         loss = emp_ssl_loss(list(projected), self.cfg.tcr_eps, self.cfg.lambd)

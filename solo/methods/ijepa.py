@@ -113,7 +113,7 @@ def _layer_norm(width: int, **kwargs) -> nn.LayerNorm:
 class IJEPA(Method):
     """One view per image and its masks (solo.data.views.masks.MultiBlockMask: a context and target blocks, drawn per
     sample). `encode` runs the encoder on the context patches, padded to the most a context can hold, the padding
-    kept out of attention; the predictor; and the target encoder on the whole image. `joint` is the error between
+    kept out of attention; the predictor; and the target encoder on the whole image. `batch_loss` is the error between
     predicted and target features (method.loss: smooth L1 as the official code, or the squared error), averaged over
     the features and over every target patch of the global batch (the padding counted nowhere). The backbone's pooled
     feature becomes the mean patch token, I-JEPA's linear protocol, for the online probe and the k-NN during
@@ -173,7 +173,7 @@ class IJEPA(Method):
                 encoded["features"] = pooled_feature(vit, batch["probe_image"])
         return encoded
 
-    def joint(self, encoded: dict, batch: dict) -> dict:
+    def batch_loss(self, encoded: dict, batch: dict) -> dict:
         loss = self.patch_loss(
             encoded["prediction"].flatten(0, 1), encoded["target"].flatten(0, 1), encoded["valid"].flatten(0, 1)
         )

@@ -9,7 +9,7 @@ import torch
 
 from solo.backbones.stochastic import step_generator
 from solo.losses import lejepa_loss, random_directions
-from solo.methods.base import Method, mlp, register_method, through
+from solo.methods.base import Method, encode_views, mlp, register_method
 from solo.schema import AT_LEAST_ONE, POSITIVE, PROBABILITY, Rule, ruled
 
 # The stream of draws that the directions come from, keyed with the run's seed and the step.
@@ -48,9 +48,9 @@ class LeJEPA(Method):
         return random_directions(like.shape[1], self.cfg.num_slices, generator, like.device, dtype)
 
     def encode(self, batch: dict) -> dict:
-        return {"features": through(self.backbone, batch["views"])}
+        return {"features": encode_views(self.backbone, batch["views"])}
 
-    def joint(self, encoded: dict, batch: dict) -> dict:
+    def batch_loss(self, encoded: dict, batch: dict) -> dict:
         features = encoded["features"]
         # One call on every view: the projector's BatchNorm takes its statistics over all of them, as the reference's.
         projected = self.projector(torch.cat(features)).split([len(f) for f in features])

@@ -88,7 +88,7 @@ class LiT(ImageTextMethod):
         # Clamped at max_logit_scale as CLIP's, for either loss; no gradient past the clamp.
         return self.log_logit_scale.exp().clamp(max=self.max_logit_scale)
 
-    def joint(self, encoded: dict, batch: dict) -> dict:
+    def batch_loss(self, encoded: dict, batch: dict) -> dict:
         image = self.embed_features(encoded["image"])
         text = self.embed_text(encoded["text"])
         if self.siglip:

@@ -86,7 +86,7 @@ def _layer_norm(width: int, **kwargs) -> nn.LayerNorm:
 class MAE(Method):
     """One view per image. `encode` runs the encoder on the visible patches and the decoder (both per sample), and,
     when an online probe reads them, the backbone on the whole image as validation sees it (`probe_view`), without
-    a graph; `joint` is the loss: the mean over every masked patch of the global batch (solo.losses.masked_patch_mse)."""
+    a graph; `batch_loss` is the loss: the mean over every masked patch of the global batch (solo.losses.masked_patch_mse)."""
 
     augmentations = {"digits": "one_view_digits", "natural": "mae"}
 
@@ -116,7 +116,7 @@ class MAE(Method):
                 encoded["features"] = pooled_feature(vit, batch["probe_image"])
         return encoded
 
-    def joint(self, encoded: dict, batch: dict) -> dict:
+    def batch_loss(self, encoded: dict, batch: dict) -> dict:
         target = patchify(batch["views"][0], self.patch)
         if self.cfg.norm_pix_loss:
             target = normalised_patches(target)

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from solo.losses import mmcr_loss
-from solo.methods.base import Method, mlp, register_method, through
+from solo.methods.base import Method, encode_views, mlp, register_method
 from solo.schema import AT_LEAST_ONE, NON_NEGATIVE, ruled
 
 
@@ -30,9 +30,9 @@ class MMCR(Method):
         self.projector = mlp([feature_dim, cfg.proj_hidden_dim, cfg.proj_hidden_dim, cfg.proj_output_dim])
 
     def encode(self, batch: dict) -> dict:
-        return {"features": through(self.backbone, batch["views"])}
+        return {"features": encode_views(self.backbone, batch["views"])}
 
-    def joint(self, encoded: dict, batch: dict) -> dict:
+    def batch_loss(self, encoded: dict, batch: dict) -> dict:
         features = encoded["features"]
         # One call on every view, as the authors' code runs all of a batch's views together: the projector's
         # BatchNorm takes its statistics over all of them.

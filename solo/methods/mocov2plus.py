@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from solo.losses import moco_queue_loss
 from solo.methods.base import MomentumTwoViewMethod, register_method
-from solo.methods.memory import GlobalQueue, check_queue_size
+from solo.methods.memory_banks import GlobalQueue, check_queue_size
 from solo.schema import AT_LEAST_ONE, POSITIVE, PROBABILITY, ruled
 
 
@@ -28,7 +28,7 @@ class MoCoV2PlusConfig:
 @register_method("mocov2plus", schema=MoCoV2PlusConfig)
 class MoCoV2Plus(MomentumTwoViewMethod):
     """Each view's query against the teacher's key of the other view and the queue of that view's earlier keys;
-    the step's keys enter the queues after the loss. The queues are global (solo.methods.memory.GlobalQueue)."""
+    the step's keys enter the queues after the loss. The queues are global (solo.methods.memory_banks.GlobalQueue)."""
 
     def __init__(self, backbone, feature_dim: int, cfg: MoCoV2PlusConfig):
         h, d = cfg.proj_hidden_dim, cfg.proj_output_dim

@@ -24,7 +24,7 @@ from solo.backbones.vit import (
 from solo.data.views.masks import RandomMask
 from solo.errors import ConfigError
 from solo.losses import msn_loss, power_law_prior
-from solo.methods.base import Method, ema_update, make_teacher, register_method, through, with_group_settings
+from solo.methods.base import Method, ema_update, encode_views, make_teacher, register_method, with_group_settings
 from solo.schema import AT_LEAST_ONE, FRACTION, NON_NEGATIVE, POSITIVE, PROBABILITY, ruled
 
 
@@ -119,7 +119,7 @@ class MSN(Method):
             [prefix_tokens(vit, len(anchor)), keep(embed_patches(vit, anchor), batch["mask"], self.visible)], 1
         )
         anchors = [vit.forward_head(run_blocks(vit, tokens))]
-        anchors += through(vit, focal, forward=partial(pooled_feature, vit))
+        anchors += encode_views(vit, focal, forward=partial(pooled_feature, vit))
         with torch.no_grad():
             teacher = pooled_feature(self.teacher[0], target)
         encoded = {"anchors": anchors, "teacher": teacher}
@@ -128,7 +128,7 @@ class MSN(Method):
                 encoded["features"] = pooled_feature(vit, batch["probe_image"])
         return encoded
 
-    def joint(self, encoded: dict, batch: dict) -> dict:
+    def batch_loss(self, encoded: dict, batch: dict) -> dict:
         anchors = encoded["anchors"]
         # One projector call on every anchor row, as the authors': its BatchNorms' statistics span all anchor views.
         projected = self.projector(torch.cat(anchors)).tensor_split(len(anchors))

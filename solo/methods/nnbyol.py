@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from solo.losses import byol_loss
 from solo.methods.base import register_method
 from solo.methods.byol import BYOL
-from solo.methods.memory import GlobalQueue, check_queue_size
+from solo.methods.memory_banks import GlobalQueue, check_queue_size
 from solo.schema import AT_LEAST_ONE, PROBABILITY, ruled
 
 

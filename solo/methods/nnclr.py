@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 from solo.losses import nnclr_loss
 from solo.methods.base import SiameseMethod, mlp, register_method
-from solo.methods.memory import GlobalQueue, check_queue_size
+from solo.methods.memory_banks import GlobalQueue, check_queue_size
 from solo.schema import AT_LEAST_ONE, POSITIVE, ruled
 
 

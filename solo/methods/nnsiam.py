@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 from solo.losses import simsiam_loss
 from solo.methods.base import register_method
-from solo.methods.memory import GlobalQueue, check_queue_size
+from solo.methods.memory_banks import GlobalQueue, check_queue_size
 from solo.methods.simsiam import SimSiam
 from solo.schema import AT_LEAST_ONE, ruled
 

@@ -24,7 +24,7 @@ class SigLIP(ImageTextMethod):
     def __init__(self, backbone, feature_dim: int, cfg: SigLIPConfig):
         super().__init__(build_towers(backbone, feature_dim, cfg), cfg.init_logit_scale, init_bias=cfg.init_bias)
 
-    def joint(self, encoded: dict, batch: dict) -> dict:
+    def batch_loss(self, encoded: dict, batch: dict) -> dict:
         image = self.embed_features(encoded["image"])
         text = self.embed_text(encoded["text"])
         loss = siglip_loss(image, text, self.log_logit_scale.exp(), self.bias)

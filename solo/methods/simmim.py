@@ -39,7 +39,7 @@ class SimMIM(Method):
     """One view per image and its mask (solo.data.views.masks.CoarseRandomMask, drawn per sample). `encode` runs the
     backbone on every patch, the hidden ones' embeddings replaced by the mask token before the position embeddings
     (SimMIM's ViT), and the linear head on the patch tokens; when an online probe reads them, also the backbone on
-    the whole image as validation sees it (`probe_view`), without a graph. `joint` is the loss: the mean absolute
+    the whole image as validation sees it (`probe_view`), without a graph. `batch_loss` is the loss: the mean absolute
     error over every hidden pixel of the global batch (solo.losses.masked_patch_l1)."""
 
     augmentations = {"digits": "one_view_digits", "natural": "simmim"}
@@ -82,7 +82,7 @@ class SimMIM(Method):
                 encoded["features"] = pooled_feature(vit, batch["probe_image"])
         return encoded
 
-    def joint(self, encoded: dict, batch: dict) -> dict:
+    def batch_loss(self, encoded: dict, batch: dict) -> dict:
         target = patchify(batch["views"][0], self.patch)
         loss = masked_patch_l1(encoded["prediction"], target, batch["mask"])
         return {"loss": loss, "features": encoded.get("features"), "labels": batch["label"]}

@@ -32,7 +32,7 @@ class SupCon(TwoViewMethod):
         )
         self.temperature = cfg.temperature
 
-    def joint(self, encoded: dict, batch: dict) -> dict:
+    def batch_loss(self, encoded: dict, batch: dict) -> dict:
         f1, f2 = encoded["features"]
         loss = supcon_loss(self.projector(f1), self.projector(f2), batch["label"], self.temperature)
         return {"loss": loss, "features": torch.cat([f1, f2]), "labels": batch["label"].repeat(2)}

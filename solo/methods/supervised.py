@@ -45,7 +45,7 @@ class Supervised(Method):
     def encode(self, batch: dict) -> dict:
         return {"features": self.backbone(batch["views"][0])}
 
-    def joint(self, encoded: dict, batch: dict) -> dict:
+    def batch_loss(self, encoded: dict, batch: dict) -> dict:
         features, labels = encoded["features"], batch["label"]
         return {"loss": supervised_loss(self.head(features), labels), "features": features, "labels": labels}
 

@@ -9,7 +9,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from solo.losses import swav_loss
-from solo.methods.base import Method, mlp, register_method, through, with_group_settings
+from solo.methods.base import Method, encode_views, mlp, register_method, with_group_settings
 from solo.schema import AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, ruled
 
 
@@ -48,9 +48,9 @@ class SwAV(Method):
         return with_group_settings(groups, self.prototypes.parameters(), frozen_steps=frozen_steps)
 
     def encode(self, batch: dict) -> dict:
-        return {"features": through(self.backbone, batch["views"])}
+        return {"features": encode_views(self.backbone, batch["views"])}
 
-    def joint(self, encoded: dict, batch: dict) -> dict:
+    def batch_loss(self, encoded: dict, batch: dict) -> dict:
         scores = [self.prototypes(F.normalize(self.projector(f), dim=1)) for f in encoded["features"]]
         c = self.cfg
         loss = swav_loss(scores, c.temperature, c.epsilon, c.sinkhorn_iterations, code_views=self.num_views)

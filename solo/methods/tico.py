@@ -51,7 +51,7 @@ class TiCo(Method):
             teacher = self.teacher[0](second)
         return {"features": self.backbone(first), "teacher": teacher}
 
-    def joint(self, encoded: dict, batch: dict) -> dict:
+    def batch_loss(self, encoded: dict, batch: dict) -> dict:
         features = encoded["features"]
         with torch.no_grad():
             target = self.teacher[1](encoded["teacher"])

@@ -51,11 +51,11 @@ class VICRegL(ExpanderMethod):
         self.cfg = cfg
 
     def encode(self, batch: dict) -> dict:
-        # Each view apart: a ResNet's BatchNorm statistics are per view, as for VICReg (solo.methods.base.through).
+        # Each view apart: a ResNet's BatchNorm statistics are per view, as for VICReg (solo.methods.base.encode_views).
         pooled, maps = zip(*(pooled_and_map(self.backbone, view) for view in batch["views"]))
         return {"features": list(pooled), "maps": list(maps)}
 
-    def joint(self, encoded: dict, batch: dict) -> dict:
+    def batch_loss(self, encoded: dict, batch: dict) -> dict:
         (f1, f2), maps = encoded["features"], encoded["maps"]
         height, width = maps[0].shape[2:]
         local, centres = [], []

@@ -6,10 +6,10 @@ after clipping) for its first steps.
 
 With `accumulate=k` the batch is split into k micro-batches and the step's gradient is still that of the
 whole batch (GradCache, Gao et al. 2021): the method's per-sample `encode` runs micro-batch by micro-batch
-without a graph; its `joint` part (projector, loss: what couples samples) runs once on all of them, giving the
+without a graph; its `batch_loss` part (projector, loss: what couples samples) runs once on all of them, giving the
 gradient of the loss with respect to every micro-batch's encoding; each micro-batch is then encoded again,
 with its graph and the random state of its first pass, and back-propagates that cached gradient. The last
-micro-batch runs `joint` again with its own graph, so one backward reaches every parameter and DDP
+micro-batch runs `batch_loss` again with its own graph, so one backward reaches every parameter and DDP
 all-reduces once (FSDP reduce-scatters once: `gradient_sync` is off before). Only BatchNorm inside `encode` (the
 backbone's) sees micro-batch statistics; the projector's and the loss's statistics stay those of the global batch.
 

@@ -34,12 +34,12 @@ from solo.eval.health import alignment_squares, collapse
 from solo.loggers import Loggers
 from solo.methods import METHODS, build_method, create_method
 from solo.optim import build_optimizer, layer_decay, scaled_lr, warmup_cosine
-from solo.train import memory
-from solo.train.checkpoint import Checkpointer, ModelState, OptimizerState, RNGState
+from solo.train import estimates
 from solo.train.distribute import checkpoint_blocks, compile_model, distribute
 from solo.train.evaluator import Evaluator
 from solo.train.loaders import build_loaders, build_splits
 from solo.train.preemption import Preemption, requeue_slurm_job
+from solo.train.state import Checkpointer, ModelState, OptimizerState, RNGState
 from solo.train.step import TrainStep, merge_encoded, precision_context
 from solo.zoo.teachers import load_teacher
 
@@ -66,10 +66,10 @@ class PretrainModel(nn.Module):
         batch's `encoded` (the method's encode output), or with `encoded` of all micro-batches but the `last`,
         which is encoded here, with its graph (see solo.train.step)."""
         if last is not None:
-            with self.samples(last):
+            with self.per_sample_draws(last):
                 encoded = merge_encoded([encoded, self.method.encode(last)])
-        with self.samples(batch):
-            out = self.method(batch) if encoded is None else self.method.joint(encoded, batch)
+        with self.per_sample_draws(batch):
+            out = self.method(batch) if encoded is None else self.method.batch_loss(encoded, batch)
         if self.probe is not None:
             logits = self.probe(out["features"].detach())  # the probe must not shape the representation
             # The mean over the global batch (W times this rank's share, as the losses): exact for uneven ranks.
@@ -81,10 +81,10 @@ class PretrainModel(nn.Module):
         return out
 
     def encode(self, batch: dict) -> dict:
-        with self.samples(batch):
+        with self.per_sample_draws(batch):
             return self.method.encode(batch)
 
-    def samples(self, batch: dict):
+    def per_sample_draws(self, batch: dict):
         """The draws inside the model (stochastic depth, dropout) per sample of `batch` (its "index")."""
         return nullcontext() if self.draws is None else self.draws.on(batch.get("index"))
 
@@ -355,13 +355,13 @@ class Trainer:
     def _probe_batch(self) -> dict:
         """The first PROBE_BATCH train samples, on the device: what the step's cost is estimated on."""
         dataset = self.loaders.train.loader.dataset
-        keys = [(0, i) for i in range(min(memory.PROBE_BATCH, len(dataset)))]
+        keys = [(0, i) for i in range(min(estimates.PROBE_BATCH, len(dataset)))]
         return self._to_device(self.loaders.train.loader.collate_fn([dataset[k] for k in keys]))
 
     def _say_cpu_cost(self, probe: dict) -> None:
         """On a CPU, what a step will take, timed on a probe batch, and what to lower: sizes for a GPU take minutes."""
         d = self.cfg.data
-        seconds = memory.step_seconds(
+        seconds = estimates.step_seconds(
             self.model, probe, d.batch_size, precision_context(str(self.t.precision), self.device)[0]
         )
         if seconds is None:
@@ -369,14 +369,14 @@ class Trainer:
         self.say(
             f"cpu: a step of {d.batch_size} images of {d.image_size} px per process will take about "
             f"{duration(seconds)}, the run's {self.total_steps} steps about {duration(seconds * self.total_steps)} "
-            f"(timed on {memory.PROBE_BATCH} images here); to go faster, lower data.image_size and data.batch_size, "
+            f"(timed on {estimates.PROBE_BATCH} images here); to go faster, lower data.image_size and data.batch_size, "
             "or train on a GPU"
         )
 
     def _check_memory(self, probe: dict) -> None:
-        """Estimate the step's peak memory on a probe batch (solo.train.memory); stop here if it cannot fit."""
+        """Estimate the step's peak memory on a probe batch (solo.train.estimates); stop here if it cannot fit."""
         cfg, t = self.cfg, self.t
-        found = memory.estimate(
+        found = estimates.estimate(
             self.model,
             probe,
             micro_batch=cfg.data.batch_size // t.accumulate,
@@ -387,7 +387,7 @@ class Trainer:
             limit_gib=t.memory_limit_gib,
         )
         self.say(f"memory: the step needs {found.describe()} (trainer.memory_check)")
-        memory.check_fits(found, cfg, METHODS[cfg.method.name].target.can_accumulate())
+        estimates.check_fits(found, cfg, METHODS[cfg.method.name].target.can_accumulate())
 
     def _resume(self) -> bool:
         """Restore every component from the newest intact checkpoint, as trainer.resume says (solo.config.resume_policy);

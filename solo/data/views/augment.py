@@ -43,7 +43,7 @@ from solo.data.decode import as_uint8_tensor
 from solo.errors import DataError
 
 # One view's parameters, as a float64 vector (integers are exact): what the DataLoader collates per view.
-FIELDS = (
+VIEW_PARAMS = (
     "top",
     "left",
     "height",
@@ -63,7 +63,7 @@ FIELDS = (
     "sigma",
     "solarize",
 )
-AT = {name: i for i, name in enumerate(FIELDS)}
+PARAM_INDEX = {name: i for i, name in enumerate(VIEW_PARAMS)}
 JITTER = ("brightness", "contrast", "saturation", "hue")  # ColorJitter's operations, numbered as in "order*"
 SOLARIZE_THRESHOLD = 128 / 255  # RandomSolarize(threshold=128) on uint8 images, in [0, 1] units
 GREY_WEIGHTS = (0.2989, 0.587, 0.114)  # ITU-R 601-2 luma, as torchvision's rgb_to_grayscale
@@ -111,7 +111,7 @@ class ViewRecipe:
         self.jitter_ops = [i for i, op in enumerate(JITTER) if getattr(aug, op) > 0] if aug.jitter_prob > 0 else []
 
     def draw(self, height: int, width: int, rng=random) -> list[float]:
-        """This view's parameters for an image of `height` x `width` (a list in FIELDS' order), from Python's
+        """This view's parameters for an image of `height` x `width` (a list in VIEW_PARAMS' order), from Python's
         generator (~50 times faster than torch's for scalars): `rng`, a random.Random (solo.data.views.multiview
         seeds one per sample and view), or the module `random`, the process's (as solo.data.sampling.seeding's
         seeded_rng seeds it). A batch's parameters become one tensor when they are collated."""
@@ -120,20 +120,22 @@ class ViewRecipe:
         def coin(p: float) -> float:
             return float(rng.random() < p)
 
-        p = [0.0] * len(FIELDS)
-        p[AT["top"]], p[AT["left"]], p[AT["height"]], p[AT["width"]] = crop_box(height, width, a.crop_scale, rng=rng)
-        p[AT["flip"]] = coin(a.hflip_prob)
-        p[AT["jitter"]] = coin(a.jitter_prob)
+        p = [0.0] * len(VIEW_PARAMS)
+        p[PARAM_INDEX["top"]], p[PARAM_INDEX["left"]], p[PARAM_INDEX["height"]], p[PARAM_INDEX["width"]] = crop_box(
+            height, width, a.crop_scale, rng=rng
+        )
+        p[PARAM_INDEX["flip"]] = coin(a.hflip_prob)
+        p[PARAM_INDEX["jitter"]] = coin(a.jitter_prob)
         for op, spread in zip(JITTER, (a.brightness, a.contrast, a.saturation, a.hue)):
             if op == "hue":
-                p[AT[op]] = rng.uniform(-spread, spread) if spread > 0 else 0.0
+                p[PARAM_INDEX[op]] = rng.uniform(-spread, spread) if spread > 0 else 0.0
             else:
-                p[AT[op]] = rng.uniform(max(0.0, 1 - spread), 1 + spread) if spread > 0 else 1.0
-        p[AT["order0"] : AT["order3"] + 1] = rng.sample(range(4), 4)
-        p[AT["grayscale"]] = coin(a.grayscale_prob)
-        p[AT["blur"]] = coin(a.blur_prob)
-        p[AT["sigma"]] = rng.uniform(0.1, 2.0)
-        p[AT["solarize"]] = coin(a.solarize_prob)
+                p[PARAM_INDEX[op]] = rng.uniform(max(0.0, 1 - spread), 1 + spread) if spread > 0 else 1.0
+        p[PARAM_INDEX["order0"] : PARAM_INDEX["order3"] + 1] = rng.sample(range(4), 4)
+        p[PARAM_INDEX["grayscale"]] = coin(a.grayscale_prob)
+        p[PARAM_INDEX["blur"]] = coin(a.blur_prob)
+        p[PARAM_INDEX["sigma"]] = rng.uniform(0.1, 2.0)
+        p[PARAM_INDEX["solarize"]] = coin(a.solarize_prob)
         return p
 
     def __call__(self, image) -> torch.Tensor:
@@ -143,7 +145,7 @@ class ViewRecipe:
         return self.apply_batch([pixels], params)[0]
 
     def apply_batch(self, images, p: torch.Tensor, *, whole_batch: bool = False) -> torch.Tensor:
-        """This view of a batch (see make_views): `p` its (B, len(FIELDS)) parameters."""
+        """This view of a batch (see make_views): `p` its (B, len(VIEW_PARAMS)) parameters."""
         return make_views([self], images, p[None], whole_batch=whole_batch)[0]
 
 
@@ -159,7 +161,7 @@ def make_views(
     images').
 
     `images`: uint8 (3, H_i, W_i) tensors (or one (B, 3, H, W) tensor) on one device; `params`: the views' (V, B,
-    len(FIELDS)) parameters, float64, on the CPU; `whole_batch`: the device path's way to reach the rows (see the
+    len(VIEW_PARAMS)) parameters, float64, on the CPU; `whole_batch`: the device path's way to reach the rows (see the
     module's docstring). The views of one size are made together, rows v * B + i of one tensor."""
     device = device or images[0].device
     canvas = padded_canvas(images, device, whole_batch)
@@ -241,24 +243,24 @@ FACTORS = (*(f"{kind}_{step}" for step in BLEND_PASSES for kind in ("f", "mean",
 
 def _row_values(p: np.ndarray, hue_on: np.ndarray) -> np.ndarray:
     """GATES then FACTORS for every row, (len(GATES) + len(FACTORS), R) float32, from the rows' parameters `p` (R,
-    len(FIELDS)), on the host. A blend pass's factors f, mean and grey: x -> f x + mean x the image's mean grey +
+    len(VIEW_PARAMS)), on the host. A blend pass's factors f, mean and grey: x -> f x + mean x the image's mean grey +
     grey x its grey image; torchvision's f x + (1 - f) other, other black (brightness), the mean grey (contrast) or
     the grey image (saturation), with 1 - f where the other is, 0 elsewhere; f = 1 and zeros where the row has no
     blend in that pass. `hue_on`: whether each row's recipe rotates the hue (a drawn shift of 0 is not an exact
     identity, so it is gated); the hue's factor is 6 x its shift (in sixths of a turn)."""
     rows = len(p)
-    order = p[:, AT["order0"] : AT["order3"] + 1].astype(np.int64)
-    jitter = p[:, AT["jitter"]] > 0
+    order = p[:, PARAM_INDEX["order0"] : PARAM_INDEX["order3"] + 1].astype(np.int64)
+    jitter = p[:, PARAM_INDEX["jitter"]] > 0
     has_hue = jitter & hue_on & (order == 3).any(1)
     hue_at = np.where(has_hue, (order == 3).argmax(1), 4)  # the hue's position, 4 where the row has none
-    gates = {name: p[:, AT[name]] > 0 for name in ("flip", "grayscale", "blur", "solarize")}
+    gates = {name: p[:, PARAM_INDEX[name]] > 0 for name in ("flip", "grayscale", "blur", "solarize")}
     gates["hue"] = has_hue
-    factors = {"shift": (np.float32(6) * p[:, AT["hue"]].astype(np.float32))}
+    factors = {"shift": (np.float32(6) * p[:, PARAM_INDEX["hue"]].astype(np.float32))}
     for step in BLEND_PASSES:
         k = int(step[-1])
         op = order[:, k]
         on = jitter & (op < 3) & ((k < hue_at) if step.startswith("before") else (k > hue_at))
-        factor = p[np.arange(rows), AT["brightness"] + np.minimum(op, 2)].astype(np.float32)
+        factor = p[np.arange(rows), PARAM_INDEX["brightness"] + np.minimum(op, 2)].astype(np.float32)
         f = np.where(on, factor, np.float32(1))
         g = np.float32(1) - f
         gates[step] = on
@@ -308,17 +310,18 @@ class _SelectedRows:
 
 def _views_of_one_size(recipes: list[ViewRecipe], canvas: torch.Tensor, p: np.ndarray, whole_batch: bool):
     """The views of `recipes` (all of one size) of the images in `canvas`: rows v * B + i, normalised float32.
-    `p`: their (V * B, len(FIELDS)) parameters. Everything the rows' operations read is computed on the host from
+    `p`: their (V * B, len(VIEW_PARAMS)) parameters. Everything the rows' operations read is computed on the host from
     `p` and sent to the device in one copy: the crop boxes, the gates and factors, the blur's taps."""
     size, kernel, batch, rows = recipes[0].size, recipes[0].kernel, canvas.shape[0], len(p)
     hue_on = np.repeat([r.aug.hue > 0 for r in recipes], batch)
     values = _row_values(p, hue_on)
-    left_top = p[:, [AT["left"], AT["top"]]]
+    left_top = p[:, [PARAM_INDEX["left"], PARAM_INDEX["top"]]]
     boxes = np.concatenate(
-        [(np.arange(rows) % batch)[:, None], left_top, left_top + p[:, [AT["width"], AT["height"]]]], 1
+        [(np.arange(rows) % batch)[:, None], left_top, left_top + p[:, [PARAM_INDEX["width"], PARAM_INDEX["height"]]]],
+        1,
     )
     blur = any(r.aug.blur_prob > 0 for r in recipes)
-    taps = np.repeat(_blur_weights(p[:, AT["sigma"]], kernel), 3, axis=0) if blur else np.zeros((0, kernel))
+    taps = np.repeat(_blur_weights(p[:, PARAM_INDEX["sigma"]], kernel), 3, axis=0) if blur else np.zeros((0, kernel))
     read = np.concatenate([values[:GATED], values[len(GATES) :]]) if whole_batch else values[len(GATES) :]
     parts = (read, boxes.astype(np.float32), taps.astype(np.float32))
     sent = torch.from_numpy(np.concatenate([part.reshape(-1) for part in parts]))
@@ -438,7 +441,7 @@ class DeviceViews:
         batch = dict(batch)
         images = batch.pop("image")
         images = decode(images, device) if isinstance(images, list) else images.to(device, non_blocking=True)
-        params = batch.pop("params")  # (V, B, len(FIELDS)), on the host: make_views sends what the views need
+        params = batch.pop("params")  # (V, B, len(VIEW_PARAMS)), on the host: make_views sends what the views need
         recipes = self.recipes[:1] if self.pairs else self.recipes  # image-text pairs: one view, the image
         views = make_views(recipes, images, params, whole_batch=True, device=device)
         if self.pairs:

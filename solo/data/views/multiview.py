@@ -10,7 +10,7 @@ from torchvision.io import ImageReadMode, decode_jpeg
 
 from solo.data.decode import ImageReadError, raw_image, raw_pixels, read_or_skip
 from solo.data.sampling.seeding import sample_seed, seeded_rng
-from solo.data.views.augment import AT, make_views
+from solo.data.views.augment import PARAM_INDEX, make_views
 
 
 def epoch_and_index(key, length: int, owner: str) -> Tuple[int, int]:
@@ -137,20 +137,22 @@ class MultiViewDataset:
 def view_boxes(params: torch.Tensor, height: int, width: int) -> torch.Tensor:
     """Each view's crop box in the image and its flip, (V, 5) float32: top, left, height and width in units of the
     image's height and width (the box's rows are [top, top + height) of [0, 1)), then 1.0 where the view is mirrored
-    left-right after the crop. `params`: the views' (V, len(FIELDS)) parameters (solo.data.views.augment)."""
-    box = params[:, [AT["top"], AT["left"], AT["height"], AT["width"], AT["flip"]]]
+    left-right after the crop. `params`: the views' (V, len(VIEW_PARAMS)) parameters (solo.data.views.augment)."""
+    box = params[
+        :, [PARAM_INDEX["top"], PARAM_INDEX["left"], PARAM_INDEX["height"], PARAM_INDEX["width"], PARAM_INDEX["flip"]]
+    ]
     return (box / box.new_tensor([height, width, height, width, 1.0])).float()
 
 
 def views_parameters(params: list[list[list[float]]]) -> torch.Tensor:
-    """The samples' view parameters (per sample, per view, ViewRecipe.draw's list) as one (V, B, len(FIELDS)) float64
+    """The samples' view parameters (per sample, per view, ViewRecipe.draw's list) as one (V, B, len(VIEW_PARAMS)) float64
     tensor: what make_views takes."""
     return torch.tensor(params, dtype=torch.float64).transpose(0, 1)
 
 
 def collate_raw(samples: list[dict]) -> dict:
     """DataLoader collation of raw samples: images of one size are stacked (one copy to the device), of several
-    sizes kept as a list; the views' parameters as one (V, B, len(FIELDS)) tensor; the rest is collated as usual."""
+    sizes kept as a list; the views' parameters as one (V, B, len(VIEW_PARAMS)) tensor; the rest is collated as usual."""
     batch = default_collate([{k: v for k, v in s.items() if k not in ("image", "params")} for s in samples])
     images = [s["image"] for s in samples]
     batch["image"] = torch.stack(images) if len({im.shape for im in images}) == 1 else images

@@ -19,6 +19,7 @@ from solo.data.sampling.source import loader_workers
 from solo.distributed import DistEnv
 from solo.distributed.env import process_group
 from solo.distributed.run_dir import hold_run_dir
+from solo.downstream.finetune import finetune
 from solo.errors import ConfigError
 from solo.eval.features import FeatureCache, extract_features, state_fingerprint
 from solo.eval.knn import knn_accuracy
@@ -26,7 +27,6 @@ from solo.eval.linear import LinearProtocol, train_linear
 from solo.eval.plots import plot_curves, plot_embedding
 from solo.eval.probe import topk_correct
 from solo.eval.zero_shot import class_embeddings, class_prompts
-from solo.evaluate.finetune import finetune
 from solo.loggers import Loggers
 from solo.methods import METHODS
 from solo.zoo.files import cache_dir

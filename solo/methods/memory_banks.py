@@ -29,7 +29,7 @@ class GlobalQueue(nn.Module):
     contiguous slice of it), so the queue holds exactly what one process on the whole batch would hold; a queue
     filled with each rank's own rows would hold other negatives at every world size. Its rows and the count of
     rows pushed are buffers: in the model's state_dict, hence in checkpoints (resume is exact). Methods push in
-    `joint`, after the loss: under trainer.accumulate the step runs `joint` on the whole batch and restores the
+    `batch_loss`, after the loss: under trainer.accumulate the step runs `batch_loss` on the whole batch and restores the
     buffers after its gradient-only passes, so the queue moves once per optimizer step, with the step's batch.
     Until `size` rows have been pushed, `valid()` marks the rows that hold something (no host read).
     """
@@ -73,7 +73,7 @@ class GlobalQueue(nn.Module):
 class MemoryBank(nn.Module):
     """Every training sample's latest embedding of each view, by dataset index (DeepClusterV2's memory), identical on
     every rank: `store` gathers every rank's indices and rows, so the bank is what one process on the whole batch
-    would hold. Buffers, hence in checkpoints; written in `joint`, so once per optimizer step under accumulation."""
+    would hold. Buffers, hence in checkpoints; written in `batch_loss`, so once per optimizer step under accumulation."""
 
     def __init__(self, num_samples: int, views: int, dim: int):
         super().__init__()
