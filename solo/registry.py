@@ -10,12 +10,17 @@ A registry whose kind is a config group (`group`: the `method`, `data`, `backbon
 groups) also stores each entry's schema for Hydra as `/schema/<group>/<name>`: a YAML option of the group
 lists it in its defaults and is typed while the config is composed. An unknown name is an error that lists
 the known ones.
+
+A package of such files (solo.methods, solo.losses) imports every module it holds (`import_modules`): adding a
+method or a loss is one new file and no list to edit.
 """
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-from typing import Callable, Iterator
+import importlib
+import pkgutil
+from types import ModuleType, SimpleNamespace
+from typing import Callable, Iterable, Iterator
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
@@ -84,3 +89,10 @@ class Registry:
         """One line for --help: the kind and its registered names (and what else it takes)."""
         listed = self.names() + ([self._fallback.name] if self._fallback else [])
         return f"{self.key}: {', '.join(listed)}"
+
+
+def import_modules(package: str, path: Iterable[str], skip: tuple[str, ...] = ()) -> list[ModuleType]:
+    """Every module of `package` (its `__path__`), imported in name order but those in `skip`: their decorators
+    fill the registries."""
+    names = sorted(m.name for m in pkgutil.iter_modules(path) if m.name not in skip)
+    return [importlib.import_module(f"{package}.{name}") for name in names]

@@ -9,6 +9,8 @@ from solo.dtypes import full_precision
 from solo.losses._checks import check_non_negative, check_pair
 from solo.losses.checked import LOSSES
 
+__all__ = ["all4one_feature_loss", "barlow_twins_loss"]
+
 BN_EPS = 1e-5
 
 

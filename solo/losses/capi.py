@@ -21,6 +21,8 @@ from solo.dtypes import full_precision
 from solo.losses.checked import LOSSES
 from solo.losses.self_distillation import sinkhorn
 
+__all__ = ["capi_clustering", "capi_loss"]
+
 
 def _mean_cross_entropy(targets: torch.Tensor, scores: torch.Tensor, temperature: float) -> torch.Tensor:
     """The mean over every row of the global batch of sum_k -targets[k] log softmax(scores / temperature)[k], for

@@ -21,6 +21,16 @@ from solo.losses._checks import check_non_negative, check_pair, check_positive
 from solo.losses.checked import LOSSES
 from solo.losses.tiled import resolve_tile, tiled_logsumexp
 
+__all__ = [
+    "align_uniform_loss",
+    "clip_loss",
+    "dcl_loss",
+    "directclr_loss",
+    "nnclr_loss",
+    "nt_xent_loss",
+    "supcon_loss",
+]
+
 
 def _global_rows(n_local: int, device: torch.device) -> tuple[list[int], torch.Tensor]:
     """Per-rank sizes and this rank's row indices within the gathered batch."""

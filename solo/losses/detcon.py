@@ -11,6 +11,8 @@ from solo.dtypes import full_precision
 from solo.losses._checks import check_positive
 from solo.losses.checked import LOSSES
 
+__all__ = ["detcon_loss"]
+
 
 def detcon_loss(
     regions1: torch.Tensor,

@@ -14,6 +14,8 @@ from solo.distributed import batch_sizes, world_size
 from solo.dtypes import full_precision
 from solo.losses.checked import LOSSES
 
+__all__ = ["feature_distillation_loss"]
+
 KINDS = ("cosine", "mse")
 
 

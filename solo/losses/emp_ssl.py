@@ -11,6 +11,8 @@ from solo.dtypes import full_precision
 from solo.losses._checks import check_non_negative, check_pair, check_positive
 from solo.losses.checked import LOSSES
 
+__all__ = ["emp_ssl_loss"]
+
 
 def spd_logdet(matrices: torch.Tensor) -> torch.Tensor:
     """log det of symmetric positive definite matrices (..., D, D), through Cholesky: 2 sum log diag(L). The `_ex`

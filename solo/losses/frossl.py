@@ -10,6 +10,8 @@ from solo.dtypes import full_precision
 from solo.losses._checks import check_non_negative, check_pair
 from solo.losses.checked import LOSSES
 
+__all__ = ["frossl_loss"]
+
 
 def frossl_loss(z1: torch.Tensor, z2: torch.Tensor, invariance_weight: float = 1.0) -> torch.Tensor:
     """FroSSL (Skean et al., 2024), as its authors' two-view code computes it: each view's (N, D) embeddings centred

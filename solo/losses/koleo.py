@@ -17,6 +17,8 @@ from solo.dtypes import full_precision
 from solo.losses.checked import LOSSES
 from solo.losses.contrastive import _global_rows
 
+__all__ = ["koleo_loss"]
+
 
 def koleo_loss(x: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
     """-mean over the global batch of log ||x_i - x_nn(i) + eps||, rows L2-normalised first, nn(i) the nearest other

@@ -9,6 +9,8 @@ from solo.dtypes import full_precision
 from solo.losses._checks import check_pair, check_positive
 from solo.losses.checked import LOSSES
 
+__all__ = ["lejepa_loss", "random_directions"]
+
 
 def random_directions(
     dim: int,

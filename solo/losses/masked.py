@@ -17,6 +17,14 @@ from solo.distributed import world_size
 from solo.dtypes import full_precision
 from solo.losses.checked import LOSSES
 
+__all__ = [
+    "masked_patch_l1",
+    "masked_patch_mse",
+    "masked_patch_smooth_l1",
+    "next_patch_mse",
+    "normalised_patches",
+]
+
 
 def masked_count(mask: torch.Tensor) -> torch.Tensor:
     """The number of True entries of `mask` over every rank (at least 1: no masked patch gives a loss of 0)."""

@@ -10,6 +10,8 @@ from solo.dtypes import full_precision
 from solo.losses._checks import check_non_negative, check_pair
 from solo.losses.checked import LOSSES
 
+__all__ = ["mmcr_loss"]
+
 
 def mmcr_loss(views: list[torch.Tensor], lambd: float = 0.0) -> torch.Tensor:
     """Maximum Manifold Capacity Representations (Yerxa et al., 2023): with u the L2-normalised (N, D) embeddings of

@@ -20,6 +20,8 @@ from solo.losses._checks import check_non_negative, check_pair, check_positive
 from solo.losses.checked import LOSSES
 from solo.losses.self_distillation import sinkhorn
 
+__all__ = ["msn_loss", "msn_targets", "power_law_prior", "prototype_logits"]
+
 
 def prototype_logits(x: torch.Tensor, prototypes: torch.Tensor, temperature: float) -> torch.Tensor:
     """(n, K): the cosine of each row of `x` (n, D) with each prototype (K, D), divided by `temperature`."""

@@ -17,6 +17,14 @@ from solo.losses._checks import check_pair, check_positive
 from solo.losses.checked import LOSSES
 from solo.losses.contrastive import _global_rows
 
+__all__ = [
+    "byol_loss",
+    "moco_queue_loss",
+    "mocov3_loss",
+    "ressl_loss",
+    "simsiam_loss",
+]
+
 
 def byol_loss(p: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
     """BYOL (Grill et al., 2020): mean over the global batch of 2 - 2 cos(p_i, z_i).

@@ -19,6 +19,19 @@ from solo.dtypes import full_precision
 from solo.losses._checks import check_pair, check_positive, checks_values
 from solo.losses.checked import LOSSES
 
+__all__ = [
+    "centred_softmax",
+    "deepcluster_loss",
+    "dino_center",
+    "dino_cross_entropy",
+    "dino_loss",
+    "gram_loss",
+    "ibot_patch_loss",
+    "masked_center",
+    "sinkhorn",
+    "swav_loss",
+]
+
 
 def _check_views(views: list[torch.Tensor], name: str, at_least: int = 1) -> None:
     """A list of at least `at_least` finite (batch, K) tensors of one shape."""

@@ -13,6 +13,8 @@ from solo.losses._checks import check_pair, check_positive, checks_values
 from solo.losses.checked import LOSSES
 from solo.losses.contrastive import _global_rows, _is_column
 
+__all__ = ["siglip_loss"]
+
 
 def siglip_loss(
     image_features: torch.Tensor,

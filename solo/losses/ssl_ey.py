@@ -9,6 +9,8 @@ from solo.dtypes import full_precision
 from solo.losses._checks import check_pair
 from solo.losses.checked import LOSSES
 
+__all__ = ["ssl_ey_loss"]
+
 
 def ssl_ey_loss(z1: torch.Tensor, z2: torch.Tensor) -> torch.Tensor:
     """SSL-EY (Chapman et al., 2023): with Sigma_ab the (D, D) sample covariance of views a and b over the N pairs

@@ -9,6 +9,8 @@ from solo.distributed import batch_sizes, world_size
 from solo.dtypes import full_precision
 from solo.losses.checked import LOSSES
 
+__all__ = ["supervised_loss"]
+
 
 def supervised_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """Cross-entropy of `logits` against `labels`, the mean over the global batch: each rank returns W/N times the sum

@@ -10,6 +10,8 @@ from solo.dtypes import full_precision
 from solo.losses._checks import check_non_negative, check_pair
 from solo.losses.checked import LOSSES
 
+__all__ = ["tico_loss"]
+
 
 def tico_loss(
     z1: torch.Tensor, z2: torch.Tensor, covariance: torch.Tensor, beta: float = 0.9, rho: float = 8.0

@@ -10,6 +10,8 @@ from solo.dtypes import full_precision
 from solo.losses._checks import check_non_negative, check_pair
 from solo.losses.checked import LOSSES
 
+__all__ = ["vibcreg_loss", "vicreg_loss"]
+
 STD_EPS = 1e-4
 
 

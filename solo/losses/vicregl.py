@@ -14,6 +14,8 @@ from solo.losses._checks import check_non_negative, check_pair
 from solo.losses.checked import LOSSES
 from solo.losses.vicreg import STD_EPS, _global_size_and_invariance, _variance_and_covariance
 
+__all__ = ["vicregl_loss"]
+
 
 def nearest_matches(distances: torch.Tensor, count: int | None) -> tuple[torch.Tensor, torch.Tensor]:
     """VICRegL's matching (the authors' `neirest_neighbores`): each input cell's nearest candidate cell, then the

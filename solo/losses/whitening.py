@@ -11,6 +11,8 @@ from solo.dtypes import full_precision
 from solo.losses._checks import check_non_negative, check_pair, checks_values
 from solo.losses.checked import LOSSES
 
+__all__ = ["whiten", "wmse_loss"]
+
 
 def whiten(x: torch.Tensor, eps: float) -> torch.Tensor:
     """The rows of `x` (m, d) centred and whitened: times the inverse of the Cholesky factor of their covariance

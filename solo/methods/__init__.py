@@ -1,7 +1,7 @@
 """Pretraining methods, one registry: `@register_method(name, schema)` on a Method subclass in its own file.
 
-The methods shipped with solo are imported here; your own register themselves when their module is
-imported (list it in the config's `imports`).
+Every module of this package is imported here, which registers the methods shipped with solo: a new method is
+one new file. Your own register themselves when their module is imported (list it in the config's `imports`).
 """
 
 from __future__ import annotations
@@ -10,50 +10,10 @@ import torch
 from omegaconf import OmegaConf
 
 from solo.backbones import build_backbone
-from solo.methods import (  # noqa: F401  (registers them)
-    aim,
-    align_uniform,
-    all4one,
-    barlow_twins,
-    byol,
-    capi,
-    clip,
-    dcl,
-    deepclusterv2,
-    detcon,
-    dino,
-    dinov2,
-    directclr,
-    distill,
-    emp_ssl,
-    frossl,
-    ijepa,
-    lejepa,
-    lit,
-    mae,
-    mmcr,
-    mocov2plus,
-    mocov3,
-    msn,
-    nnbyol,
-    nnclr,
-    nnsiam,
-    ressl,
-    siglip,
-    simclr,
-    simmim,
-    simsiam,
-    ssl_ey,
-    supcon,
-    supervised,
-    swav,
-    tico,
-    vibcreg,
-    vicreg,
-    vicregl,
-    wmse,
-)
 from solo.methods.base import METHODS, Method, register_method
+from solo.registry import import_modules
+
+import_modules(__name__, __path__)
 
 
 def method_config(cfg) -> object:
