@@ -128,8 +128,8 @@ def whole_squared_norms(parts: list[torch.Tensor], of: list[torch.Tensor]) -> li
     it element by element. A plain tensor is whole on every rank: its part's own. FSDP's shards (DTensors placed
     Shard) split the whole: their parts' squares summed over the ranks, in one all-reduce for all of them.
     No host read. On an accelerator one launch for the norms of each dtype (torch._foreach_norm); on the CPU, float32
-    and float64 parts by BLAS dot products: the foreach norm loops generic reductions there, 4x slower (7.4 against
-    1.9 ms for a ResNet-18's weights, 2 cores)."""
+    and float64 parts by BLAS dot products: the foreach norm loops generic reductions there, several times slower
+    (docs/performance.md)."""
     if not parts:
         return []
     if all(t.device.type == "cpu" and t.dtype in (torch.float32, torch.float64) for t in parts):
@@ -189,7 +189,7 @@ class LARS(torch.optim.Optimizer):
     squares (whole_squared_norms). The arithmetic runs in place over the local tensors, **the gradients included**:
     weight decay and the trust ratio scale them (the training step drops them after it; read them before), then
     torch's fused SGD kernel does the momentum and the update in one pass. No new tensors, half the passes over the
-    parameters' memory: 45 -> 28 ms a step for a ResNet-18 with SimCLR's projector on 2 CPU cores."""
+    parameters' memory, so a faster step (docs/performance.md)."""
 
     def __init__(self, params, lr, momentum=0.9, weight_decay=0.0, eta=0.02):
         if lr < 0.0:
@@ -414,7 +414,8 @@ def kernel_kwargs(groups: list[dict], *, fused_shards: bool) -> dict:
 
 @OPTIMIZERS.register("sgd", schema=SGDConfig)
 def _sgd(groups, cfg: SGDConfig, lr: float):
-    # DTensor has no sharding rule for the fused SGD kernel (torch 2.11 to 2.14): shards take the foreach one.
+    # DTensor has no sharding rule for the fused SGD kernel (docs/performance.md lists the torch versions checked):
+    # shards take the foreach one.
     fast = kernel_kwargs(groups, fused_shards=False)
     return SGD(groups, lr=lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay, **fast)
 

@@ -148,7 +148,7 @@ def create_backbone(
     The module maps (B, 3, H, W) images to (B, width) pooled features. ``small_stem``
     adapts a ResNet stem to 32px images (3x3 stride-1 first conv, no max-pool).
     """
-    import timm  # here, not at the top: 2 s of every process's start, which registered backbones don't need
+    import timm  # here, not at the top: a slow import (docs/performance.md), which registered backbones don't need
 
     if name.startswith(TORCHVISION_PREFIX):
         if name not in TORCHVISION_RESNETS:

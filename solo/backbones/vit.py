@@ -42,7 +42,7 @@ def parts_called_apart(vit: nn.Module) -> tuple[list[nn.Module], list[nn.Paramet
 
 
 def is_vit(module: nn.Module) -> bool:
-    from timm.models.vision_transformer import VisionTransformer  # here: timm's import costs every process 2 s
+    from timm.models.vision_transformer import VisionTransformer  # here: timm's import slows every process's start
 
     return isinstance(module, VisionTransformer)
 

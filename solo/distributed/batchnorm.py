@@ -231,7 +231,7 @@ def global_moments(x: torch.Tensor, groups: int = 1) -> tuple[torch.Tensor, torc
     dims = [1, *range(3, xg.dim())]
     channels = xg.shape[2]
     n = xg[0].numel() // channels
-    if n:  # two passes, sum then centred squares: torch.var_mean is 3-5 times slower on the CPU
+    if n:  # two passes, sum then centred squares: torch.var_mean is slower on the CPU (docs/performance.md)
         local_sum = xg.sum(dims)
         local_m2 = (xg - (local_sum / n).view(groups, 1, channels, *[1] * (xg.dim() - 3))).square_().sum(dims)
     else:

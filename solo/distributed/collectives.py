@@ -17,7 +17,8 @@ import torch.distributed as dist
 
 from solo.distributed.env import rank, world_size
 
-# torch 2.14 renamed the tensor collectives (the old names warn); older versions have the old names only.
+# Newer torch renamed the tensor collectives (the old names warn there); older versions have the old names only
+# (docs/performance.md lists the torch versions checked).
 _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 _reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
@@ -122,9 +123,8 @@ def all_reduce(x: torch.Tensor) -> torch.Tensor:
 
 def sum_over_ranks(x: torch.Tensor) -> torch.Tensor:
     """The sum of every rank's `x`, added here in rank order (the same on every rank); not differentiable. For the
-    small tensors it is meant for (a BatchNorm's per-channel sums) one all-gather is the cheapest collective over gloo:
-    for 1,025 floats on 2 processes 0.34-0.47 ms, against 0.61-1.49 for a reduce-scatter and 1.08-1.30 for an
-    all-reduce (docs/performance.md)."""
+    small tensors it is meant for (a BatchNorm's per-channel sums) one all-gather is the cheapest collective over gloo,
+    cheaper than a reduce-scatter or an all-reduce (docs/performance.md)."""
     if world_size() == 1:
         return x
     every = x.new_empty((world_size(), x.numel()))

@@ -13,7 +13,8 @@ import numpy as np
 
 
 def _pyplot():
-    """matplotlib's pyplot, imported when a picture is drawn: it adds about 0.6 s to every process's start."""
+    """matplotlib's pyplot, imported when a picture is drawn: importing it would slow every process's start
+    (docs/performance.md)."""
     import matplotlib
 
     matplotlib.use("Agg")  # files only: no display on cluster nodes

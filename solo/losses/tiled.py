@@ -72,8 +72,8 @@ def _exp_floor(dtype: torch.dtype) -> float:
     """The smallest argument whose exp is a normal number of `dtype` (-87 in float32, -708 in float64).
 
     Shifted logits are clamped there before exp: below it exp underflows through denormals to 0, which
-    CPU exp kernels compute 10 to 15 times slower. The clamped terms weigh at most exp(floor) ~ 1e-38
-    (float32) against a row total of at least 1 (its largest term is exp(0)), far below rounding.
+    CPU exp kernels compute many times slower (docs/performance.md). The clamped terms weigh at most
+    exp(floor) ~ 1e-38 (float32) against a row total of at least 1 (its largest term is exp(0)), far below rounding.
     """
     return float(math.ceil(math.log(torch.finfo(dtype).tiny)))
 

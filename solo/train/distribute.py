@@ -33,7 +33,8 @@ from solo.distributed.batchnorm import convert_sync_batchnorm, group_batchnorms,
 from solo.errors import ConfigError
 
 # Buffers need no sync in the forward: with SyncBatchNorm every rank computes the same running statistics.
-# torch >= 2.15 names this forward_sync_buffers (broadcast_buffers warns there); older versions the other.
+# Newer torch names this forward_sync_buffers (broadcast_buffers warns there); older versions the other
+# (docs/performance.md lists the torch versions checked).
 _DDP_ARGS = inspect.signature(nn.parallel.DistributedDataParallel).parameters
 NO_BUFFER_SYNC = (
     {"forward_sync_buffers": False} if "forward_sync_buffers" in _DDP_ARGS else {"broadcast_buffers": False}

@@ -25,8 +25,8 @@ from solo.errors import ConfigError, SoloError
 
 GIB = 2**30
 PROBE_BATCH = 2
-# What the backward's temporaries, evaluation and the allocator add to the sum of the parts: bench/memory.py measured
-# peaks of 1.11x (the digits), 1.18x (ResNet-18 at 96 px) and 1.20x (ViT-S/16 at 224 px) that sum on the CPU.
+# What the backward's temporaries, evaluation and the allocator add to the sum of the parts: the peaks bench/memory.py
+# measured on the CPU lie within this margin of that sum (docs/performance.md#memory).
 MARGIN = 1.2
 
 

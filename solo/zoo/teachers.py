@@ -89,7 +89,7 @@ def _solo(source: str) -> tuple[nn.Module, tuple]:
 
 
 def _timm(name: str, weights: str | None, kwargs: dict) -> tuple[nn.Module, tuple]:
-    import timm  # here: timm's import costs every process 2 s
+    import timm  # here: timm's import slows every process's start
 
     if not timm.is_model(name):
         zoo = ", ".join(e["name"] for e in read_manifest())

@@ -44,7 +44,7 @@ def seeded_rng(seed: int) -> Iterator[None]:
     # devices=[]: only the CPU generator; data transforms never touch CUDA RNGs.
     with torch.random.fork_rng(devices=[]):
         # The CPU generator only: torch.manual_seed would also queue a lazy seeding of every accelerator's
-        # generators, recording a stack trace each time (about 1 ms per view).
+        # generators, recording a stack trace each time (a cost per view: docs/performance.md).
         torch.default_generator.manual_seed(seed)
         random.seed(seed)
         try:

@@ -115,7 +115,7 @@ class SyntheticDataset:
         num_classes = len(self.classes)
         label = index % num_classes
         # A private generator: the global numpy/torch RNGs are never touched. torch's, not numpy's: its normal
-        # noise is 3 times faster (the images are a benchmark's data: 0.2 ms an image at 64 px, not 0.6).
+        # noise is faster, and the images are a benchmark's data (docs/performance.md).
         seed = np.random.SeedSequence([self.seed, self._split_id, index]).generate_state(1, dtype=np.uint64)[0]
         rng = torch.Generator().manual_seed(int(seed))
         phase = float(torch.rand((), generator=rng, dtype=torch.float64)) * 2 * math.pi

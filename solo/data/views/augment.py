@@ -112,9 +112,10 @@ class ViewRecipe:
 
     def draw(self, height: int, width: int, rng=random) -> list[float]:
         """This view's parameters for an image of `height` x `width` (a list in VIEW_PARAMS' order), from Python's
-        generator (~50 times faster than torch's for scalars): `rng`, a random.Random (solo.data.views.multiview
-        seeds one per sample and view), or the module `random`, the process's (as solo.data.sampling.seeding's
-        seeded_rng seeds it). A batch's parameters become one tensor when they are collated."""
+        generator (much faster than torch's for scalars: docs/performance.md): `rng`, a random.Random
+        (solo.data.views.multiview seeds one per sample and view), or the module `random`, the process's (as
+        solo.data.sampling.seeding's seeded_rng seeds it). A batch's parameters become one tensor when they are
+        collated."""
         a = self.aug
 
         def coin(p: float) -> float:
