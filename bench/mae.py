@@ -72,7 +72,7 @@ def main() -> None:
     vit, width = create_backbone(args.model, img_size=args.image_size)
     model = MAE(vit, width, MAEConfig())  # the paper's decoder: 8 blocks of 512, 16 heads
     model.feeds_probe = False
-    masks = model.masks()
+    masks = model.mask_generator()
     images = torch.randn(args.batch, 3, args.image_size, args.image_size)
     mask = torch.stack([masks() for _ in range(args.batch)])
     print(

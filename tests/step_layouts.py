@@ -52,12 +52,9 @@ def step(env, device, out: str, layout: list[int], steps: int, overrides: list[s
         cfg.augmentation.views,
         one,
         seed=cfg.trainer.seed,
+        spec=trainer.model.method.batch_spec(),
         knn=False,
-        tokenizer=getattr(trainer.model.method, "tokenizer", None),
         device=device,
-        masks=trainer.model.method.masks(),
-        probe_view=trainer.model.method.probe_view,
-        view_boxes=trainer.model.method.view_geometry,
     )
     start = sum(layout[: env.rank])
     for index, batch in zip(range(steps), loaders.train):

@@ -10,6 +10,7 @@ from hydra import compose, initialize_config_dir
 
 from solo.config import register_configs, validate_pretrain
 from solo.data import sample_seed, seeded_rng
+from solo.data.views.batch_spec import BatchSpec
 from solo.data.views.transforms import build_view_transform
 from solo.distributed import DistEnv
 from solo.distributed.checkpoint import read_checkpoint
@@ -87,7 +88,7 @@ def test_multicrop_views_have_their_sizes_and_are_the_same_on_any_world_size():
         d.batch_size = 8 // world
         splits = build_splits(d, env, seed=0, pairs=False)
         loaders = build_loaders(
-            splits, d, cfg.augmentation.views, env, seed=0, tokenizer=None, knn=False, device=torch.device("cpu")
+            splits, d, cfg.augmentation.views, env, seed=0, spec=BatchSpec(), knn=False, device=torch.device("cpu")
         )
         loaders.train.load_state_dict({"epoch": 1, "batch_in_epoch": 3})
         return next(iter(loaders.train)), splits.train

@@ -1,4 +1,4 @@
-"""`batch["view_boxes"]` (solo.methods.base.Method.view_geometry) says where each view lies in its image: read back
+"""`batch["view_boxes"]` (solo.data.views.batch_spec.ViewBoxes) says where each view lies in its image: read back
 from the views of an image whose pixels hold their own coordinates, on the CPU path and on the device path alike."""
 
 import pytest
@@ -6,6 +6,7 @@ import torch
 from torch.utils.data import default_collate
 
 from solo.data.views.augment import DeviceViews
+from solo.data.views.batch_spec import ViewBoxes
 from solo.data.views.multiview import MultiViewDataset, collate_raw
 from solo.data.views.transforms import ViewAugmentation, build_view_transform
 
@@ -47,12 +48,12 @@ def read_back(view: torch.Tensor) -> list[float]:
 
 
 def cpu_batch(keys):
-    dataset = MultiViewDataset(Ramps(), recipes(), seed=3, view_boxes=True)
+    dataset = MultiViewDataset(Ramps(), recipes(), seed=3, fields=(ViewBoxes(),))
     return default_collate(dataset.__getitems__(keys))
 
 
 def device_batch(keys):
-    dataset = MultiViewDataset(Ramps(), recipes(), seed=3, raw=True, view_boxes=True)
+    dataset = MultiViewDataset(Ramps(), recipes(), seed=3, raw=True, fields=(ViewBoxes(),))
     return DeviceViews(recipes(), pairs=False)(collate_raw(dataset.__getitems__(keys)), torch.device("cpu"))
 
 

@@ -21,6 +21,7 @@ from solo.backbones.vit import (
 from solo.data import DigitsDataset
 from solo.data.sampling.seeding import sample_seed, seeded_rng
 from solo.data.views.augment import DeviceViews, ViewRecipe
+from solo.data.views.batch_spec import PatchMasks
 from solo.data.views.masks import MultiBlockMask, RandomMask
 from solo.data.views.multiview import EvalDataset, MultiViewDataset, collate_raw
 from solo.data.views.transforms import ViewAugmentation, build_eval_transform
@@ -103,7 +104,7 @@ def test_masks_are_drawn_per_sample_whatever_the_batch():
     generator's draw in the sample's own seeded stream after its views."""
     generator = RandomMask(16, 0.75)
     recipe = ViewRecipe(ViewAugmentation(), 8, (0.5,) * 3, (0.5,) * 3)
-    data = MultiViewDataset(Blank(), [recipe], seed=3, masks=generator)
+    data = MultiViewDataset(Blank(), [recipe], seed=3, fields=(PatchMasks(generator),))
     batch = data.__getitems__([(0, i) for i in range(10)])
     masks = torch.stack([s["mask"] for s in batch])
     assert masks.dtype == torch.bool and (masks.sum(dim=1) == 12).all()
@@ -268,7 +269,7 @@ def test_ijepa_probes_the_mean_patch_token_of_the_probe_image():
     model = build_model(compose_cfg(CASES["ijepa_vit"] + ["data.batch_size=4"]), 10)
     vit, images, probe = model.method.backbone.eval(), *torch.randn(2, 4, 3, 16, 16, dtype=torch.float64)
     model.double()
-    masks = torch.stack([model.method.masks()() for _ in range(4)])
+    masks = torch.stack([model.method.mask_generator()() for _ in range(4)])
     batch = {"views": [images], "mask": masks, "probe_image": probe, "label": torch.zeros(4, dtype=torch.long)}
     mean_patch = vit.forward_features(probe)[:, vit.num_prefix_tokens :].mean(dim=1)
     torch.testing.assert_close(model.method.encode(batch)["features"], mean_patch)
@@ -292,7 +293,7 @@ def test_dinov2_and_mae_probe_the_probe_image_not_their_masked_crops():
 
     mae = build_model(compose_cfg(MAE + ["data.batch_size=4"]), 10).double()
     vit = mae.method.backbone.eval()
-    batch = {"views": views[:1], "mask": mae.method.masks()()[None].expand(4, -1), "probe_image": probe}
+    batch = {"views": views[:1], "mask": mae.method.mask_generator()()[None].expand(4, -1), "probe_image": probe}
     torch.testing.assert_close(mae.method.encode(batch)["features"], vit(probe))
 
 

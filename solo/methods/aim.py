@@ -22,6 +22,7 @@ from solo.backbones.vit import (
     run_blocks,
     sincos_positions,
 )
+from solo.data.views.batch_spec import BatchSpec, PatchMasks
 from solo.data.views.masks import PrefixMask
 from solo.losses import next_patch_mse, normalised_patches
 from solo.methods.base import Method, register_method
@@ -78,13 +79,12 @@ class AIM(Method):
     """One view per image and its prefix (solo.data.views.masks.PrefixMask: a length drawn per sample, `batch["mask"]`
     True at the patches predicted). `encode` runs the backbone on every patch, raster order, under prefix-causal
     attention, and the head on each patch position; when an online probe reads them, also the backbone on the whole
-    image as validation sees it, under plain bidirectional attention (`probe_view`), without a graph. `batch_loss` is the
+    image as validation sees it, under plain bidirectional attention (`BatchSpec.probe_image`), without a graph. `batch_loss` is the
     loss: the squared error of each predicted patch, averaged over every predicted patch of the global batch
     (solo.losses.next_patch_mse). The backbone's pooled feature becomes the mean patch token."""
 
     augmentations = {"digits": "one_view_digits", "natural": "aim"}
 
-    probe_view = True
     num_views = 1
     pool = "mean"
 
@@ -96,7 +96,10 @@ class AIM(Method):
         self.patch = patch_size(backbone)
         self.head = AIMHead(backbone.embed_dim, cfg, grid_shape(backbone), self.patch**2 * 3)
 
-    def masks(self) -> PrefixMask:
+    def batch_spec(self) -> BatchSpec:
+        return BatchSpec(fields=(PatchMasks(self.mask_generator()),), probe_image=self.feeds_probe)
+
+    def mask_generator(self) -> PrefixMask:
         return PrefixMask(num_patches(self.backbone))
 
     def encode(self, batch: dict) -> dict:
@@ -106,7 +109,7 @@ class AIM(Method):
         tokens = torch.cat([prefix_tokens(vit, len(images)), embed_patches(vit, images)], 1)
         outputs = run_blocks(vit, tokens, prefix_causal(predicted, extra))
         encoded = {"prediction": self.head(outputs[:, extra:])}
-        if self.feeds_probe:  # the probe learns on what it is evaluated on (Method.probe_view)
+        if self.feeds_probe:  # the probe learns on what it is evaluated on (Method.batch_spec: probe_image)
             with torch.no_grad():
                 encoded["features"] = pooled_feature(vit, batch["probe_image"])
         return encoded

@@ -6,8 +6,10 @@ A method is an nn.Module from a batch to its loss. Besides `forward`, it tells t
   method itself in `after_optimizer_step` (or frozen: a pretrained teacher, `pretrained_teacher`), saved in
   checkpoints, and left out of SyncBatchNorm conversion unless `sync_teacher_batchnorm`;
 - its parameter groups (`param_groups`), e.g. a predictor with its own learning rate;
-- what it needs from the data (`inputs`, `needs_labels`, `check_data`, `masks`): augmented views (`num_views` of one size, plus smaller
-  local crops when `local_crops`, as multi-crop methods take them), or image-text pairs;
+- what it needs from the data (`inputs`, `needs_labels`, `check_data`): augmented views (`num_views` of one size, plus
+  smaller local crops when `local_crops`, as multi-crop methods take them), or image-text pairs; and what else its
+  batches carry, declared in one object (`batch_spec`: patch masks, view boxes, a probe image, a tokenizer, or a
+  field of its own), which the data layer reads in one place;
 - the run's length (`set_schedule`, before the optimizer is built), for schedules in epochs, and the train split's
   size (`set_data`), for state sized by the data;
 - each step's two parts of its own state: the host's before the step (`prepare_step`: schedules written in place
@@ -32,6 +34,7 @@ import torch.nn as nn
 from torch.distributed.tensor import DTensor
 
 from solo.backbones.stochastic import without_randomness
+from solo.data.views.batch_spec import BatchSpec
 from solo.distributed.batchnorm import normalises_row_groups, row_groups
 from solo.errors import ConfigError
 from solo.optim import param_groups
@@ -77,15 +80,6 @@ class Method(nn.Module):
     # A ViT's feature that the probes read: its class token, or "mean", its patch tokens' mean (the method's __init__
     # sets it: solo.backbones.vit.pool_patch_tokens); main_linear.py reads the same unless told `pool=`.
     pool: ClassVar[str] = "cls"
-    # Whether forward's "features" come from `batch["probe_image"]`, each image through the evaluation transform (the
-    # data pipeline adds it): for methods whose probe features cost a forward of their own anyway (MAE, I-JEPA,
-    # DINOv2) or whose views are far from whole images (EMP-SSL's small patches), so that the probe learns on what it
-    # is evaluated on, not on augmented or masked views.
-    probe_view: ClassVar[bool] = False
-    # Whether its batches carry `batch["view_boxes"]`, (B, V, 5): each view's crop box in the image and its flip (see
-    # solo.data.views.multiview.view_boxes), for losses that pair the views' feature-map cells by where they lie in
-    # the image (VICRegL, DetCon: solo.methods.local).
-    view_geometry: ClassVar[bool] = False
     # The augmentation recipes (options of the `augmentation` group) that augmentation=auto, the default, chooses: one
     # for the embedded digits, one for any other data (natural images: the paper's views at data.image_size).
     augmentations: ClassVar[dict[str, str]] = {"digits": "digits", "natural": "simclr"}
@@ -145,10 +139,11 @@ class Method(nn.Module):
         """The train split's size, given once right after the method is built: for state sized by the data (memory
         banks, as buffers, so that they move to the device and into checkpoints with the model)."""
 
-    def masks(self):
-        """The patch-mask generator of the batches this method takes (solo.data.views.masks), or None: the data
-        workers draw each sample's mask with its views, and the batch carries them as `batch["mask"]`."""
-        return None
+    def batch_spec(self) -> BatchSpec:
+        """What its batches carry besides the views (or pairs), "label" and "index" (solo.data.views.batch_spec): asked
+        once, after the trainer has set `feeds_probe`. A method whose probe features cost a forward of their own asks
+        for `probe_image=self.feeds_probe`, so that the probe learns on what it is evaluated on."""
+        return BatchSpec()
 
     def param_groups(self, weight_decay: float, exclude_bias_and_norm: bool) -> list[dict]:
         """The optimizer's groups over the trained parameters (teachers excluded by having no gradient)."""

@@ -25,6 +25,7 @@ from solo.backbones.vit import (
     sincos_positions,
     take,
 )
+from solo.data.views.batch_spec import BatchSpec, PatchMasks
 from solo.data.views.masks import InverseBlockMask
 from solo.distributed import all_reduce, world_size
 from solo.errors import ConfigError
@@ -57,7 +58,7 @@ class CrossAttentionBlock(nn.Module):
 
     def __init__(self, width: int, heads: int):
         super().__init__()
-        from timm.layers import Mlp  # here: timm's import costs every process 2 s
+        from timm.layers import Mlp  # here: timm's import slows every process's start
 
         if width % heads:
             raise ConfigError(f"method.predictor_heads={heads}: the width {width} must be a multiple of the heads")
@@ -146,7 +147,6 @@ class CAPI(Method):
 
     augmentations = {"digits": "one_view_digits", "natural": "capi"}
 
-    probe_view = True
     num_views = 1
     teachers = ("target_encoder",)
     pool = "mean"
@@ -156,7 +156,7 @@ class CAPI(Method):
         check_vit(backbone, self.name)
         pool_patch_tokens(backbone)
         self.cfg = cfg
-        generator = self.masks()
+        generator = self.mask_generator()
         if generator.hidden >= num_patches(backbone) or generator.predicted < 1:
             raise ConfigError(
                 f"method.prediction_subsampling={cfg.prediction_subsampling}: of {num_patches(backbone)} patches "
@@ -173,7 +173,10 @@ class CAPI(Method):
         self.momentum = cfg.base_momentum
         self.register_buffer("teacher_momentum", torch.tensor(cfg.base_momentum), persistent=False)
 
-    def masks(self) -> InverseBlockMask:
+    def batch_spec(self) -> BatchSpec:
+        return BatchSpec(fields=(PatchMasks(self.mask_generator()),), probe_image=self.feeds_probe)
+
+    def mask_generator(self) -> InverseBlockMask:
         return InverseBlockMask(grid_shape(self.backbone), self.cfg.mask_ratio, self.cfg.prediction_subsampling)
 
     def param_groups(self, weight_decay: float, exclude_bias_and_norm: bool) -> list[dict]:
@@ -184,7 +187,7 @@ class CAPI(Method):
         images, masks = batch["views"][0], batch["mask"]  # masks: (B, 2, patches), hidden then predicted
         vit = self.backbone
         visible_at = first_positions(~masks[:, 0], self.visible)
-        predict_at = first_positions(masks[:, 1], self.masks().predicted)
+        predict_at = first_positions(masks[:, 1], self.mask_generator().predicted)
         prefix = prefix_tokens(vit, len(images))
         context = run_blocks(vit, torch.cat([prefix, take(embed_patches(vit, images), visible_at)], dim=1))
         encoded = {"prediction": self.predictor(context, visible_at, prefix.shape[1], predict_at)}
@@ -192,7 +195,7 @@ class CAPI(Method):
             teacher = self.target_encoder
             encoded["teacher"] = output_tokens(teacher, images)[:, teacher.num_prefix_tokens :]
         encoded["predict_at"] = predict_at
-        if self.feeds_probe:  # the probe learns on what it is evaluated on (Method.probe_view)
+        if self.feeds_probe:  # the probe learns on what it is evaluated on (Method.batch_spec: probe_image)
             with torch.no_grad():
                 encoded["features"] = pooled_feature(vit, batch["probe_image"])
         return encoded

@@ -12,6 +12,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from omegaconf import OmegaConf
 
+from solo.data.views.batch_spec import BatchSpec
 from solo.errors import ConfigError
 from solo.eval.zero_shot import class_embeddings, evaluate_image_text
 from solo.losses import clip_loss
@@ -120,6 +121,9 @@ class ImageTextMethod(Method):
     def embed_features(self, features: torch.Tensor) -> torch.Tensor:
         """Image features -> L2-normalised image embeddings."""
         return F.normalize(self.image_projection(features), dim=-1)
+
+    def batch_spec(self) -> BatchSpec:
+        return BatchSpec(tokenizer=self.tokenizer)
 
     def encode_image(self, images: torch.Tensor) -> torch.Tensor:
         """L2-normalised image embeddings, as open_clip's encode_image(normalize=True)."""

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import torch
 
 from solo.backbones import pooled_and_map
+from solo.data.views.batch_spec import BatchSpec, ViewBoxes
 from solo.losses import detcon_loss
 from solo.methods.base import Method, mlp, register_method
 from solo.methods.local import cell_centres
@@ -52,12 +53,14 @@ class DetCon(Method):
     region's vector goes through the projector (SimCLR's MLP, shared by the regions)."""
 
     augmentations = {"digits": "digits", "natural": "barlow_twins"}  # the authors' code: BYOL's views
-    view_geometry = True
 
     def __init__(self, backbone, feature_dim: int, cfg: DetConConfig):
         super().__init__(backbone, feature_dim)
         self.projector = mlp([feature_dim, cfg.proj_hidden_dim, cfg.proj_output_dim])
         self.cfg = cfg
+
+    def batch_spec(self) -> BatchSpec:
+        return BatchSpec(fields=(ViewBoxes(),))
 
     def encode(self, batch: dict) -> dict:
         # Each view apart: a ResNet's BatchNorm statistics are per view, as for SimCLR (solo.methods.base.encode_views).

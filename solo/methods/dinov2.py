@@ -19,6 +19,7 @@ from solo.backbones.vit import (
     pooled_feature,
     take,
 )
+from solo.data.views.batch_spec import BatchSpec, PatchMasks
 from solo.data.views.masks import BlockMask
 from solo.distributed import all_reduce, world_size
 from solo.errors import ConfigError
@@ -94,7 +95,6 @@ class DINOv2(SelfDistillation):
     augmentations = {"digits": "digits_mild", "natural": "multicrop_dinov2"}
 
     local_crops = True
-    probe_view = True
     pool = "mean"  # DINOv2's linear protocol adds the patch tokens' mean; alone it probes best on the digits
     sync_teacher_batchnorm = True  # the teacher head's BatchNorms (use_bn_in_head) see the global batch
 
@@ -117,7 +117,10 @@ class DINOv2(SelfDistillation):
             self.register_buffer("center", torch.zeros(cfg.num_prototypes))
             self.register_buffer("patch_center", torch.zeros(cfg.num_prototypes))
 
-    def masks(self) -> BlockMask:
+    def batch_spec(self) -> BatchSpec:
+        return BatchSpec(fields=(PatchMasks(self.mask_generator()),), probe_image=self.feeds_probe)
+
+    def mask_generator(self) -> BlockMask:
         c = self.cfg
         return BlockMask(
             grid_shape(self.backbone), self.num_views, c.mask_probability, c.mask_ratio_min, c.mask_ratio_max
@@ -131,7 +134,7 @@ class DINOv2(SelfDistillation):
                 "method=dinov2 runs the smaller local crops through the ViT: set backbone.kwargs.dynamic_img_size=true "
                 "(timm then resizes its position embeddings to each crop)"
             )
-        hidden, crops, crop_masks = self.masks().hidden, views[: self.num_views], list(masks.unbind(1))
+        hidden, crops, crop_masks = self.mask_generator().hidden, views[: self.num_views], list(masks.unbind(1))
         student = encode_views(
             vit, crops, crop_masks, forward=lambda x, mask: output_tokens(vit, x, mask, self.mask_token)
         )
@@ -153,7 +156,7 @@ class DINOv2(SelfDistillation):
             with torch.no_grad():
                 anchor = encode_views(self.gram_teacher, crops, forward=partial(output_tokens, self.gram_teacher))
             encoded["gram_anchor"] = [tokens[:, prefix:] for tokens in anchor]
-        if self.feeds_probe:  # the probe learns on what it is evaluated on (Method.probe_view)
+        if self.feeds_probe:  # the probe learns on what it is evaluated on (Method.batch_spec: probe_image)
             with torch.no_grad():
                 encoded["features"] = pooled_feature(vit, batch["probe_image"])
         return encoded
@@ -165,7 +168,7 @@ class DINOv2(SelfDistillation):
             teacher_head = self.teacher[1]
             scores = torch.cat([teacher_head(t) for t in encoded["teacher_cls"]])
             patch_scores = per_token(teacher_head, torch.cat(encoded["teacher_patches"]))
-            hidden = self.masks().hidden  # which of each image's candidate patches are masked
+            hidden = self.mask_generator().hidden  # which of each image's candidate patches are masked
             valid = torch.cat([m.gather(1, first_positions(m, hidden)) for m in batch["mask"].unbind(1)])
             if c.centering == "sinkhorn_knopp":
                 teacher = sinkhorn(scores, temperature, c.sinkhorn_iterations)

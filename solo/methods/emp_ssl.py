@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
+from solo.data.views.batch_spec import BatchSpec
 from solo.errors import ConfigError
 from solo.losses import emp_ssl_loss
 from solo.methods.base import Method, mlp, register_method
@@ -27,7 +28,6 @@ class EMPSSL(Method):
     augmentations = {"digits": "emp_ssl_digits", "natural": "emp_ssl"}
     # The patches are small crops, far from the whole images validation reads: a probe trained on their features
     # scores low on whole images (0.79 on the digits, against 0.98 for main_linear.py on the same backbone).
-    probe_view = True
 
     def __init__(self, backbone, feature_dim: int, cfg: EMPSSLConfig):
         super().__init__(backbone, feature_dim)
@@ -44,11 +44,16 @@ class EMPSSL(Method):
             )
         super().check_data(view_sizes[: cls.num_views], dataset)
 
+    def batch_spec(self) -> BatchSpec:
+        return BatchSpec(probe_image=self.feeds_probe)
+
     def encode(self, batch: dict) -> dict:
         # Every patch in one call, as the authors' code: the BatchNorms take their statistics over all of them.
         views = batch["views"]
         encoded = {"patches": list(self.backbone(torch.cat(views)).split([len(v) for v in views]))}
-        if self.feeds_probe:  # the probe learns on what it is evaluated on (Method.probe_view), without a graph
+        if (
+            self.feeds_probe
+        ):  # the probe learns on what it is evaluated on (Method.batch_spec: probe_image), without a graph
             with torch.no_grad():
                 encoded["features"] = self.backbone(batch["probe_image"])
         return encoded

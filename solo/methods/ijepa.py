@@ -23,6 +23,7 @@ from solo.backbones.vit import (
     sincos_positions,
     take,
 )
+from solo.data.views.batch_spec import BatchSpec, PatchMasks
 from solo.data.views.masks import MultiBlockMask
 from solo.losses import masked_patch_mse, masked_patch_smooth_l1
 from solo.methods.base import Method, ema_update, make_teacher, register_method
@@ -65,7 +66,7 @@ class IJEPAPredictor(nn.Module):
 
     def __init__(self, in_dim: int, cfg: IJEPAConfig, grid: tuple[int, int]):
         super().__init__()
-        from timm.models.vision_transformer import Block  # here: timm's import costs every process 2 s
+        from timm.models.vision_transformer import Block  # here: timm's import slows every process's start
 
         width = cfg.predictor_embed_dim
         self.embed = nn.Linear(in_dim, width)
@@ -121,7 +122,6 @@ class IJEPA(Method):
 
     augmentations = {"digits": "one_view_digits", "natural": "ijepa"}
 
-    probe_view = True
     num_views = 1
     teachers = ("target_encoder",)
     pool = "mean"
@@ -137,7 +137,10 @@ class IJEPA(Method):
         self.register_buffer("teacher_momentum", torch.tensor(cfg.base_momentum), persistent=False)
         self.patch_loss = masked_patch_mse if cfg.loss == "mse" else masked_patch_smooth_l1
 
-    def masks(self) -> MultiBlockMask:
+    def batch_spec(self) -> BatchSpec:
+        return BatchSpec(fields=(PatchMasks(self.mask_generator()),), probe_image=self.feeds_probe)
+
+    def mask_generator(self) -> MultiBlockMask:
         c = self.cfg
         return MultiBlockMask(
             grid_shape(self.backbone),
@@ -150,7 +153,7 @@ class IJEPA(Method):
 
     def encode(self, batch: dict) -> dict:
         images, masks = batch["views"][0], batch["mask"]  # masks: (B, 1 + targets, patches), the context first
-        vit, generator = self.backbone, self.masks()
+        vit, generator = self.backbone, self.mask_generator()
         context_at = first_positions(masks[:, 0], generator.most_context)
         context_valid = masks[:, 0].gather(1, context_at)
         targets = masks[:, 1:]
@@ -168,7 +171,7 @@ class IJEPA(Method):
             features = F.layer_norm(features, features.shape[-1:])
             target = take(features, target_at.flatten(1, 2)).view(prediction.shape)
         encoded = {"prediction": prediction, "target": target, "valid": target_valid}
-        if self.feeds_probe:  # the probe learns on what it is evaluated on (Method.probe_view)
+        if self.feeds_probe:  # the probe learns on what it is evaluated on (Method.batch_spec: probe_image)
             with torch.no_grad():
                 encoded["features"] = pooled_feature(vit, batch["probe_image"])
         return encoded

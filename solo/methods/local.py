@@ -1,6 +1,6 @@
 """Where each cell of a view's feature map lies in the image: what local methods (VICRegL) pair the views' cells by.
 
-A view is its crop box in the image and its flip (solo.data.views.multiview.view_boxes, `batch["view_boxes"]`): the
+A view is its crop box in the image and its flip (solo.data.views.batch_spec.view_boxes, `batch["view_boxes"]`): the
 view's pixel (v, u), in units of its height and width, shows the image at (top + height * v, left + width * u), with
 u -> 1 - u first where the view is mirrored. Cell (r, c) of an h x w map covers the view's [r / h, (r + 1) / h) x
 [c / w, (c + 1) / w), the input of a stride-s network cut into h x w equal parts (the receptive fields' centres).

@@ -22,6 +22,7 @@ from solo.backbones.vit import (
     run_blocks,
     sincos_positions,
 )
+from solo.data.views.batch_spec import BatchSpec, PatchMasks
 from solo.data.views.masks import RandomMask
 from solo.losses import masked_patch_mse, normalised_patches
 from solo.methods.base import Method, register_method
@@ -44,7 +45,7 @@ class MAEDecoder(nn.Module):
 
     def __init__(self, in_dim: int, cfg: MAEConfig, grid: tuple[int, int], prefix: int, pixels: int):
         super().__init__()
-        from timm.models.vision_transformer import Block  # here: timm's import costs every process 2 s
+        from timm.models.vision_transformer import Block  # here: timm's import slows every process's start
 
         width = cfg.decoder_embed_dim
         self.prefix = prefix
@@ -85,12 +86,11 @@ def _layer_norm(width: int, **kwargs) -> nn.LayerNorm:
 @register_method("mae", schema=MAEConfig)
 class MAE(Method):
     """One view per image. `encode` runs the encoder on the visible patches and the decoder (both per sample), and,
-    when an online probe reads them, the backbone on the whole image as validation sees it (`probe_view`), without
+    when an online probe reads them, the backbone on the whole image as validation sees it (`BatchSpec.probe_image`), without
     a graph; `batch_loss` is the loss: the mean over every masked patch of the global batch (solo.losses.masked_patch_mse)."""
 
     augmentations = {"digits": "one_view_digits", "natural": "mae"}
 
-    probe_view = True
     num_views = 1
 
     def __init__(self, backbone, feature_dim: int, cfg: MAEConfig):
@@ -98,12 +98,15 @@ class MAE(Method):
         check_vit(backbone, self.name)
         self.cfg = cfg
         self.patch = patch_size(backbone)
-        self.visible = num_patches(backbone) - self.masks().hidden
+        self.visible = num_patches(backbone) - self.mask_generator().hidden
         self.decoder = MAEDecoder(
             backbone.embed_dim, cfg, grid_shape(backbone), backbone.num_prefix_tokens, self.patch**2 * 3
         )
 
-    def masks(self) -> RandomMask:
+    def batch_spec(self) -> BatchSpec:
+        return BatchSpec(fields=(PatchMasks(self.mask_generator()),), probe_image=self.feeds_probe)
+
+    def mask_generator(self) -> RandomMask:
         return RandomMask(num_patches(self.backbone), self.cfg.mask_ratio)
 
     def encode(self, batch: dict) -> dict:
@@ -111,7 +114,7 @@ class MAE(Method):
         vit = self.backbone
         tokens = torch.cat([prefix_tokens(vit, len(images)), keep(embed_patches(vit, images), mask, self.visible)], 1)
         encoded = {"prediction": self.decoder(run_blocks(vit, tokens), mask)}
-        if self.feeds_probe:  # the probe learns on what it is evaluated on (Method.probe_view)
+        if self.feeds_probe:  # the probe learns on what it is evaluated on (Method.batch_spec: probe_image)
             with torch.no_grad():
                 encoded["features"] = pooled_feature(vit, batch["probe_image"])
         return encoded

@@ -21,6 +21,7 @@ from solo.backbones.vit import (
     prefix_tokens,
     run_blocks,
 )
+from solo.data.views.batch_spec import BatchSpec, PatchMasks
 from solo.data.views.masks import RandomMask
 from solo.errors import ConfigError
 from solo.losses import msn_loss, power_law_prior
@@ -81,14 +82,13 @@ class MSN(Method):
 
     local_crops = True
     teachers = ("teacher",)
-    probe_view = True  # the student sees no whole crop of the image's size: the probe reads the whole image
     sync_teacher_batchnorm = True  # the teacher projector's BatchNorms see the global batch, as the student's
 
     def __init__(self, backbone, feature_dim: int, cfg: MSNConfig):
         super().__init__(backbone, feature_dim)
         check_vit(backbone, self.name)
         self.cfg = cfg
-        self.visible = num_patches(backbone) - self.masks().hidden
+        self.visible = num_patches(backbone) - self.mask_generator().hidden
         self.projector = Projector(feature_dim, cfg.proj_hidden_dim, cfg.proj_output_dim)
         bound = cfg.proj_output_dim**-0.5  # the authors' initialisation
         self.prototypes = nn.Parameter(torch.empty(cfg.num_prototypes, cfg.proj_output_dim).uniform_(-bound, bound))
@@ -96,7 +96,10 @@ class MSN(Method):
         self.momentum = cfg.base_momentum
         self.register_buffer("teacher_momentum", torch.tensor(cfg.base_momentum), persistent=False)
 
-    def masks(self) -> RandomMask:
+    def batch_spec(self) -> BatchSpec:
+        return BatchSpec(fields=(PatchMasks(self.mask_generator()),), probe_image=self.feeds_probe)
+
+    def mask_generator(self) -> RandomMask:
         return RandomMask(num_patches(self.backbone), self.cfg.mask_ratio)
 
     def prior(self) -> torch.Tensor | None:
@@ -123,7 +126,7 @@ class MSN(Method):
         with torch.no_grad():
             teacher = pooled_feature(self.teacher[0], target)
         encoded = {"anchors": anchors, "teacher": teacher}
-        if self.feeds_probe:  # the probe learns on what it is evaluated on (Method.probe_view)
+        if self.feeds_probe:  # the probe learns on what it is evaluated on (Method.batch_spec: probe_image)
             with torch.no_grad():
                 encoded["features"] = pooled_feature(vit, batch["probe_image"])
         return encoded

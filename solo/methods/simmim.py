@@ -20,6 +20,7 @@ from solo.backbones.vit import (
     prefix_tokens,
     run_blocks,
 )
+from solo.data.views.batch_spec import BatchSpec, PatchMasks
 from solo.data.views.masks import CoarseRandomMask
 from solo.errors import ConfigError
 from solo.losses import masked_patch_l1
@@ -39,12 +40,11 @@ class SimMIM(Method):
     """One view per image and its mask (solo.data.views.masks.CoarseRandomMask, drawn per sample). `encode` runs the
     backbone on every patch, the hidden ones' embeddings replaced by the mask token before the position embeddings
     (SimMIM's ViT), and the linear head on the patch tokens; when an online probe reads them, also the backbone on
-    the whole image as validation sees it (`probe_view`), without a graph. `batch_loss` is the loss: the mean absolute
+    the whole image as validation sees it (`BatchSpec.probe_image`), without a graph. `batch_loss` is the loss: the mean absolute
     error over every hidden pixel of the global batch (solo.losses.masked_patch_l1)."""
 
     augmentations = {"digits": "one_view_digits", "natural": "simmim"}
 
-    probe_view = True
     num_views = 1
     # The patch tokens' mean, as SimMIM's fine-tuning pools them: no loss reads the class token (on the digits its
     # probe was at 0.50 after 34 of 150 epochs)
@@ -68,7 +68,10 @@ class SimMIM(Method):
         # token to its patch's pixels (here in patchify's order).
         self.head = nn.Linear(backbone.embed_dim, self.patch**2 * 3)
 
-    def masks(self) -> CoarseRandomMask:
+    def batch_spec(self) -> BatchSpec:
+        return BatchSpec(fields=(PatchMasks(self.mask_generator()),), probe_image=self.feeds_probe)
+
+    def mask_generator(self) -> CoarseRandomMask:
         return CoarseRandomMask(grid_shape(self.backbone), self.cfg.mask_patch_size // self.patch, self.cfg.mask_ratio)
 
     def encode(self, batch: dict) -> dict:
@@ -77,7 +80,7 @@ class SimMIM(Method):
         patches = embed_patches(vit, images, mask, self.mask_token)
         tokens = run_blocks(vit, torch.cat([prefix_tokens(vit, len(images)), patches], 1))
         encoded = {"prediction": self.head(tokens[:, vit.num_prefix_tokens :])}
-        if self.feeds_probe:  # the probe learns on what it is evaluated on (Method.probe_view)
+        if self.feeds_probe:  # the probe learns on what it is evaluated on (Method.batch_spec: probe_image)
             with torch.no_grad():
                 encoded["features"] = pooled_feature(vit, batch["probe_image"])
         return encoded

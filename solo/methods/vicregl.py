@@ -9,6 +9,7 @@ from typing import List
 import torch
 
 from solo.backbones import pooled_and_map
+from solo.data.views.batch_spec import BatchSpec, ViewBoxes
 from solo.errors import ConfigError
 from solo.losses import vicregl_loss
 from solo.methods.base import ExpanderConfig, ExpanderMethod, mlp, register_method
@@ -38,7 +39,6 @@ class VICRegL(ExpanderMethod):
     maps_projector); `batch["view_boxes"]` says where each cell lies in the image (solo.methods.local)."""
 
     augmentations = {"digits": "digits", "natural": "barlow_twins"}
-    view_geometry = True
 
     def __init__(self, backbone, feature_dim: int, cfg: VICRegLConfig):
         super().__init__(backbone, feature_dim, cfg)
@@ -49,6 +49,9 @@ class VICRegL(ExpanderMethod):
             )
         self.maps_projector = mlp([feature_dim, cfg.maps_hidden_dim, cfg.maps_hidden_dim, cfg.maps_output_dim])
         self.cfg = cfg
+
+    def batch_spec(self) -> BatchSpec:
+        return BatchSpec(fields=(ViewBoxes(),))
 
     def encode(self, batch: dict) -> dict:
         # Each view apart: a ResNet's BatchNorm statistics are per view, as for VICReg (solo.methods.base.encode_views).

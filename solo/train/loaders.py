@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass
+from functools import partial
 from typing import Callable
 
 import torch
@@ -25,6 +26,7 @@ from solo.data import (
 from solo.data.decode import unreadable
 from solo.data.sampling.source import DataSource, MapDataSource, eval_loader, loader_workers
 from solo.data.views.augment import DeviceViews
+from solo.data.views.batch_spec import BatchSpec
 from solo.data.views.multiview import collate_raw
 from solo.distributed import DistEnv
 from solo.errors import ConfigError, DataError
@@ -120,43 +122,24 @@ def build_loaders(
     env: DistEnv,
     *,
     seed: int,
-    tokenizer,
+    spec: BatchSpec,
     knn: bool,
     device: torch.device,
     zero_shot_folder: str | None = None,
-    masks=None,
-    probe_view: bool = False,
-    view_boxes: bool = False,
 ) -> Loaders:
-    """`views`: the augmentation's view recipes; `tokenizer`: for image-text pairs; `knn`: build the train_eval loader;
-    `device`: the training device (pinned memory on CUDA; data.augment_on=auto makes the views there on CUDA);
-    `zero_shot_folder`: an ImageFolder split to classify zero-shot (image-text methods); `masks`: the method's patch
-    mask generator (solo.data.views.masks), drawn per sample with its views; `probe_view`: the train batches also
-    carry each image through the evaluation transform, `"probe_image"`, for the online probe to learn on; `view_boxes`:
-    they carry each view's crop box and flip, `"view_boxes"` (solo.methods.base.Method.view_geometry)."""
+    """`views`: the augmentation's view recipes; `spec`: what the method's batches carry besides them (its
+    Method.batch_spec); `knn`: build the train_eval loader; `device`: the training device (pinned memory on CUDA;
+    data.augment_on=auto makes the views there on CUDA); `zero_shot_folder`: an ImageFolder split to classify
+    zero-shot (image-text methods)."""
     entry = DATASETS[d.name]
-    mean, std = entry.stats
-    transforms = build_view_transforms(views, d.image_size, mean, std)
-    eval_transform = build_eval_transform(d.image_size, mean, std, resize=entry.any_size)
-    skip = d.on_bad_image == "skip"
+    transforms = build_view_transforms(views, d.image_size, *entry.stats)
+    eval_transform = build_eval_transform(d.image_size, *entry.stats, resize=entry.any_size)
     checked = check_images(splits, d, env)
     on_device = d.augment_on == "device" or (d.augment_on == "auto" and device.type == "cuda")
-    probe = eval_transform if probe_view else None
-    if splits.pairs:
-        train_set = ImageTextDataset(splits.train, transforms[0], tokenizer, seed=seed, skip_bad=skip, raw=on_device)
-    else:
-        train_set = MultiViewDataset(
-            splits.train,
-            transforms,
-            seed=seed,
-            skip_bad=skip,
-            raw=on_device,
-            masks=masks,
-            probe_transform=probe,
-            view_boxes=view_boxes,
-        )
+    probe = eval_transform if spec.probe_image else None
     workers = loader_workers(d.num_workers)
     loader_args = dict(num_workers=workers, pin_memory=device.type == "cuda", persistent_workers=workers > 0)
+    train_set = _train_set(splits, d, seed, transforms, probe, spec, raw=on_device)
     order = getattr(splits.train, "epoch_order", None)  # the dataset's own order (shards: with locality), else random
     source = MapDataSource(
         train_set,
@@ -168,40 +151,58 @@ def build_loaders(
         **loader_args,
         **({"collate_fn": collate_raw} if on_device else {}),
     )
-
-    def sharded(dataset) -> DataLoader:
-        return eval_loader(dataset, d.batch_size, env.rank, env.world_size, **loader_args)
-
-    val = train_eval = None
-    if splits.val is not None and splits.pairs:  # retrieval needs no labels; zero-shot and the probe do
-        classes = splits.val.classes
-        prompts = class_prompts(d.name, classes) if classes else None
-        val = sharded(ZeroShotEvalDataset(splits.val, eval_transform, tokenizer, prompts, skip_bad=skip))
-    elif splits.val is not None and splits.num_classes:
-        val = sharded(EvalDataset(splits.val, eval_transform, skip_bad=skip))
-    if knn and val is not None and splits.num_classes:  # the k-NN's train features: no augmentation
-        train_eval = sharded(EvalDataset(splits.train, eval_transform, skip_bad=skip))
+    sharded = partial(eval_loader, batch_size=d.batch_size, rank=env.rank, world_size=env.world_size, **loader_args)
     loaders = Loaders(
         source,
-        val,
-        train_eval,
+        *_eval_loaders(splits, d, eval_transform, spec.tokenizer, knn, sharded),
         checked,
         splits.train.image if splits.pairs else splits.train.__getitem__,
         DeviceViews(transforms, splits.pairs, probe) if on_device else None,
     )
     if zero_shot_folder:
-        if not splits.pairs:
-            raise ConfigError(
-                f"trainer.zero_shot_folder={zero_shot_folder}: zero-shot classification needs an image-text "
-                "method (clip, siglip); unset it"
-            )
-        # Normalised as main_linear.py normalises data=imagefolder, so both report the same accuracy.
-        root, split = os.path.split(os.path.normpath(zero_shot_folder))
-        folder = ImageFolderDataset(root, split)
-        if folder.classes is None:
-            raise ConfigError(f"trainer.zero_shot_folder={zero_shot_folder} has no class folders to classify into")
-        stats = DATASETS["imagefolder"].stats
-        transform = build_eval_transform(d.image_size, *stats, resize=True)
-        loaders.zero_shot = sharded(EvalDataset(folder, transform, skip_bad=skip))
-        loaders.zero_shot_prompts = class_prompts("imagefolder", folder.classes)
+        loaders.zero_shot, loaders.zero_shot_prompts = _zero_shot(zero_shot_folder, splits, d, sharded)
     return loaders
+
+
+def _train_set(splits: Splits, d, seed: int, transforms: list, probe, spec: BatchSpec, raw: bool):
+    """The train split as per-sample seeded views (or pairs), with what `spec` adds; `raw`: images and view
+    parameters, for the views to be made on the device."""
+    skip = d.on_bad_image == "skip"
+    if splits.pairs:
+        return ImageTextDataset(splits.train, transforms[0], spec.tokenizer, seed=seed, skip_bad=skip, raw=raw)
+    return MultiViewDataset(
+        splits.train, transforms, seed=seed, skip_bad=skip, raw=raw, fields=spec.fields, probe_transform=probe
+    )
+
+
+def _eval_loaders(splits: Splits, d, transform, tokenizer, knn: bool, sharded: Callable) -> tuple:
+    """(val, train_eval): the val split through the eval transform (zero-shot prompts and tokens for image-text
+    pairs), and for the k-NN the train split through it too (its memory bank); None where there is nothing to score."""
+    skip = d.on_bad_image == "skip"
+    val = train_eval = None
+    if splits.val is not None and splits.pairs:  # retrieval needs no labels; zero-shot and the probe do
+        classes = splits.val.classes
+        prompts = class_prompts(d.name, classes) if classes else None
+        val = sharded(ZeroShotEvalDataset(splits.val, transform, tokenizer, prompts, skip_bad=skip))
+    elif splits.val is not None and splits.num_classes:
+        val = sharded(EvalDataset(splits.val, transform, skip_bad=skip))
+    if knn and val is not None and splits.num_classes:  # the k-NN's train features: no augmentation
+        train_eval = sharded(EvalDataset(splits.train, transform, skip_bad=skip))
+    return val, train_eval
+
+
+def _zero_shot(folder: str, splits: Splits, d, sharded: Callable) -> tuple[DataLoader, list[list[str]]]:
+    """trainer.zero_shot_folder's images, sharded over ranks, and its classes' prompts."""
+    if not splits.pairs:
+        raise ConfigError(
+            f"trainer.zero_shot_folder={folder}: zero-shot classification needs an image-text method (clip, siglip); "
+            "unset it"
+        )
+    # Normalised as main_linear.py normalises data=imagefolder, so both report the same accuracy.
+    root, split = os.path.split(os.path.normpath(folder))
+    images = ImageFolderDataset(root, split)
+    if images.classes is None:
+        raise ConfigError(f"trainer.zero_shot_folder={folder} has no class folders to classify into")
+    transform = build_eval_transform(d.image_size, *DATASETS["imagefolder"].stats, resize=True)
+    loader = sharded(EvalDataset(images, transform, skip_bad=d.on_bad_image == "skip"))
+    return loader, class_prompts("imagefolder", images.classes)

@@ -187,13 +187,10 @@ class Trainer:
             cfg.augmentation.views,
             env,
             seed=t.seed,
+            spec=model.method.batch_spec(),
             knn=t.knn_k > 0,
-            tokenizer=getattr(model.method, "tokenizer", None),
             device=device,
             zero_shot_folder=t.zero_shot_folder,
-            masks=model.method.masks(),
-            probe_view=model.method.probe_view and model.method.feeds_probe,
-            view_boxes=model.method.view_geometry,
         )
         self.source = source = self.loaders.train
         # Views made on the device: the next batch's are launched from a thread of their own while this step launches

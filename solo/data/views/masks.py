@@ -1,9 +1,10 @@
 """Patch masks, drawn per sample in the data workers like the views' parameters.
 
-A mask generator is a picklable callable that returns a bool tensor, True where a patch is hidden. MultiViewDataset
-calls it inside the sample's own seeded scope (seed, epoch, index, and a stream after the views'), so a sample's mask
-does not depend on the world size, the number of workers, the read order or a resume; the batch carries it as
-`batch["mask"]`.
+A mask generator is a picklable callable that returns a bool tensor, True where a patch is hidden, drawn from the
+`rng` it is given (a random.Random; Python's `random` module by default). A method asks for one in its batches with
+solo.data.views.batch_spec.PatchMasks: the data workers call it with the sample's own generator (seed, epoch, index,
+and a stream after the views'), so a sample's mask does not depend on the world size, the number of workers, the
+read order or a resume; the batch carries it as `batch["mask"]`.
 """
 
 from __future__ import annotations
@@ -27,9 +28,9 @@ class RandomMask:
     def hidden(self) -> int:
         return round(self.ratio * self.num_patches)
 
-    def __call__(self) -> torch.Tensor:
+    def __call__(self, rng=random) -> torch.Tensor:
         mask = torch.zeros(self.num_patches, dtype=torch.bool)
-        mask[random.sample(range(self.num_patches), self.hidden)] = True
+        mask[rng.sample(range(self.num_patches), self.hidden)] = True
         return mask
 
 
@@ -48,10 +49,10 @@ class CoarseRandomMask:
         cells = (self.grid[0] // self.scale) * (self.grid[1] // self.scale)
         return math.ceil(self.ratio * cells) * self.scale**2
 
-    def __call__(self) -> torch.Tensor:
+    def __call__(self, rng=random) -> torch.Tensor:
         rows, cols = self.grid[0] // self.scale, self.grid[1] // self.scale
         cells = torch.zeros(rows * cols, dtype=torch.bool)
-        cells[random.sample(range(rows * cols), math.ceil(self.ratio * rows * cols))] = True
+        cells[rng.sample(range(rows * cols), math.ceil(self.ratio * rows * cols))] = True
         cells = cells.reshape(rows, cols)
         return cells.repeat_interleave(self.scale, 0).repeat_interleave(self.scale, 1).flatten()
 
@@ -64,8 +65,8 @@ class PrefixMask:
 
     num_patches: int
 
-    def __call__(self) -> torch.Tensor:
-        return torch.arange(self.num_patches) >= random.randint(1, self.num_patches - 1)
+    def __call__(self, rng=random) -> torch.Tensor:
+        return torch.arange(self.num_patches) >= rng.randint(1, self.num_patches - 1)
 
 
 @dataclass(frozen=True)
@@ -88,15 +89,15 @@ class BlockMask:
         """The most patches a crop hides."""
         return int(self.ratio_max * self.grid[0] * self.grid[1])
 
-    def __call__(self) -> torch.Tensor:
+    def __call__(self, rng=random) -> torch.Tensor:
         masks = torch.zeros(self.views, self.grid[0] * self.grid[1], dtype=torch.bool)
         for view in range(self.views):
-            if random.random() < self.probability:
-                target = int(random.uniform(self.ratio_min, self.ratio_max) * masks.shape[1])
-                masks[view] = self._blocks(target).flatten()
+            if rng.random() < self.probability:
+                target = int(rng.uniform(self.ratio_min, self.ratio_max) * masks.shape[1])
+                masks[view] = self._blocks(target, rng).flatten()
         return masks
 
-    def _blocks(self, target: int) -> torch.Tensor:
+    def _blocks(self, target: int, rng) -> torch.Tensor:
         height, width = self.grid
         mask = torch.zeros(height, width, dtype=torch.bool)
         count = 0
@@ -104,11 +105,11 @@ class BlockMask:
             added = 0
             for _ in range(10):  # a few tries for a block that hides new patches without passing the target
                 left = target - count
-                area = random.uniform(self.min_block, max(self.min_block, left))
-                aspect = math.exp(random.uniform(math.log(0.3), math.log(1 / 0.3)))
+                area = rng.uniform(self.min_block, max(self.min_block, left))
+                aspect = math.exp(rng.uniform(math.log(0.3), math.log(1 / 0.3)))
                 h = min(height, max(1, round(math.sqrt(area * aspect))))
                 w = min(width, max(1, round(math.sqrt(area / aspect))))
-                top, start = random.randint(0, height - h), random.randint(0, width - w)
+                top, start = rng.randint(0, height - h), rng.randint(0, width - w)
                 new = h * w - int(mask[top : top + h, start : start + w].sum())
                 if 0 < new <= left:
                     mask[top : top + h, start : start + w] = True
@@ -160,17 +161,17 @@ class MultiBlockMask:
     def most_context(self) -> int:
         return self._most(self.context_scale, (1.0, 1.0))
 
-    def _block(self, scale: tuple[float, float], aspect: tuple[float, float]) -> torch.Tensor:
-        h, w = self._size(random.uniform(*scale), random.uniform(*aspect))
-        top, left = random.randint(0, self.grid[0] - h), random.randint(0, self.grid[1] - w)
+    def _block(self, scale: tuple[float, float], aspect: tuple[float, float], rng) -> torch.Tensor:
+        h, w = self._size(rng.uniform(*scale), rng.uniform(*aspect))
+        top, left = rng.randint(0, self.grid[0] - h), rng.randint(0, self.grid[1] - w)
         block = torch.zeros(self.grid, dtype=torch.bool)
         block[top : top + h, left : left + w] = True
         return block.flatten()
 
-    def __call__(self) -> torch.Tensor:
+    def __call__(self, rng=random) -> torch.Tensor:
         for _ in range(100):
-            targets = [self._block(self.target_scale, self.target_aspect) for _ in range(self.targets)]
-            context = self._block(self.context_scale, (1.0, 1.0)) & ~torch.stack(targets).any(dim=0)
+            targets = [self._block(self.target_scale, self.target_aspect, rng) for _ in range(self.targets)]
+            context = self._block(self.context_scale, (1.0, 1.0), rng) & ~torch.stack(targets).any(dim=0)
             if int(context.sum()) >= self.min_context:
                 return torch.stack([context, *targets])
         raise ValueError(
@@ -202,20 +203,20 @@ class InverseBlockMask:
     def predicted(self) -> int:
         return int(self.subsampling * self.hidden)
 
-    def __call__(self) -> torch.Tensor:
+    def __call__(self, rng=random) -> torch.Tensor:
         height, width = self.grid
         visible = height * width - self.hidden
         low = max(math.log(self.min_aspect), math.log(visible / width**2))
         high = min(-math.log(self.min_aspect), math.log(height**2 / (visible + 1e-5)))
-        aspect = math.exp(random.uniform(low, high))
+        aspect = math.exp(rng.uniform(low, high))
         h, w = math.ceil(math.sqrt(visible * aspect)), math.ceil(math.sqrt(visible / aspect))
-        top, left = random.randint(0, height - h), random.randint(0, width - w)
+        top, left = rng.randint(0, height - h), rng.randint(0, width - w)
         block = torch.zeros(height, width, dtype=torch.bool)
         block[top : top + h, left : left + w] = True
         kept = torch.zeros(height * width, dtype=torch.bool)
         kept[block.flatten().nonzero().flatten()[:visible]] = True
-        shift = (random.randint(0, height - 1), random.randint(0, width - 1))
+        shift = (rng.randint(0, height - 1), rng.randint(0, width - 1))
         hidden = ~kept.reshape(height, width).roll(shift, (0, 1)).flatten()
         predicted = torch.zeros_like(hidden)
-        predicted[random.sample(hidden.nonzero().flatten().tolist(), self.predicted)] = True
+        predicted[rng.sample(hidden.nonzero().flatten().tolist(), self.predicted)] = True
         return torch.stack([hidden, predicted])

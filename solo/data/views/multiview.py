@@ -9,8 +9,9 @@ from torch.utils.data import default_collate
 from torchvision.io import ImageReadMode, decode_jpeg
 
 from solo.data.decode import ImageReadError, raw_image, raw_pixels, read_or_skip
-from solo.data.sampling.seeding import sample_seed, seeded_rng
-from solo.data.views.augment import PARAM_INDEX, make_views
+from solo.data.sampling.seeding import sample_seed
+from solo.data.views.augment import make_views
+from solo.data.views.batch_spec import SampleField
 
 
 def epoch_and_index(key, length: int, owner: str) -> Tuple[int, int]:
@@ -43,13 +44,11 @@ class MultiViewDataset:
     returns the images (JPEGs still encoded) and the parameters instead, for the
     views to be made on the device.
 
-    ``masks`` (a solo.data.views.masks generator) adds the sample's patch mask, ``"mask"``, drawn in the
-    sample's seeded scope after its views' (stream ``len(view_transforms)``). ``probe_transform`` (the evaluation
-    transform) adds ``"probe_image"``, the sample as validation sees it, for an online probe that learns on what it is
-    evaluated on (solo.methods.base.Method.probe_view); with ``raw``, solo.data.views.augment.DeviceViews makes it.
-    ``view_boxes`` adds ``"view_boxes"``, each view's geometry (see `view_boxes`), for methods that match the views'
-    feature-map cells by where they lie in the image (solo.methods.base.Method.view_geometry); drawn here, it is the
-    same on the CPU and the device path.
+    ``fields`` (solo.data.views.batch_spec.SampleField) add entries drawn per sample with its views' parameters:
+    field k from the sample's own generator of stream ``len(view_transforms) + k``, after its views'; drawn here, they
+    are the same on the CPU and the device path. ``probe_transform`` (the evaluation transform) adds
+    ``"probe_image"``, the sample as validation sees it (BatchSpec.probe_image); with ``raw``,
+    solo.data.views.augment.DeviceViews makes it.
     """
 
     def __init__(
@@ -59,9 +58,8 @@ class MultiViewDataset:
         seed: int,
         skip_bad: bool = False,
         raw: bool = False,
-        masks: Callable[[], torch.Tensor] | None = None,
+        fields: Sequence[SampleField] = (),
         probe_transform: Callable | None = None,
-        view_boxes: bool = False,
     ):
         if len(view_transforms) == 0:
             raise ValueError("MultiViewDataset needs at least one view transform")
@@ -70,9 +68,8 @@ class MultiViewDataset:
         self.seed = seed
         self.skip_bad = skip_bad  # unreadable images: the next readable sample (see read_or_skip)
         self.raw = raw
-        self.masks = masks
+        self.fields = tuple(fields)
         self.probe_transform = probe_transform
-        self.view_boxes = view_boxes
 
     def __len__(self) -> int:
         return len(self.base)
@@ -99,7 +96,7 @@ class MultiViewDataset:
         epoch, index = epoch_and_index(key, len(self), type(self).__name__)
         ((image, height, width), label), used = read_or_skip(self._read, index, len(self), self.skip_bad)
         # A generator of its own per view: the same numbers as the process's seeded with it (seeded_rng), without
-        # saving and restoring the process's generators (34 of ~80 us a view).
+        # saving and restoring the process's generators (a large share of drawing a view: docs/performance.md).
         params = [
             recipe.draw(height, width, random.Random(sample_seed(self.seed, epoch, index, v)))
             for v, recipe in enumerate(self.view_transforms)
@@ -111,11 +108,11 @@ class MultiViewDataset:
             "index": index,
             "skipped": (used - index) % len(self),
         }
-        if self.view_boxes:
-            sample["view_boxes"] = view_boxes(torch.tensor(params, dtype=torch.float64), height, width)
-        if self.masks is not None:
-            with seeded_rng(sample_seed(self.seed, epoch, index, len(self.view_transforms))):
-                sample["mask"] = self.masks()
+        if self.fields:
+            views = torch.tensor(params, dtype=torch.float64)
+            for k, field in enumerate(self.fields):
+                rng = random.Random(sample_seed(self.seed, epoch, index, len(self.view_transforms) + k))
+                sample[field.name] = field(views, height, width, rng)
         return sample
 
     def _read(self, index: int) -> tuple:
@@ -132,16 +129,6 @@ class MultiViewDataset:
             except RuntimeError as e:
                 raise ImageReadError(f"cannot read {name}: {e}") from e
         return (image, height, width), self.base.label(index)
-
-
-def view_boxes(params: torch.Tensor, height: int, width: int) -> torch.Tensor:
-    """Each view's crop box in the image and its flip, (V, 5) float32: top, left, height and width in units of the
-    image's height and width (the box's rows are [top, top + height) of [0, 1)), then 1.0 where the view is mirrored
-    left-right after the crop. `params`: the views' (V, len(VIEW_PARAMS)) parameters (solo.data.views.augment)."""
-    box = params[
-        :, [PARAM_INDEX["top"], PARAM_INDEX["left"], PARAM_INDEX["height"], PARAM_INDEX["width"], PARAM_INDEX["flip"]]
-    ]
-    return (box / box.new_tensor([height, width, height, width, 1.0])).float()
 
 
 def views_parameters(params: list[list[list[float]]]) -> torch.Tensor:
