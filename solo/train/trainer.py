@@ -23,7 +23,7 @@ from solo.backbones.stochastic import Draws
 from solo.config import changed_keys, check_required, plain, resume_policy, validate_pretrain
 from solo.data.decode import SkippedImages
 from solo.data.sampling.seeding import sample_seed
-from solo.data.sampling.source import cores_per_process, loader_workers
+from solo.data.sampling.source import DataSource, cores_per_process, loader_workers
 from solo.distributed import DistEnv, batch_sizes, world_size
 from solo.distributed.checkpoint import Checkpoints
 from solo.distributed.env import process_group
@@ -37,7 +37,7 @@ from solo.optim import build_optimizer, layer_decay, scaled_lr, warmup_cosine
 from solo.train import estimates
 from solo.train.distribute import checkpoint_blocks, compile_model, distribute
 from solo.train.evaluator import Evaluator
-from solo.train.loaders import build_loaders, build_splits
+from solo.train.loaders import Splits, build_loaders, build_splits
 from solo.train.preemption import Preemption, requeue_slurm_job
 from solo.train.state import Checkpointer, ModelState, OptimizerState, RNGState
 from solo.train.step import TrainStep, merge_encoded, precision_context
@@ -173,92 +173,18 @@ class Trainer:
         torch.manual_seed(t.seed)
         random.seed(t.seed)
         self._set_threads()
-        method = METHODS[cfg.method.name].target
-        splits = build_splits(cfg.data, env, t.seed, pairs=method.inputs == "image_text")
-        if method.needs_labels and not splits.num_classes:
-            raise ConfigError(
-                f"method={method.name} learns from the labels, and data={cfg.data.name}'s train split has "
-                "none: give it labelled data (class folders, a label column)"
-            )
-        self.model = model = self._build_model(splits, backbone)
-        self.loaders = build_loaders(
-            splits,
-            cfg.data,
-            cfg.augmentation.views,
-            env,
-            seed=t.seed,
-            spec=model.method.batch_spec(),
-            knn=t.knn_k > 0,
-            device=device,
-            zero_shot_folder=t.zero_shot_folder,
-        )
-        self.source = source = self.loaders.train
-        # Views made on the device: the next batch's are launched from a thread of their own while this step launches
-        # its kernels, where one thread launched both in turn (on a GPU, the host's launches bound the step).
-        source.prepare_with(
-            self._to_device, ahead=self.loaders.device_views is not None and source.loader.num_workers > 0
-        )
-        self.skipped = SkippedImages(self.say) if cfg.data.on_bad_image == "skip" else None
-        self.found_skipped: list[int] = []  # train images skipped since the last log (_note_skipped)
-        self._say_checked()
-        self.lr = scaled_lr(cfg.optim, source.global_batch)
-        self.total_steps = t.max_steps or t.max_epochs * source.steps_per_epoch
-        model.method.set_schedule(source.steps_per_epoch, self.total_steps)
-        say_cost = device.type == "cpu" and cfg.data.name not in SIZED_FOR_A_CPU
-        probe = self._probe_batch() if t.memory_check or say_cost else None  # read once for both estimates
-        if t.memory_check:
-            self._check_memory(probe)
-        if say_cost:
-            self._say_cpu_cost(probe)
-        if str(t.compile) in ("blocks", "backbone"):
-            compile_model(model, str(t.compile))
-        keep_local = () if model.method.sync_teacher_batchnorm else model.teachers()
-        forward = distribute(
-            model,
-            device,
-            strategy=str(t.strategy),
-            sync_batchnorm=t.sync_batchnorm,
-            keep_local=keep_local,
-            reshard_after_forward=t.reshard_after_forward,
-            precision=str(t.precision),
-        )
-
-        optimizer = build_optimizer_for(model, cfg.optim, self.lr)
-        warmup_steps = min(round(cfg.optim.warmup_epochs * source.steps_per_epoch), self.total_steps)
-        self.schedule = partial(
-            warmup_cosine,
-            total_steps=self.total_steps,
-            warmup_steps=warmup_steps,
-            base_lr=self.lr,
-            warmup_start_lr=cfg.optim.warmup_start_lr,
-            final_lr=cfg.optim.final_lr,
-        )
-        self.train_step = TrainStep(
-            forward,
-            model,
-            optimizer,
-            precision=str(t.precision),
-            device=device,
-            schedule=self.schedule,
-            total_steps=self.total_steps,
-            grad_clip=cfg.optim.grad_clip,
-            accumulate=t.accumulate,
-            draws=model.draws,
-            compiled=str(t.compile) == "step",
-            weight_decay=None
-            if cfg.optim.weight_decay_end is None
-            else partial(
-                warmup_cosine,
-                total_steps=self.total_steps,
-                warmup_steps=0,
-                base_lr=cfg.optim.weight_decay,
-                final_lr=cfg.optim.weight_decay_end,
-            ),
-        )
+        splits = self._build_splits()
+        self.model = self._build_model(splits, backbone)
+        self.source = self._build_data(splits)
+        self.lr = scaled_lr(cfg.optim, self.source.global_batch)
+        self.total_steps = t.max_steps or t.max_epochs * self.source.steps_per_epoch
+        self.model.method.set_schedule(self.source.steps_per_epoch, self.total_steps)
+        self._check_cost()
+        optimizer = self._build_step()
         self.warned_collapse = False
         self.eval_every = t.eval_every or (None if t.max_steps else 1)  # epochs; None: at the end only
         self.evaluator = Evaluator(
-            model,
+            self.model,
             self.loaders,
             splits.num_classes,
             knn_k=t.knn_k,
@@ -267,13 +193,109 @@ class Trainer:
             autocast=self.train_step.autocast,
             skipped=self.skipped,
         )
-        sharded = {"model": ModelState(model), "optimizer": OptimizerState(model, optimizer)}
-        components = {"scaler": self.train_step, "data": source}
-        info = {"global_batch": source.global_batch, "config": plain(cfg)}
-        checkpoints = Checkpoints(run_dir / "checkpoints", t.keep_checkpoints, env.is_main)
-        generators = RNGState(device, env.rank, t.seed)
-        self.checkpointer = Checkpointer(checkpoints, sharded, generators, components, info)
+        self.checkpointer = self._build_checkpointer(optimizer)
         self.step, self.logger, self.last_metrics = 0, None, {}
+
+    def _build_splits(self) -> Splits:
+        """The train and val base datasets; a method that learns from labels refuses data without them."""
+        method, d = METHODS[self.cfg.method.name].target, self.cfg.data
+        splits = build_splits(d, self.env, self.t.seed, pairs=method.inputs == "image_text")
+        if method.needs_labels and not splits.num_classes:
+            raise ConfigError(
+                f"method={method.name} learns from the labels, and data={d.name}'s train split has "
+                "none: give it labelled data (class folders, a label column)"
+            )
+        return splits
+
+    def _build_data(self, splits: Splits) -> DataSource:
+        """The loaders (`self.loaders`) of what the method's batches carry; the train source, which hands each batch
+        to the device."""
+        t = self.t
+        self.loaders = build_loaders(
+            splits,
+            self.cfg.data,
+            self.cfg.augmentation.views,
+            self.env,
+            seed=t.seed,
+            spec=self.model.method.batch_spec(),
+            knn=t.knn_k > 0,
+            device=self.device,
+            zero_shot_folder=t.zero_shot_folder,
+        )
+        source = self.loaders.train
+        # Views made on the device: the next batch's are launched from a thread of their own while this step launches
+        # its kernels, where one thread launched both in turn (on a GPU, the host's launches bound the step).
+        source.prepare_with(
+            self._to_device, ahead=self.loaders.device_views is not None and source.loader.num_workers > 0
+        )
+        self.skipped = SkippedImages(self.say) if self.cfg.data.on_bad_image == "skip" else None
+        self.found_skipped: list[int] = []  # train images skipped since the last log (_note_skipped)
+        self._say_checked()
+        return source
+
+    def _check_cost(self) -> None:
+        """The step's cost before the first: its peak memory against the device's (trainer.memory_check), and on a
+        CPU with data of a user's size, the time a step will take."""
+        say_cost = self.device.type == "cpu" and self.cfg.data.name not in SIZED_FOR_A_CPU
+        probe = self._probe_batch() if self.t.memory_check or say_cost else None  # read once for both estimates
+        if self.t.memory_check:
+            self._check_memory(probe)
+        if say_cost:
+            self._say_cpu_cost(probe)
+
+    def _build_step(self) -> torch.optim.Optimizer:
+        """The model compiled and distributed as trainer.* say, its optimizer and schedules, and the training step
+        (`self.train_step`); the optimizer."""
+        t, cfg, model = self.t, self.cfg, self.model
+        if str(t.compile) in ("blocks", "backbone"):
+            compile_model(model, str(t.compile))
+        keep_local = () if model.method.sync_teacher_batchnorm else model.teachers()
+        forward = distribute(
+            model,
+            self.device,
+            strategy=str(t.strategy),
+            sync_batchnorm=t.sync_batchnorm,
+            keep_local=keep_local,
+            reshard_after_forward=t.reshard_after_forward,
+            precision=str(t.precision),
+        )
+        optimizer = build_optimizer_for(model, cfg.optim, self.lr)
+        warmup_steps = min(round(cfg.optim.warmup_epochs * self.source.steps_per_epoch), self.total_steps)
+        schedule = partial(warmup_cosine, total_steps=self.total_steps, base_lr=self.lr)
+        self.schedule = partial(
+            schedule, warmup_steps=warmup_steps, warmup_start_lr=cfg.optim.warmup_start_lr, final_lr=cfg.optim.final_lr
+        )
+        weight_decay = None
+        if cfg.optim.weight_decay_end is not None:
+            weight_decay = partial(
+                schedule, warmup_steps=0, base_lr=cfg.optim.weight_decay, final_lr=cfg.optim.weight_decay_end
+            )
+        self.train_step = TrainStep(
+            forward,
+            model,
+            optimizer,
+            precision=str(t.precision),
+            device=self.device,
+            schedule=self.schedule,
+            total_steps=self.total_steps,
+            grad_clip=cfg.optim.grad_clip,
+            accumulate=t.accumulate,
+            draws=model.draws,
+            compiled=str(t.compile) == "step",
+            weight_decay=weight_decay,
+        )
+        return optimizer
+
+    def _build_checkpointer(self, optimizer: torch.optim.Optimizer) -> Checkpointer:
+        """What a checkpoint holds: the model's and the optimizer's tensors as each rank holds them, each rank's random
+        generators, the step's and the data's positions, and rank 0's config."""
+        t, model = self.t, self.model
+        sharded = {"model": ModelState(model), "optimizer": OptimizerState(model, optimizer)}
+        components = {"scaler": self.train_step, "data": self.source}
+        info = {"global_batch": self.source.global_batch, "config": plain(self.cfg)}
+        checkpoints = Checkpoints(self.run_dir / "checkpoints", t.keep_checkpoints, self.env.is_main)
+        generators = RNGState(self.device, self.env.rank, t.seed)
+        return Checkpointer(checkpoints, sharded, generators, components, info)
 
     def _build_model(self, splits, backbone: nn.Module | None) -> PretrainModel:
         """The model, built alike on every rank, on the device in the run's precision, with its per-sample draws."""
