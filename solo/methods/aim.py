@@ -10,22 +10,18 @@ import torch
 import torch.nn as nn
 
 from solo.backbones.vit import (
-    check_vit,
     embed_patches,
     grid_shape,
     num_patches,
-    patch_size,
-    patchify,
     pool_patch_tokens,
-    pooled_feature,
     prefix_tokens,
     run_blocks,
     sincos_positions,
 )
-from solo.data.views.batch_spec import BatchSpec, PatchMasks
 from solo.data.views.masks import PrefixMask
-from solo.losses import next_patch_mse, normalised_patches
-from solo.methods.base import Method, register_method
+from solo.losses import next_patch_mse
+from solo.methods.base import register_method
+from solo.methods.masked_image import PixelReconstruction
 from solo.schema import AT_LEAST_ONE, ruled
 
 
@@ -75,48 +71,34 @@ def prefix_causal(predicted: torch.Tensor, extra: int) -> torch.Tensor:
 
 
 @register_method("aim", schema=AIMConfig)
-class AIM(Method):
+class AIM(PixelReconstruction):
     """One view per image and its prefix (solo.data.views.masks.PrefixMask: a length drawn per sample, `batch["mask"]`
-    True at the patches predicted). `encode` runs the backbone on every patch, raster order, under prefix-causal
+    True at the patches predicted). `predict` runs the backbone on every patch, raster order, under prefix-causal
     attention, and the head on each patch position; when an online probe reads them, also the backbone on the whole
-    image as validation sees it, under plain bidirectional attention (`BatchSpec.probe_image`), without a graph. `batch_loss` is the
+    image as validation sees it, under plain bidirectional attention (`BatchSpec.probe_image`), without a graph. `pixel_loss` is the
     loss: the squared error of each predicted patch, averaged over every predicted patch of the global batch
     (solo.losses.next_patch_mse). The backbone's pooled feature becomes the mean patch token."""
 
     augmentations = {"digits": "one_view_digits", "natural": "aim"}
 
-    num_views = 1
     pool = "mean"
 
     def __init__(self, backbone, feature_dim: int, cfg: AIMConfig):
         super().__init__(backbone, feature_dim)
-        check_vit(backbone, self.name)
         pool_patch_tokens(backbone)
         self.cfg = cfg
-        self.patch = patch_size(backbone)
+        self.normalise_targets = cfg.norm_pix_loss
         self.head = AIMHead(backbone.embed_dim, cfg, grid_shape(backbone), self.patch**2 * 3)
-
-    def batch_spec(self) -> BatchSpec:
-        return BatchSpec(fields=(PatchMasks(self.mask_generator()),), probe_image=self.feeds_probe)
 
     def mask_generator(self) -> PrefixMask:
         return PrefixMask(num_patches(self.backbone))
 
-    def encode(self, batch: dict) -> dict:
+    def predict(self, batch: dict) -> torch.Tensor:
         images, predicted = batch["views"][0], batch["mask"]
         vit = self.backbone
         extra = vit.num_prefix_tokens
         tokens = torch.cat([prefix_tokens(vit, len(images)), embed_patches(vit, images)], 1)
-        outputs = run_blocks(vit, tokens, prefix_causal(predicted, extra))
-        encoded = {"prediction": self.head(outputs[:, extra:])}
-        if self.feeds_probe:  # the probe learns on what it is evaluated on (Method.batch_spec: probe_image)
-            with torch.no_grad():
-                encoded["features"] = pooled_feature(vit, batch["probe_image"])
-        return encoded
+        return self.head(run_blocks(vit, tokens, prefix_causal(predicted, extra))[:, extra:])
 
-    def batch_loss(self, encoded: dict, batch: dict) -> dict:
-        target = patchify(batch["views"][0], self.patch)
-        if self.cfg.norm_pix_loss:
-            target = normalised_patches(target)
-        loss = next_patch_mse(encoded["prediction"], target, batch["mask"])
-        return {"loss": loss, "features": encoded.get("features"), "labels": batch["label"]}
+    def pixel_loss(self, prediction: torch.Tensor, target: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        return next_patch_mse(prediction, target, mask)

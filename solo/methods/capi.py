@@ -12,25 +12,22 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from solo.backbones.vit import (
-    check_vit,
     embed_patches,
     first_positions,
     grid_shape,
     num_patches,
     output_tokens,
-    pool_patch_tokens,
-    pooled_feature,
     prefix_tokens,
     run_blocks,
     sincos_positions,
     take,
 )
-from solo.data.views.batch_spec import BatchSpec, PatchMasks
 from solo.data.views.masks import InverseBlockMask
 from solo.distributed import all_reduce, world_size
 from solo.errors import ConfigError
 from solo.losses import capi_clustering, capi_loss
-from solo.methods.base import Method, cosine_momentum, ema_update, make_teacher, register_method, with_group_settings
+from solo.methods.base import cosine_momentum, register_method, with_group_settings
+from solo.methods.masked_image import TargetEncoderViT
 from solo.schema import AT_LEAST_ONE, DECAY, FRACTION, POSITIVE, PROBABILITY, ruled
 
 
@@ -136,7 +133,7 @@ class OnlineClustering(nn.Module):
 
 
 @register_method("capi", schema=CAPIConfig)
-class CAPI(Method):
+class CAPI(TargetEncoderViT):
     """One view per image and its masks (solo.data.views.masks.InverseBlockMask, drawn per sample: the hidden patches
     and the predicted ones among them). `encode` runs the encoder on the visible patches, the predictor at the
     predicted positions, and the teacher (an EMA of the encoder) on the whole image. `batch_loss` runs the clustering head
@@ -147,14 +144,8 @@ class CAPI(Method):
 
     augmentations = {"digits": "one_view_digits", "natural": "capi"}
 
-    num_views = 1
-    teachers = ("target_encoder",)
-    pool = "mean"
-
     def __init__(self, backbone, feature_dim: int, cfg: CAPIConfig):
-        super().__init__(backbone, feature_dim)
-        check_vit(backbone, self.name)
-        pool_patch_tokens(backbone)
+        super().__init__(backbone, feature_dim, cfg.base_momentum)
         self.cfg = cfg
         generator = self.mask_generator()
         if generator.hidden >= num_patches(backbone) or generator.predicted < 1:
@@ -169,12 +160,6 @@ class CAPI(Method):
         self.predictor = CAPIPredictor(width, cfg.predictor_depth, cfg.predictor_heads, grid_shape(backbone))
         self.head = PrototypeHead(width, cfg.num_prototypes)
         self.clustering = OnlineClustering(width, cfg.num_prototypes)
-        self.target_encoder = make_teacher(backbone)
-        self.momentum = cfg.base_momentum
-        self.register_buffer("teacher_momentum", torch.tensor(cfg.base_momentum), persistent=False)
-
-    def batch_spec(self) -> BatchSpec:
-        return BatchSpec(fields=(PatchMasks(self.mask_generator()),), probe_image=self.feeds_probe)
 
     def mask_generator(self) -> InverseBlockMask:
         return InverseBlockMask(grid_shape(self.backbone), self.cfg.mask_ratio, self.cfg.prediction_subsampling)
@@ -195,10 +180,7 @@ class CAPI(Method):
             teacher = self.target_encoder
             encoded["teacher"] = output_tokens(teacher, images)[:, teacher.num_prefix_tokens :]
         encoded["predict_at"] = predict_at
-        if self.feeds_probe:  # the probe learns on what it is evaluated on (Method.batch_spec: probe_image)
-            with torch.no_grad():
-                encoded["features"] = pooled_feature(vit, batch["probe_image"])
-        return encoded
+        return encoded | self.probe_features(batch)
 
     def batch_loss(self, encoded: dict, batch: dict) -> dict:
         c = self.cfg
@@ -215,15 +197,11 @@ class CAPI(Method):
         self.terms = {"capi": capi.detach(), "clustering": clustering.detach()}  # W times this rank's share
         return {"loss": capi + clustering, "features": encoded.get("features"), "labels": batch["label"]}
 
-    def prepare_step(self, index: int, total_steps: int) -> None:
-        self.momentum = cosine_momentum(self.cfg.base_momentum, self.cfg.final_momentum, index + 1, total_steps)
-        self.teacher_momentum.fill_(self.momentum)
-
-    def after_optimizer_step(self) -> None:
-        ema_update(self.target_encoder, self.backbone, self.ema_momentum())
+    def momentum_at(self, done: int, total_steps: int) -> float:
+        return cosine_momentum(self.cfg.base_momentum, self.cfg.final_momentum, done, total_steps)
 
     def metrics(self) -> dict[str, torch.Tensor]:
-        out = {"train/teacher_momentum": torch.tensor(self.momentum)}
+        out = super().metrics()
         terms = getattr(self, "terms", {})
         if terms:  # the sum over ranks is W times each term
             values = all_reduce(torch.stack(list(terms.values())).double()) / world_size()

@@ -16,10 +16,8 @@ from solo.backbones.vit import (
     grid_shape,
     output_tokens,
     pool_patch_tokens,
-    pooled_feature,
     take,
 )
-from solo.data.views.batch_spec import BatchSpec, PatchMasks
 from solo.data.views.masks import BlockMask
 from solo.distributed import all_reduce, world_size
 from solo.errors import ConfigError
@@ -35,6 +33,7 @@ from solo.losses import (
 )
 from solo.methods.base import ema_update, encode_views, make_teacher, register_method
 from solo.methods.dino import DINOHead, SelfDistillation
+from solo.methods.masked_image import MaskedViT
 from solo.schema import AT_LEAST_ONE, FRACTION, MOMENTUM, NON_NEGATIVE, POSITIVE, PROBABILITY, choices, ruled
 
 # How the teacher's scores become targets (DINOv2's `train.centering`): Sinkhorn-Knopp over the global batch, or DINO's
@@ -85,7 +84,7 @@ def per_token(head: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
 
 
 @register_method("dinov2", schema=DINOv2Config)
-class DINOv2(SelfDistillation):
+class DINOv2(MaskedViT, SelfDistillation):
     """The student sees every crop, its global crops with the masked patches' embeddings replaced by a learnt mask
     token; the teacher (an EMA of backbone and head) sees the global crops whole. Losses: the cross-entropy of the
     student's class tokens against the teacher's Sinkhorn-Knopp targets of the other global crops (DINO), the same for
@@ -116,9 +115,6 @@ class DINOv2(SelfDistillation):
         if cfg.centering == "centering":  # buffers: a resumed run goes on with the same centres
             self.register_buffer("center", torch.zeros(cfg.num_prototypes))
             self.register_buffer("patch_center", torch.zeros(cfg.num_prototypes))
-
-    def batch_spec(self) -> BatchSpec:
-        return BatchSpec(fields=(PatchMasks(self.mask_generator()),), probe_image=self.feeds_probe)
 
     def mask_generator(self) -> BlockMask:
         c = self.cfg
@@ -156,10 +152,7 @@ class DINOv2(SelfDistillation):
             with torch.no_grad():
                 anchor = encode_views(self.gram_teacher, crops, forward=partial(output_tokens, self.gram_teacher))
             encoded["gram_anchor"] = [tokens[:, prefix:] for tokens in anchor]
-        if self.feeds_probe:  # the probe learns on what it is evaluated on (Method.batch_spec: probe_image)
-            with torch.no_grad():
-                encoded["features"] = pooled_feature(vit, batch["probe_image"])
-        return encoded
+        return encoded | self.probe_features(batch)
 
     def batch_loss(self, encoded: dict, batch: dict) -> dict:
         c, temperature = self.cfg, self.teacher_temperature

@@ -23,10 +23,13 @@ DistillLoss = choices("DistillLoss", "cosine", "mse")
 
 
 @dataclass
-class DistillConfig:
-    name: str = "distill"
-    # The frozen teacher: a solo zoo name, pretraining run directory, training checkpoint or weights file; a timm model
-    # name; or open_clip:<model> (solo.zoo.teachers)
+class PretrainedTeacherConfig:
+    """The keys of a method that learns from a frozen pretrained encoder (Method.pretrained_teacher: distill's
+    teacher, LiT's locked image tower), which the trainer loads (solo.zoo.teachers)."""
+
+    name: str = ""
+    # A solo zoo name (an image backbone's, or an image-text model's image tower), pretraining run directory, training
+    # checkpoint or weights file; a timm model name; or open_clip:<model>
     teacher: str = "simclr-digits-resnet18half"
     # timm and open_clip teachers: their weights file (timm without one: timm's own pretrained weights, from its cache
     # or the network; open_clip: or one of its pretrained tags)
@@ -34,6 +37,11 @@ class DistillConfig:
     # timm and open_clip teachers: timm.create_model's keyword arguments (img_size, dynamic_img_size), or changes to
     # open_clip's model config (as method.model_cfg)
     teacher_kwargs: Dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class DistillConfig(PretrainedTeacherConfig):
+    name: str = "distill"
     loss: DistillLoss = DistillLoss("cosine")  # cosine: 1 - cos(projected student, teacher); mse: the squared error
     # The projector from the student's width to the teacher's: 0 for one Linear layer, else an MLP's hidden width
     proj_hidden_dim: int = ruled(0, NON_NEGATIVE)

@@ -11,22 +11,19 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from solo.backbones.vit import (
-    check_vit,
     embed_patches,
     first_positions,
     grid_shape,
     output_tokens,
-    pool_patch_tokens,
-    pooled_feature,
     prefix_tokens,
     run_blocks,
     sincos_positions,
     take,
 )
-from solo.data.views.batch_spec import BatchSpec, PatchMasks
 from solo.data.views.masks import MultiBlockMask
 from solo.losses import masked_patch_mse, masked_patch_smooth_l1
-from solo.methods.base import Method, ema_update, make_teacher, register_method
+from solo.methods.base import register_method
+from solo.methods.masked_image import TargetEncoderViT
 from solo.schema import AT_LEAST_ONE, DECAY, FRACTION, POSITIVE, PROBABILITY, choices, ruled
 
 # The error between predicted and target features: the official code's smooth L1 (beta 1), or the paper's L2.
@@ -111,7 +108,7 @@ def _layer_norm(width: int, **kwargs) -> nn.LayerNorm:
 
 
 @register_method("ijepa", schema=IJEPAConfig)
-class IJEPA(Method):
+class IJEPA(TargetEncoderViT):
     """One view per image and its masks (solo.data.views.masks.MultiBlockMask: a context and target blocks, drawn per
     sample). `encode` runs the encoder on the context patches, padded to the most a context can hold, the padding
     kept out of attention; the predictor; and the target encoder on the whole image. `batch_loss` is the error between
@@ -122,23 +119,11 @@ class IJEPA(Method):
 
     augmentations = {"digits": "one_view_digits", "natural": "ijepa"}
 
-    num_views = 1
-    teachers = ("target_encoder",)
-    pool = "mean"
-
     def __init__(self, backbone, feature_dim: int, cfg: IJEPAConfig):
-        super().__init__(backbone, feature_dim)
-        check_vit(backbone, self.name)
-        pool_patch_tokens(backbone)
+        super().__init__(backbone, feature_dim, cfg.base_momentum)
         self.cfg = cfg
         self.predictor = IJEPAPredictor(backbone.embed_dim, cfg, grid_shape(backbone))
-        self.target_encoder = make_teacher(backbone)
-        self.momentum = cfg.base_momentum
-        self.register_buffer("teacher_momentum", torch.tensor(cfg.base_momentum), persistent=False)
         self.patch_loss = masked_patch_mse if cfg.loss == "mse" else masked_patch_smooth_l1
-
-    def batch_spec(self) -> BatchSpec:
-        return BatchSpec(fields=(PatchMasks(self.mask_generator()),), probe_image=self.feeds_probe)
 
     def mask_generator(self) -> MultiBlockMask:
         c = self.cfg
@@ -171,10 +156,7 @@ class IJEPA(Method):
             features = F.layer_norm(features, features.shape[-1:])
             target = take(features, target_at.flatten(1, 2)).view(prediction.shape)
         encoded = {"prediction": prediction, "target": target, "valid": target_valid}
-        if self.feeds_probe:  # the probe learns on what it is evaluated on (Method.batch_spec: probe_image)
-            with torch.no_grad():
-                encoded["features"] = pooled_feature(vit, batch["probe_image"])
-        return encoded
+        return encoded | self.probe_features(batch)
 
     def batch_loss(self, encoded: dict, batch: dict) -> dict:
         loss = self.patch_loss(
@@ -182,13 +164,6 @@ class IJEPA(Method):
         )
         return {"loss": loss, "features": encoded.get("features"), "labels": batch["label"]}
 
-    def prepare_step(self, index: int, total_steps: int) -> None:
-        c, done = self.cfg, index + 1
-        self.momentum = c.base_momentum + (c.final_momentum - c.base_momentum) * min(done, total_steps) / total_steps
-        self.teacher_momentum.fill_(self.momentum)
-
-    def after_optimizer_step(self) -> None:
-        ema_update(self.target_encoder, self.backbone, self.ema_momentum())
-
-    def metrics(self) -> dict[str, torch.Tensor]:
-        return {"train/teacher_momentum": torch.tensor(self.momentum)}
+    def momentum_at(self, done: int, total_steps: int) -> float:
+        c = self.cfg  # linear, as I-JEPA's
+        return c.base_momentum + (c.final_momentum - c.base_momentum) * min(done, total_steps) / total_steps

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Dict, Optional
 
 import torch
 import torch.nn as nn
@@ -16,7 +15,7 @@ from solo.losses import clip_loss, siglip_loss
 from solo.losses.tiled import config_tile
 from solo.methods.base import register_method
 from solo.methods.clip import ImageTextMethod, TextConfig
-from solo.methods.distill import FrozenTeacher
+from solo.methods.distill import FrozenTeacher, PretrainedTeacherConfig
 from solo.methods.towers import solo_towers
 from solo.schema import AT_LEAST_ONE, POSITIVE, TILE, choices, ruled
 
@@ -24,17 +23,9 @@ LiTLoss = choices("LiTLoss", "clip", "siglip")
 
 
 @dataclass
-class LiTConfig:
+class LiTConfig(PretrainedTeacherConfig):
     name: str = "lit"
-    # The locked image tower, from what distill's method.teacher takes (solo.zoo.teachers): a solo zoo name (an image
-    # backbone's, or an image-text model's image tower), pretraining run directory, training checkpoint or weights
-    # file; a timm model name; or open_clip:<model>
-    teacher: str = "clip-digits-resnet18half"
-    # timm and open_clip towers: their weights file (timm without one: timm's own pretrained weights, from its cache or
-    # the network; open_clip: or one of its pretrained tags)
-    teacher_weights: Optional[str] = None
-    # timm and open_clip towers: timm.create_model's keyword arguments, or changes to open_clip's model config
-    teacher_kwargs: Dict[str, Any] = field(default_factory=dict)
+    teacher: str = "clip-digits-resnet18half"  # the locked image tower
     # A trained linear projection of the locked features to embed_dim; false: the locked features are the image
     # embedding, and the text tower projects to their width (embed_dim unused)
     image_head: bool = True

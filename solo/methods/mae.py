@@ -9,23 +9,19 @@ import torch
 import torch.nn as nn
 
 from solo.backbones.vit import (
-    check_vit,
     embed_patches,
     first_positions,
     grid_shape,
     keep,
     num_patches,
-    patch_size,
-    patchify,
-    pooled_feature,
     prefix_tokens,
     run_blocks,
     sincos_positions,
 )
-from solo.data.views.batch_spec import BatchSpec, PatchMasks
 from solo.data.views.masks import RandomMask
-from solo.losses import masked_patch_mse, normalised_patches
-from solo.methods.base import Method, register_method
+from solo.losses import masked_patch_mse
+from solo.methods.base import register_method
+from solo.methods.masked_image import PixelReconstruction
 from solo.schema import AT_LEAST_ONE, FRACTION, ruled
 
 
@@ -84,44 +80,29 @@ def _layer_norm(width: int, **kwargs) -> nn.LayerNorm:
 
 
 @register_method("mae", schema=MAEConfig)
-class MAE(Method):
-    """One view per image. `encode` runs the encoder on the visible patches and the decoder (both per sample), and,
-    when an online probe reads them, the backbone on the whole image as validation sees it (`BatchSpec.probe_image`), without
-    a graph; `batch_loss` is the loss: the mean over every masked patch of the global batch (solo.losses.masked_patch_mse)."""
+class MAE(PixelReconstruction):
+    """The encoder on the visible patches and the decoder, both per sample; the loss is the mean squared error over
+    every hidden patch of the global batch (solo.losses.masked_patch_mse)."""
 
     augmentations = {"digits": "one_view_digits", "natural": "mae"}
 
-    num_views = 1
-
     def __init__(self, backbone, feature_dim: int, cfg: MAEConfig):
         super().__init__(backbone, feature_dim)
-        check_vit(backbone, self.name)
         self.cfg = cfg
-        self.patch = patch_size(backbone)
+        self.normalise_targets = cfg.norm_pix_loss
         self.visible = num_patches(backbone) - self.mask_generator().hidden
         self.decoder = MAEDecoder(
             backbone.embed_dim, cfg, grid_shape(backbone), backbone.num_prefix_tokens, self.patch**2 * 3
         )
 
-    def batch_spec(self) -> BatchSpec:
-        return BatchSpec(fields=(PatchMasks(self.mask_generator()),), probe_image=self.feeds_probe)
-
     def mask_generator(self) -> RandomMask:
         return RandomMask(num_patches(self.backbone), self.cfg.mask_ratio)
 
-    def encode(self, batch: dict) -> dict:
+    def predict(self, batch: dict) -> torch.Tensor:
         images, mask = batch["views"][0], batch["mask"]
         vit = self.backbone
         tokens = torch.cat([prefix_tokens(vit, len(images)), keep(embed_patches(vit, images), mask, self.visible)], 1)
-        encoded = {"prediction": self.decoder(run_blocks(vit, tokens), mask)}
-        if self.feeds_probe:  # the probe learns on what it is evaluated on (Method.batch_spec: probe_image)
-            with torch.no_grad():
-                encoded["features"] = pooled_feature(vit, batch["probe_image"])
-        return encoded
+        return self.decoder(run_blocks(vit, tokens), mask)
 
-    def batch_loss(self, encoded: dict, batch: dict) -> dict:
-        target = patchify(batch["views"][0], self.patch)
-        if self.cfg.norm_pix_loss:
-            target = normalised_patches(target)
-        loss = masked_patch_mse(encoded["prediction"], target, batch["mask"])
-        return {"loss": loss, "features": encoded.get("features"), "labels": batch["label"]}
+    def pixel_loss(self, prediction: torch.Tensor, target: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        return masked_patch_mse(prediction, target, mask)

@@ -21,11 +21,11 @@ from solo.backbones.vit import (
     prefix_tokens,
     run_blocks,
 )
-from solo.data.views.batch_spec import BatchSpec, PatchMasks
 from solo.data.views.masks import RandomMask
 from solo.errors import ConfigError
 from solo.losses import msn_loss, power_law_prior
 from solo.methods.base import Method, ema_update, encode_views, make_teacher, register_method, with_group_settings
+from solo.methods.masked_image import MaskedViT
 from solo.schema import AT_LEAST_ONE, FRACTION, NON_NEGATIVE, POSITIVE, PROBABILITY, ruled
 
 
@@ -73,7 +73,7 @@ class Projector(nn.Sequential):
 
 
 @register_method("msn", schema=MSNConfig)
-class MSN(Method):
+class MSN(MaskedViT, Method):
     """Views: the target crop (the teacher's), the anchor crop of the same size (the student's, masked), then any
     smaller focal crops (the student's, whole). The teacher is an EMA of backbone and projector and scores against the
     student's prototypes, detached. Every term is over the global batch (solo.losses.msn_loss)."""
@@ -95,9 +95,6 @@ class MSN(Method):
         self.teacher = make_teacher(nn.ModuleList([backbone, self.projector]))
         self.momentum = cfg.base_momentum
         self.register_buffer("teacher_momentum", torch.tensor(cfg.base_momentum), persistent=False)
-
-    def batch_spec(self) -> BatchSpec:
-        return BatchSpec(fields=(PatchMasks(self.mask_generator()),), probe_image=self.feeds_probe)
 
     def mask_generator(self) -> RandomMask:
         return RandomMask(num_patches(self.backbone), self.cfg.mask_ratio)
@@ -126,10 +123,7 @@ class MSN(Method):
         with torch.no_grad():
             teacher = pooled_feature(self.teacher[0], target)
         encoded = {"anchors": anchors, "teacher": teacher}
-        if self.feeds_probe:  # the probe learns on what it is evaluated on (Method.batch_spec: probe_image)
-            with torch.no_grad():
-                encoded["features"] = pooled_feature(vit, batch["probe_image"])
-        return encoded
+        return encoded | self.probe_features(batch)
 
     def batch_loss(self, encoded: dict, batch: dict) -> dict:
         anchors = encoded["anchors"]

@@ -10,21 +10,17 @@ import torch
 import torch.nn as nn
 
 from solo.backbones.vit import (
-    check_vit,
     embed_patches,
     grid_shape,
-    patch_size,
-    patchify,
     pool_patch_tokens,
-    pooled_feature,
     prefix_tokens,
     run_blocks,
 )
-from solo.data.views.batch_spec import BatchSpec, PatchMasks
 from solo.data.views.masks import CoarseRandomMask
 from solo.errors import ConfigError
 from solo.losses import masked_patch_l1
-from solo.methods.base import Method, register_method
+from solo.methods.base import register_method
+from solo.methods.masked_image import PixelReconstruction
 from solo.schema import AT_LEAST_ONE, FRACTION, ruled
 
 
@@ -36,26 +32,23 @@ class SimMIMConfig:
 
 
 @register_method("simmim", schema=SimMIMConfig)
-class SimMIM(Method):
-    """One view per image and its mask (solo.data.views.masks.CoarseRandomMask, drawn per sample). `encode` runs the
+class SimMIM(PixelReconstruction):
+    """One view per image and its mask (solo.data.views.masks.CoarseRandomMask, drawn per sample). `predict` runs the
     backbone on every patch, the hidden ones' embeddings replaced by the mask token before the position embeddings
     (SimMIM's ViT), and the linear head on the patch tokens; when an online probe reads them, also the backbone on
-    the whole image as validation sees it (`BatchSpec.probe_image`), without a graph. `batch_loss` is the loss: the mean absolute
+    the whole image as validation sees it (`BatchSpec.probe_image`), without a graph. `pixel_loss`: the mean absolute
     error over every hidden pixel of the global batch (solo.losses.masked_patch_l1)."""
 
     augmentations = {"digits": "one_view_digits", "natural": "simmim"}
 
-    num_views = 1
     # The patch tokens' mean, as SimMIM's fine-tuning pools them: no loss reads the class token (on the digits its
     # probe was at 0.50 after 34 of 150 epochs)
     pool = "mean"
 
     def __init__(self, backbone, feature_dim: int, cfg: SimMIMConfig):
         super().__init__(backbone, feature_dim)
-        check_vit(backbone, self.name)
         pool_patch_tokens(backbone)
         self.cfg = cfg
-        self.patch = patch_size(backbone)
         size = backbone.patch_embed.img_size[0]
         if cfg.mask_patch_size % self.patch or size % cfg.mask_patch_size:
             raise ConfigError(
@@ -68,24 +61,15 @@ class SimMIM(Method):
         # token to its patch's pixels (here in patchify's order).
         self.head = nn.Linear(backbone.embed_dim, self.patch**2 * 3)
 
-    def batch_spec(self) -> BatchSpec:
-        return BatchSpec(fields=(PatchMasks(self.mask_generator()),), probe_image=self.feeds_probe)
-
     def mask_generator(self) -> CoarseRandomMask:
         return CoarseRandomMask(grid_shape(self.backbone), self.cfg.mask_patch_size // self.patch, self.cfg.mask_ratio)
 
-    def encode(self, batch: dict) -> dict:
+    def predict(self, batch: dict) -> torch.Tensor:
         images, mask = batch["views"][0], batch["mask"]
         vit = self.backbone
         patches = embed_patches(vit, images, mask, self.mask_token)
         tokens = run_blocks(vit, torch.cat([prefix_tokens(vit, len(images)), patches], 1))
-        encoded = {"prediction": self.head(tokens[:, vit.num_prefix_tokens :])}
-        if self.feeds_probe:  # the probe learns on what it is evaluated on (Method.batch_spec: probe_image)
-            with torch.no_grad():
-                encoded["features"] = pooled_feature(vit, batch["probe_image"])
-        return encoded
+        return self.head(tokens[:, vit.num_prefix_tokens :])
 
-    def batch_loss(self, encoded: dict, batch: dict) -> dict:
-        target = patchify(batch["views"][0], self.patch)
-        loss = masked_patch_l1(encoded["prediction"], target, batch["mask"])
-        return {"loss": loss, "features": encoded.get("features"), "labels": batch["label"]}
+    def pixel_loss(self, prediction: torch.Tensor, target: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        return masked_patch_l1(prediction, target, mask)

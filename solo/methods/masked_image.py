@@ -1,0 +1,93 @@
+"""What the masked-image methods share. `MaskedViT` (MAE, SimMIM, AIM, MSN, I-JEPA, CAPI, DINOv2): a patch mask per
+sample, drawn in the data workers (`mask_generator`: `batch["mask"]`), and an online probe on each whole image through
+the evaluation transform (`batch["probe_image"]`), since the views it trains on are masked. `PixelReconstruction`
+(MAE, SimMIM, AIM): one view per image whose patches' pixels are predicted where the mask says. `TargetEncoderViT`
+(I-JEPA, CAPI): one view per image whose targets come from a target encoder, an EMA of the backbone."""
+
+from __future__ import annotations
+
+import torch
+
+from solo.backbones.vit import check_vit, patch_size, patchify, pool_patch_tokens, pooled_feature
+from solo.data.views.batch_spec import BatchSpec, PatchMasks
+from solo.losses import normalised_patches
+from solo.methods.base import Method, ema_update, make_teacher
+
+
+class MaskedViT:
+    """A mixin for a Method on a ViT whose batches carry each sample's patch mask."""
+
+    def mask_generator(self):
+        """The generator of each sample's mask (solo.data.views.masks), for the data workers."""
+        raise NotImplementedError
+
+    def batch_spec(self) -> BatchSpec:
+        return BatchSpec(fields=(PatchMasks(self.mask_generator()),), probe_image=self.feeds_probe)
+
+    def probe_features(self, batch: dict) -> dict:
+        """{"features": the backbone's pooled feature of each whole image, without a graph} when an online probe
+        reads them (the probe learns on what it is evaluated on), else {}."""
+        if not self.feeds_probe:
+            return {}
+        with torch.no_grad():
+            return {"features": pooled_feature(self.backbone, batch["probe_image"])}
+
+
+class PixelReconstruction(MaskedViT, Method):
+    """One view per image; `predict(batch)` gives each patch's pixels, (B, patches, patch^2 x 3) in patchify's order,
+    and `pixel_loss(prediction, target, mask)` (solo.losses.masked) scores them over the global batch. With
+    `normalise_targets`, each target patch is normalised by its own mean and variance (MAE's norm_pix_loss)."""
+
+    num_views = 1
+    normalise_targets = False
+
+    def __init__(self, backbone, feature_dim: int):
+        super().__init__(backbone, feature_dim)
+        check_vit(backbone, self.name)
+        self.patch = patch_size(backbone)
+
+    def predict(self, batch: dict) -> torch.Tensor:
+        raise NotImplementedError
+
+    def pixel_loss(self, prediction: torch.Tensor, target: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def encode(self, batch: dict) -> dict:
+        return {"prediction": self.predict(batch), **self.probe_features(batch)}
+
+    def batch_loss(self, encoded: dict, batch: dict) -> dict:
+        target = patchify(batch["views"][0], self.patch)
+        if self.normalise_targets:
+            target = normalised_patches(target)
+        loss = self.pixel_loss(encoded["prediction"], target, batch["mask"])
+        return {"loss": loss, "features": encoded.get("features"), "labels": batch["label"]}
+
+
+class TargetEncoderViT(MaskedViT, Method):
+    """One view per image; the targets come from `target_encoder`, an EMA of the backbone whose momentum after step
+    k of n is `momentum_at(k, n)`; the probes read the mean patch token (pool=mean), as I-JEPA's linear protocol."""
+
+    num_views = 1
+    teachers = ("target_encoder",)
+    pool = "mean"
+
+    def __init__(self, backbone, feature_dim: int, base_momentum: float):
+        super().__init__(backbone, feature_dim)
+        check_vit(backbone, self.name)
+        pool_patch_tokens(backbone)
+        self.target_encoder = make_teacher(backbone)
+        self.momentum = base_momentum
+        self.register_buffer("teacher_momentum", torch.tensor(base_momentum), persistent=False)
+
+    def momentum_at(self, done: int, total_steps: int) -> float:
+        raise NotImplementedError
+
+    def prepare_step(self, index: int, total_steps: int) -> None:
+        self.momentum = self.momentum_at(index + 1, total_steps)
+        self.teacher_momentum.fill_(self.momentum)
+
+    def after_optimizer_step(self) -> None:
+        ema_update(self.target_encoder, self.backbone, self.ema_momentum())
+
+    def metrics(self) -> dict[str, torch.Tensor]:
+        return {"train/teacher_momentum": torch.tensor(self.momentum)}
