@@ -4,6 +4,7 @@ config is validated, with errors that name the key and the value typed (`optim.l
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Callable
@@ -71,8 +72,8 @@ def unknown_key_hint(key: str) -> str:
 
 def check_values(node: DictConfig, key: str = "") -> None:
     """Check the structured config `node` recursively (lists of them too): no key its schema lacks, every ruled
-    field's value, and a schema's `validate()` method if it has one (its ValueError starts with the field's name, which
-    is prefixed with the node's key here). Unset (???) values are skipped.
+    field's value, and a schema's `validate()` method if it has one (its ValueError names fields as `field=value`,
+    each prefixed with the node's key here). Unset (???) values are skipped.
     Raises ConfigError naming the key."""
     schema = OmegaConf.get_type(node)
     if not dataclasses.is_dataclass(schema):
@@ -88,8 +89,9 @@ def check_values(node: DictConfig, key: str = "") -> None:
     if hasattr(schema, "validate") and not OmegaConf.missing_keys(node):
         try:
             OmegaConf.to_object(node).validate()
-        except ValueError as e:
-            raise ConfigError(f"{key}.{e}" if key else str(e)) from None
+        except ValueError as e:  # every field it names as `field=value` gets the node's key: the full key
+            fields = "|".join(map(re.escape, known))
+            raise ConfigError(re.sub(rf"(?<![.\w])({fields})=", rf"{key}.\1=", str(e)) if key else str(e)) from None
     for f in dataclasses.fields(schema):
         name = f"{key}.{f.name}" if key else f.name
         if OmegaConf.is_missing(node, f.name):

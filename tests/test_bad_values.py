@@ -96,3 +96,38 @@ def test_a_key_of_another_dataset_is_an_error_that_names_it():
     with pytest.raises(SoloError, match=r"Key 'root' not in 'DataConfig' \(full key data.root\)"):
         compose_cfg(["+data.root=/somewhere"])
     assert OmegaConf.select(compose_cfg(["data=imagefolder", "data.root=/somewhere"]), "data.root") == "/somewhere"
+
+
+# The masked-image methods, whose keys meet the ViT's patch grid, their own transformers' widths and their masks.
+MASKED = ("mae", "simmim", "aim", "msn", "ijepa", "capi", "dinov2")
+TINY_VIT = [
+    "backbone=vit_tiny",
+    "+backbone.kwargs.depth=1",
+    "+backbone.kwargs.embed_dim=48",
+    "data.batch_size=8",
+    "data.num_workers=0",
+    "trainer.max_steps=1",
+    "trainer.knn_k=0",
+    "trainer.progress_bar=false",
+    "trainer.plots=false",
+]
+
+
+def _method_keys(method: str) -> list[str]:
+    with initialize_config_dir(config_dir=str(REPO / "solo" / "configs"), version_base="1.3"):
+        return [f"method.{k}" for k in scalar_keys(compose("pretrain", overrides=[f"method={method}"]).method)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", MASKED)
+@pytest.mark.one_process
+def test_a_masked_methods_keys_at_their_extremes_train_or_name_the_key(method, tmp_path):
+    """Each scalar key of the method at 0, 1 and 100 on a 4 x 4 patch grid: a ratio of all or nothing, a block larger
+    than the grid, more heads than the width holds. Each run trains or stops with a short error naming the key."""
+    for key in _method_keys(method):
+        for i, value in enumerate(("0", "1", "100")):
+            try:
+                pretrain(compose_cfg(TINY_VIT + [f"method={method}", f"{key}={value}"]), tmp_path / f"{key}-{i}")
+            except (SoloError, OmegaConfBaseException, HydraException) as e:
+                message = str(e)
+                assert names_the_key(message, key) and len(message.splitlines()) <= 6, f"{key}={value}: {message}"

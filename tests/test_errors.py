@@ -60,7 +60,7 @@ def test_hydra_errors_become_config_errors_that_name_the_override():
         assert f"error: {raised.value}".startswith(expected), raised.value
 
 
-def test_an_image_size_that_does_not_tile_into_the_patches_is_one_line_before_anything_is_built():
+def test_keys_that_do_not_fit_together_are_one_line_before_anything_is_built():
     from solo.cli import PRETRAIN, precheck
     from solo.config import register_configs
 
@@ -74,6 +74,14 @@ def test_an_image_size_that_does_not_tile_into_the_patches_is_one_line_before_an
         (
             ["backbone=vit_tiny", "method=dino", "augmentation=multicrop_digits", "backbone.kwargs.patch_size=16"],
             r"augmentation.views\[\d\].size=8 does not tile into the backbone's 16 px patches",
+        ),
+        (  # the decoder's width against its heads and its sine-cosine positions (was timm's AssertionError)
+            ["method=mae", "method.decoder_heads=100"],
+            r"method.decoder_embed_dim=\d+ with method.decoder_heads=100: .* use method.decoder_embed_dim=",
+        ),
+        (
+            ["method=ijepa", "method.predictor_embed_dim=30", "method.predictor_heads=3"],
+            r"method.predictor_embed_dim=30 with method.predictor_heads=3: .* use method.predictor_embed_dim=24",
         ),
     ):
         with pytest.raises(ConfigError, match=message):

@@ -4,6 +4,7 @@ an EMA of the encoder on the whole image, layer-normalised. One crop per image, 
 
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass
 
 import torch
@@ -23,7 +24,7 @@ from solo.backbones.vit import (
 from solo.data.views.masks import MultiBlockMask
 from solo.losses import masked_patch_mse, masked_patch_smooth_l1
 from solo.methods.base import register_method
-from solo.methods.masked_image import TargetEncoderViT
+from solo.methods.masked_image import TargetEncoderViT, check_transformer_width
 from solo.schema import AT_LEAST_ONE, DECAY, FRACTION, POSITIVE, PROBABILITY, choices, ruled
 
 # The error between predicted and target features: the official code's smooth L1 (beta 1), or the paper's L2.
@@ -123,7 +124,12 @@ class IJEPA(TargetEncoderViT):
         super().__init__(backbone, feature_dim, cfg.base_momentum)
         self.cfg = cfg
         self.predictor = IJEPAPredictor(backbone.embed_dim, cfg, grid_shape(backbone))
+        self.mask_generator()(random.Random(0))  # masks the grid cannot hold: one error now, not in a data worker
         self.patch_loss = masked_patch_mse if cfg.loss == "mse" else masked_patch_smooth_l1
+
+    @classmethod
+    def check_config(cls, cfg) -> None:
+        check_transformer_width(cfg, "predictor_embed_dim", "predictor_heads")
 
     def mask_generator(self) -> MultiBlockMask:
         c = self.cfg

@@ -21,7 +21,7 @@ from solo.backbones.vit import (
 from solo.data.views.masks import RandomMask
 from solo.losses import masked_patch_mse
 from solo.methods.base import register_method
-from solo.methods.masked_image import PixelReconstruction
+from solo.methods.masked_image import PixelReconstruction, check_transformer_width
 from solo.schema import AT_LEAST_ONE, FRACTION, ruled
 
 
@@ -94,6 +94,10 @@ class MAE(PixelReconstruction):
         self.decoder = MAEDecoder(
             backbone.embed_dim, cfg, grid_shape(backbone), backbone.num_prefix_tokens, self.patch**2 * 3
         )
+
+    @classmethod
+    def check_config(cls, cfg) -> None:
+        check_transformer_width(cfg, "decoder_embed_dim", "decoder_heads")
 
     def mask_generator(self) -> RandomMask:
         return RandomMask(num_patches(self.backbone), self.cfg.mask_ratio)

@@ -6,10 +6,13 @@ the evaluation transform (`batch["probe_image"]`), since the views it trains on 
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from solo.backbones.vit import check_vit, patch_size, patchify, pool_patch_tokens, pooled_feature
 from solo.data.views.batch_spec import BatchSpec, PatchMasks
+from solo.errors import ConfigError
 from solo.losses import normalised_patches
 from solo.methods.base import Method, ema_update, make_teacher
 
@@ -91,3 +94,15 @@ class TargetEncoderViT(MaskedViT, Method):
 
     def metrics(self) -> dict[str, torch.Tensor]:
         return {"train/teacher_momentum": torch.tensor(self.momentum)}
+
+
+def check_transformer_width(cfg, width_key: str, heads_key: str) -> None:
+    """A transformer of the method's own (MAE's decoder, I-JEPA's predictor), with 2-D sine-cosine positions: its
+    width must divide into its heads and into 4. Checked with the config, before anything is built."""
+    width, heads = cfg.method[width_key], cfg.method[heads_key]
+    step = math.lcm(heads, 4)
+    if width % step:
+        raise ConfigError(
+            f"method.{width_key}={width} with method.{heads_key}={heads}: the width must be a multiple of the heads "
+            f"and of 4 (its 2-D sine-cosine position embeddings); use method.{width_key}={step * max(1, round(width / step))}"
+        )

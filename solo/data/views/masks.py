@@ -15,6 +15,8 @@ from dataclasses import dataclass
 
 import torch
 
+from solo.errors import ConfigError
+
 
 @dataclass(frozen=True)
 class RandomMask:
@@ -174,10 +176,11 @@ class MultiBlockMask:
             context = self._block(self.context_scale, (1.0, 1.0), rng) & ~torch.stack(targets).any(dim=0)
             if int(context.sum()) >= self.min_context:
                 return torch.stack([context, *targets])
-        raise ValueError(
+        raise ConfigError(
             f"no context of at least {self.min_context} patches was left beside {self.targets} targets in 100 draws "
             f"on a {self.grid[0]} x {self.grid[1]} grid: use fewer or smaller targets (method.num_targets, "
-            "method.target_scale_max) or a larger context (method.context_scale_min)"
+            "method.target_scale_max), a larger context (method.context_scale_min) or a smaller minimum "
+            "(method.min_context_patches)"
         )
 
 
