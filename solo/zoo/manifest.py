@@ -95,7 +95,7 @@ def find_entry(name: str, path: str | Path | None = None) -> dict:
 
 
 def markdown_table(entries: list[dict]) -> str:
-    """The README's zoo table, generated from the manifest (a test keeps the README in step with it)."""
+    """The zoo table, generated from the manifest: the docs render it where a page says <!-- zoo-table --> (docs/hooks.py)."""
     rows = [
         "| name | method | backbone | data | epochs | global batch | linear top-1 | k-NN top-1 | zero-shot top-1 | size | sha256 |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
