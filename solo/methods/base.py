@@ -19,6 +19,16 @@ A method is an nn.Module from a batch to its loss. Besides `forward`, it tells t
   val features; `val_health`: health metrics of its own; image-text methods: `evaluate`);
 - optionally, its split into `encode` (per sample: the backbone) and `batch_loss` (what couples the samples:
   projector BatchNorm, the loss), which gradient accumulation (`trainer.accumulate`) needs.
+
+Why these remain. The class attributes (`inputs`, `num_views`, `local_crops`, `needs_labels`, `pool`,
+`augmentations`, `teachers`, `sync_teacher_batchnorm`, `pretrained_teacher`) are read before the method is built:
+the config is checked and the data, augmentation and teacher chosen from them. Everything a batch carries beyond the
+views is one hook, `batch_spec`, asked once the method exists, since masks depend on its patch grid; a new need is a
+new field there (solo.data.views.batch_spec), not a new attribute here. The other hooks are the points of the
+lifecycle where the trainer hands over: built (`set_data`), scheduled (`set_schedule`), each step before and after
+(`prepare_step`, `after_optimizer_step`), logged (`metrics`) and validated (`classifier`, `val_health`).
+Shared shapes live in bases beside this one: `TwoViewMethod`, `ExpanderMethod`, `MomentumTwoViewMethod` and `SiameseMethod` here, and
+solo.methods.masked_image's `MaskedViT`, `PixelReconstruction` and `TargetEncoderViT`.
 """
 
 from __future__ import annotations
