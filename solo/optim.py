@@ -128,12 +128,13 @@ def whole_squared_norms(parts: list[torch.Tensor], of: list[torch.Tensor]) -> li
     it element by element. A plain tensor is whole on every rank: its part's own. FSDP's shards (DTensors placed
     Shard) split the whole: their parts' squares summed over the ranks, in one all-reduce for all of them.
     No host read. On an accelerator one launch for the norms of each dtype (torch._foreach_norm); on the CPU, float32
-    and float64 parts by BLAS dot products: the foreach norm loops generic reductions there, several times slower
+    and float64 parts one vector_norm each: the foreach norm loops generic reductions there, several times slower, and
+    a BLAS dot product sums in an order that depends on its threads, so that a resumed process stepped differently
     (docs/performance.md)."""
     if not parts:
         return []
     if all(t.device.type == "cpu" and t.dtype in (torch.float32, torch.float64) for t in parts):
-        squares = [flat.dot(flat) for flat in (t.reshape(-1) for t in parts)]
+        squares = [torch.linalg.vector_norm(t).square() for t in parts]
     else:
         squares = list(torch.stack(torch._foreach_norm(parts)).square().unbind())
     groups: dict = {}  # process group -> positions of the shards reduced over it (FSDP's: one)
