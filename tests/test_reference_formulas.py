@@ -24,6 +24,7 @@ from solo.losses import (
     align_uniform_loss,
     capi_clustering,
     capi_loss,
+    capi_sinkhorn,
     dcl_loss,
     deepcluster_loss,
     detcon_loss,
@@ -1001,26 +1002,28 @@ def test_msn_is_the_authors_loss_and_pmsn_lightlys_prior_matching_in_value_and_g
 # --- CAPI ------------------------------------------------------------------------------------------------------------
 
 
-def _paper_sinkhorn(scores, temperature, iterations=3):
-    """The paper's Sinkhorn-Knopp on one (tokens, K) matrix: exp(scores / temperature), then alternately every
-    prototype's column and every token's row normalised to sum to 1."""
-    q = torch.exp(scores.detach() / temperature)
+def _official_sinkhorn(scores, temperature, iterations=3, epsilon=1e-8):
+    """facebookresearch/capi's Sinkhorn-Knopp on one (tokens, K) matrix: exp(scores / temperature) with each
+    prototype's largest moved to exp(50), then alternately every prototype's column divided by its sum plus epsilon
+    and every token's row by its sum plus epsilon."""
+    q = scores.detach() / temperature
+    q = torch.exp(q - q.max(dim=0, keepdim=True).values + 50)
     for _ in range(iterations):
-        q = q / q.sum(dim=0, keepdim=True)
-        q = q / q.sum(dim=1, keepdim=True)
+        q = q / (q.sum(dim=0, keepdim=True) + epsilon)
+        q = q / (q.sum(dim=1, keepdim=True) + epsilon)
     return q
 
 
 def _paper_capi(student, scores, predicted, positionwise):
-    """CAPI's two losses, written from the paper's equations token by token: targets Q from Sinkhorn-Knopp (per
+    """CAPI's two losses, written from the paper's equations token by token: targets Q from the official Sinkhorn-Knopp (per
     position over the images, or over every token at once); the clustering loss, the mean over every token of
     -sum_k Q log softmax(scores / 0.12); the prediction loss, the mean over every predicted patch of -sum_k Q log
     softmax(student / 0.12). `student`: (n, P, K) the predictor's scores at every position; `predicted`: (n, P)."""
     n, p, k = scores.shape
     if positionwise:
-        targets = torch.stack([_paper_sinkhorn(scores[:, j], 0.06) for j in range(p)], dim=1)
+        targets = torch.stack([_official_sinkhorn(scores[:, j], 0.06) for j in range(p)], dim=1)
     else:
-        targets = _paper_sinkhorn(scores.reshape(n * p, k), 0.06).reshape(n, p, k)
+        targets = _official_sinkhorn(scores.reshape(n * p, k), 0.06).reshape(n, p, k)
     clustering, prediction = [], []
     for i in range(n):
         for j in range(p):
@@ -1060,6 +1063,18 @@ def test_capi_is_the_papers_clustering_and_prediction_loss_in_value_and_gradient
         other_grouping, _ = _paper_capi(student, scores, predicted, not positionwise)
         for wrong in (capi_loss(take(student, predict_at), take(softmax_targets, predict_at), 0.12), other_grouping):
             assert abs(prediction.item() - wrong.item()) > 1e-3 * prediction.item()
+
+
+def test_capi_sinkhorn_keeps_the_official_epsilon_which_moves_the_targets_at_its_temperature():
+    """64 tokens of width 8, 16 prototypes, the clustering head's scores (L2-normalised tokens times a N(0, 1) layer):
+    solo's targets are the official code's; without its epsilon (SwAV's form, which solo used before), a token that
+    every prototype scores far below its best is scaled to a whole row, and the targets move by more than 0.01."""
+    g = _generator(7)
+    tokens = F.normalize(torch.randn(64, 8, generator=g, dtype=torch.float64), dim=1)
+    scores = tokens @ torch.randn(8, 16, generator=g, dtype=torch.float64)
+    official = _official_sinkhorn(scores, 0.06)
+    torch.testing.assert_close(capi_sinkhorn(scores, 0.06, 3), official, rtol=1e-12, atol=1e-300)
+    assert (official - _official_sinkhorn(scores, 0.06, epsilon=0.0)).abs().max() > 1e-2
 
 
 def _is_rolled_block(visible: torch.Tensor, count: int) -> bool:

@@ -178,7 +178,8 @@ def masked_center(scores: torch.Tensor, valid: torch.Tensor, center: torch.Tenso
 # --- SwAV ---------------------------------------------------------------------------------------------
 
 
-def _global_max(x: torch.Tensor) -> torch.Tensor:
+def global_max(x: torch.Tensor) -> torch.Tensor:
+    """The elementwise max of `x` over the ranks (no gradient: for shifts out of an exponent)."""
     if world_size() > 1:
         x = x.clone()
         dist.all_reduce(x, op=dist.ReduceOp.MAX)
@@ -193,7 +194,7 @@ def _sinkhorn(
     # normalisation removes exactly (SwAV's first division by the total sum is redundant for the same reason).
     # A rank with no rows contributes -inf (amax of nothing would raise), so that it still joins the all-reduces.
     local_max = scores.amax(dim=-2) if n else scores.new_full((*groups, k), float("-inf"))
-    q = torch.exp((scores - _global_max(local_max).unsqueeze(-2)) / epsilon)
+    q = torch.exp((scores - global_max(local_max).unsqueeze(-2)) / epsilon)
     if valid is not None:  # rows that are not samples (iBOT's unmasked patches) hold no mass
         q = q * valid[:, None]
     for _ in range(iterations):
