@@ -565,10 +565,11 @@ def capi_per_rank_sinkhorn(z1, z2):
 
     student, teacher, predicted = _capi_case(z1, z2)
     with torch.no_grad():
-        q = torch.exp(teacher.detach().transpose(0, 1) / 0.5)  # (positions, n, K)
+        q = teacher.detach().transpose(0, 1) / 0.5  # (positions, n, K)
+        q = torch.exp(q - q.amax(dim=1, keepdim=True) + 50)  # the official form: this rank's max, not the global one
         for _ in range(3):
-            q = q / q.sum(dim=1, keepdim=True)
-            q = q / q.sum(dim=2, keepdim=True)
+            q = q / (q.sum(dim=1, keepdim=True) + 1e-8)
+            q = q / (q.sum(dim=2, keepdim=True) + 1e-8)
         targets = q.transpose(0, 1)
     return capi_loss(student[predicted], targets[predicted], 0.2) + capi_loss(teacher, targets, 0.3)
 
