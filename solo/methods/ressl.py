@@ -31,7 +31,7 @@ class ReSSL(MomentumTwoViewMethod):
     """As the paper: the student sees the first view and the teacher the second (the weakly augmented one in the
     paper's recipe: give the second entry of augmentation.views a weaker recipe); the queue holds the teacher's keys."""
 
-    # a weak view for the teacher (digits: 0.692 with two strong)
+    # a weak view for the teacher: with two strong ones it learns much less (docs/methods/ressl.md)
     augmentations = {"digits": "ressl_digits", "natural": "ressl"}
 
     def __init__(self, backbone, feature_dim: int, cfg: ReSSLConfig):

@@ -41,8 +41,8 @@ class SimMIM(PixelReconstruction):
 
     augmentations = {"digits": "one_view_digits", "natural": "simmim"}
 
-    # The patch tokens' mean, as SimMIM's fine-tuning pools them: no loss reads the class token (on the digits its
-    # probe was at 0.50 after 34 of 150 epochs)
+    # The patch tokens' mean, as SimMIM's fine-tuning pools them: no loss reads the class token, whose probe lags far
+    # behind (docs/methods/simmim.md)
     pool = "mean"
 
     def __init__(self, backbone, feature_dim: int, cfg: SimMIMConfig):
