@@ -261,14 +261,18 @@ class Trainer:
         )
         optimizer = build_optimizer_for(model, cfg.optim, self.lr)
         warmup_steps = min(round(cfg.optim.warmup_epochs * self.source.steps_per_epoch), self.total_steps)
-        schedule = partial(warmup_cosine, total_steps=self.total_steps, base_lr=self.lr)
+        cosine = partial(warmup_cosine, total_steps=self.total_steps)
         self.schedule = partial(
-            schedule, warmup_steps=warmup_steps, warmup_start_lr=cfg.optim.warmup_start_lr, final_lr=cfg.optim.final_lr
+            cosine,
+            warmup_steps=warmup_steps,
+            base_lr=self.lr,
+            warmup_start_lr=cfg.optim.warmup_start_lr,
+            final_lr=cfg.optim.final_lr,
         )
         weight_decay = None
         if cfg.optim.weight_decay_end is not None:
             weight_decay = partial(
-                schedule, warmup_steps=0, base_lr=cfg.optim.weight_decay, final_lr=cfg.optim.weight_decay_end
+                cosine, warmup_steps=0, base_lr=cfg.optim.weight_decay, final_lr=cfg.optim.weight_decay_end
             )
         self.train_step = TrainStep(
             forward,
