@@ -1,5 +1,5 @@
-"""Offline and online evaluation: k-NN and the linear probe against independent references,
-main_linear end to end (cache, plots, fine-tuning), and the online k-NN equal to the offline one."""
+"""Offline and online evaluation: k-NN, retrieval and the linear probe against independent references,
+main_linear end to end (cache, plots, fine-tuning), and the online k-NN and retrieval equal to the offline ones."""
 
 import json
 import os
@@ -26,6 +26,7 @@ from solo.errors import SoloError
 from solo.eval.knn import knn_accuracy, knn_logits
 from solo.eval.linear import LinearProtocol, train_linear
 from solo.eval.plots import plot_curves
+from solo.eval.retrieval import retrieval_metrics
 from tests.test_accumulate import CASES
 from tests.test_train import REPO, TINY, metrics, run, weights
 
@@ -52,6 +53,48 @@ def test_knn_matches_a_loop_over_neighbours():
 def test_knn_of_the_train_set_itself_with_k1_is_perfect():
     x, y = torch.randn(30, 5), torch.arange(30) % 3
     assert knn_accuracy(x, y, x, y, num_classes=3, k=1)["acc1"] == 1.0
+
+
+def _retrieval_by_hand(gallery, gallery_labels, queries, query_labels):
+    """MAP@R and recall@1, @5 (Musgrave et al. 2020), query by query: the gallery sorted by cosine similarity with
+    Python's sorted, the precision at each of the first R ranks where the item is of the query's class."""
+
+    def cosine(q, g):
+        return sum(a * b for a, b in zip(q, g)) / (sum(a * a for a in q) * sum(b * b for b in g)) ** 0.5
+
+    aps, recall = [], {1: [], 5: []}
+    for q, label in zip(queries.tolist(), query_labels.tolist()):
+        similarity = [cosine(q, g) for g in gallery.tolist()]
+        order = sorted(range(len(gallery)), key=lambda i: -similarity[i])
+        same = [int(gallery_labels[i]) == label for i in order]
+        r = sum(int(y) == label for y in gallery_labels.tolist())
+        aps.append(sum(sum(same[: i + 1]) / (i + 1) for i in range(r) if same[i]) / r)
+        for k in recall:
+            recall[k].append(any(same[:k]))
+    return {"map_at_r": sum(aps) / len(aps)} | {f"recall_at_{k}": sum(v) / len(v) for k, v in recall.items()}
+
+
+def test_retrieval_matches_a_query_by_query_ranking():
+    """Against the definitions, on two noisy clusters per class; then known values: classes far apart read 1 on every
+    metric, and the known-wrong per-rank gallery (each half of the train split ranked apart, as ranks that do not
+    gather their features would) reads another MAP@R."""
+    g = torch.Generator().manual_seed(0)
+    centres = torch.randn(4, 6, generator=g, dtype=torch.float64)
+    gallery_labels, query_labels = torch.arange(40) % 4, torch.arange(13) % 4
+    gallery = centres[gallery_labels] + 0.9 * torch.randn(40, 6, generator=g, dtype=torch.float64)
+    queries = centres[query_labels] + 0.9 * torch.randn(13, 6, generator=g, dtype=torch.float64)
+    got = retrieval_metrics(gallery, gallery_labels, queries, query_labels, chunk=5)
+    want = _retrieval_by_hand(gallery, gallery_labels, queries, query_labels)
+    assert got.keys() == want.keys() and all(got[k] == pytest.approx(want[k], abs=1e-12) for k in want)
+    assert 0.2 < got["map_at_r"] < 0.95  # neither chance nor perfect: the noise mixes the classes
+    halves = [
+        retrieval_metrics(gallery[s], gallery_labels[s], queries, query_labels) for s in (slice(0, 20), slice(20, None))
+    ]
+    assert abs(sum(h["map_at_r"] for h in halves) / 2 - got["map_at_r"]) > 1e-3
+    apart = retrieval_metrics(
+        100 * centres[gallery_labels] + gallery, gallery_labels, 100 * centres[query_labels], query_labels
+    )
+    assert apart == {"map_at_r": 1.0, "recall_at_1": 1.0, "recall_at_5": 1.0}
 
 
 def test_linear_probe_matches_logistic_regression_on_digits_pixels():
@@ -102,6 +145,8 @@ def test_online_knn_equals_offline_knn_and_plots_are_written(tmp_path, monkeypat
     summary = evaluate_pretrained(cfg, tmp_path / "eval")
     assert summary["knn"]["acc1"] == pytest.approx(online["val/knn_acc1"], abs=1e-9)
     assert summary["knn"]["acc5"] == pytest.approx(online["val/knn_acc5"], abs=1e-9)
+    for key in ("map_at_r", "recall_at_1", "recall_at_5"):  # 2 processes online, 1 offline: the same ranking
+        assert summary["retrieval"][key] == pytest.approx(online[f"val/retrieval_{key}"], abs=1e-9), key
     logged = [json.loads(line) for line in (tmp_path / "eval" / "metrics.jsonl").read_text().splitlines()]
     assert [m["epoch"] for m in logged if "val/linear_acc1" in m] == list(range(20))
     assert (

@@ -26,6 +26,7 @@ from solo.eval.knn import knn_accuracy
 from solo.eval.linear import LinearProtocol, train_linear
 from solo.eval.plots import plot_curves, plot_embedding
 from solo.eval.probe import topk_correct
+from solo.eval.retrieval import retrieval_metrics
 from solo.eval.zero_shot import class_embeddings, class_prompts
 from solo.loggers import Loggers
 from solo.methods import METHODS
@@ -106,7 +107,7 @@ def _evaluate(cfg: DictConfig, run_dir: Path, env: DistEnv, device: torch.device
             for k, v in summary.items()
             if k in ("knn", "zero_shot", "finetune")
             for m in ("acc1", "acc5")
-        }
+        } | {f"val/retrieval_{k}": v for k, v in summary.get("retrieval", {}).items() if k != "protocol"}
         logger.log({"step": step, **final})  # the linear results are already logged per epoch
         logger.close()
         (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
@@ -164,7 +165,7 @@ class CachedFeatures:
 
 
 def _frozen_results(cfg: DictConfig, pretrained, train, val, classes, logger, device) -> dict:
-    """Linear (logged per epoch), k-NN and, for image-text models, zero-shot results on frozen features."""
+    """Linear (logged per epoch), k-NN, retrieval and, for image-text models, zero-shot results on frozen features."""
     protocol = LinearProtocol(**OmegaConf.to_container(cfg.linear, resolve=True))
     _, linear = train_linear(
         (train[0].to(device), train[1].to(device)),
@@ -177,6 +178,9 @@ def _frozen_results(cfg: DictConfig, pretrained, train, val, classes, logger, de
     knn = knn_accuracy(*train, *val, len(classes), cfg.knn.k, cfg.knn.temperature)
     results["knn"] = knn | {
         "protocol": f"weighted k-NN on cosine similarity, k={cfg.knn.k}, temperature {cfg.knn.temperature}"
+    }
+    results["retrieval"] = retrieval_metrics(*train, *val) | {
+        "protocol": "the val images ranking the train split by cosine similarity: MAP@R and recall@1, @5 by class"
     }
     if pretrained.contents == "model" and not cfg.random_init:
         results["zero_shot"] = _zero_shot(pretrained, val, classes, cfg.data.name, device)
@@ -204,5 +208,9 @@ def _format_summary(summary: dict, run_dir: Path) -> str:
         if kind in summary:
             r = summary[kind]
             lines.append(f"  {kind:<10} acc1 {r['acc1']:.4f}  acc5 {r['acc5']:.4f}   ({r['protocol']})")
+    if "retrieval" in summary:
+        r = summary["retrieval"]
+        scores = "  ".join(f"{k} {v:.4f}" for k, v in r.items() if k != "protocol")
+        lines.append(f"  retrieval  {scores}   ({r['protocol']})")
     lines.append(f"  written to {run_dir}/summary.json")
     return "\n".join(lines)

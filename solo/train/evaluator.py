@@ -12,16 +12,18 @@ from solo.eval.health import health
 from solo.eval.knn import knn_accuracy
 from solo.eval.plots import plot_curves, plot_embedding
 from solo.eval.probe import accuracy
+from solo.eval.retrieval import retrieval_metrics
 from solo.eval.zero_shot import zero_shot_accuracy
 
 
 class Evaluator:
     """On the val split, for image methods, from one pass of the backbone: the accuracy of its classifier
-    (`Method.classifier`: the online probe) on the features, their health and that of the embeddings the loss sees
-    (solo.eval.health: RankMe, uniformity, spread) and the method's own (`Method.val_health`: a distilled student's
-    agreement with its teacher), a weighted k-NN when `knn_k > 0` and the data has labels; for
-    image-text methods, what `evaluate` reports (retrieval, zero-shot), and zero-shot accuracy on
-    trainer.zero_shot_folder's images."""
+        (`Method.classifier`: the online probe) on the features, their health and that of the embeddings the loss sees
+        (solo.eval.health: RankMe, uniformity, spread) and the method's own (`Method.val_health`: a distilled student's
+        agreement with its teacher), a weighted k-NN and retrieval by class (solo.eval.retrieval: MAP@R, recall@k; the val
+    images as queries, the train split as the gallery) when `knn_k > 0` and the data has labels; for
+        image-text methods, what `evaluate` reports (retrieval, zero-shot), and zero-shot accuracy on
+        trainer.zero_shot_folder's images."""
 
     def __init__(
         self,
@@ -75,6 +77,7 @@ class Evaluator:
             )
             knn = knn_accuracy(*train, *val, self.num_classes, self.knn_k, self.knn_temperature)
             metrics |= {"val/knn_acc1": knn["acc1"], "val/knn_acc5": knn["acc5"]}
+            metrics |= {f"val/retrieval_{k}": v for k, v in retrieval_metrics(*train, *val).items()}
         return metrics
 
     def plot(self, run_dir: Path, is_main: bool) -> None:
