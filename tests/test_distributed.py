@@ -119,6 +119,9 @@ WRONG_SSL_OF = {
     "pmsn_per_rank_prior_matching": "pmsn",
     "detcon_local_negatives": "detcon",
     "vicregl_per_rank_local_statistics": "vicregl",
+    "fastsiam_mean_of_rank_means": "fastsiam",
+    "macl_local_negatives": "macl",
+    "visreg_per_rank_statistics": "visreg",
 }
 
 
@@ -142,6 +145,7 @@ UNEVEN_ONLY = (
     "gram_rank_mse",
     "lejepa_mean_of_rank_means",
     "msn_mean_of_rank_means",
+    "fastsiam_mean_of_rank_means",
 )
 
 

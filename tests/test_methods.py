@@ -55,6 +55,12 @@ METHOD = {
     "mocov2plus": HEADS + ["method.queue_size=64", "method.base_momentum=0.9"],
     "supervised": ["method.num_classes=10", "augmentation=supervised"],  # one view: main_linear.py's fine-tuning
     "simsiam": HEADS + ["method.pred_hidden_dim=8"],
+    # Four views of one size: each view's target the mean of the other three's projections.
+    "fastsiam": HEADS + ["method.pred_hidden_dim=8"],
+    # The temperature from the global batch's alignment, every other view of it a negative.
+    "macl": HEADS,
+    # Four global views, their mean, standard deviation and sorted projections on 16 directions over the global batch.
+    "visreg": HEADS + ["augmentation=digits_four_views", "method.num_slices=16"],
     # Support sets of 64 that 6 steps of 16 wrap, as MoCo v2+'s queue.
     "nnsiam": HEADS + ["method.pred_hidden_dim=8", "method.queue_size=64"],
     "nnclr": HEADS + ["method.pred_hidden_dim=32", "method.queue_size=64"],
@@ -430,7 +436,7 @@ def test_unknown_method_lists_every_method():
     with pytest.raises(MissingConfigException) as err:
         compose_cfg(["method=bool"])
     builtin = [m.name for m in METHODS if m.target.__module__.startswith("solo.")]  # other tests register their own
-    assert len(builtin) == 42 and all(name in str(err.value) for name in builtin)
+    assert len(builtin) == 45 and all(name in str(err.value) for name in builtin)
 
 
 @pytest.mark.parametrize(

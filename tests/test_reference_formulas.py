@@ -5,7 +5,9 @@ papers' objectives, the TiCo objective as the TiCo-pytorch code computes it, fac
 SsnL/align_uniform, facebookresearch/dinov3's GramLoss; EMP-SSL's, FroSSL's and SSL-EY's against
 tsb0601/EMP-SSL, OFSkean/FroSSL and jameschapman19/SSL-EY; SimMIM's against microsoft/SimMIM's models/simmim.py, AIM's
 against the paper's next-patch objective after the prefix, CAPI's against the paper's Sinkhorn-Knopp targets and
-cross-entropies; MSN's against facebookresearch/msn's loss, PMSN's against lightly's prior matching), each with a
+cross-entropies; MSN's against facebookresearch/msn's loss, PMSN's against lightly's prior matching; FastSiam's
+against lightly's example loop, MACL's against lightly's MACLLoss and VISReg's against the paper's equations as
+lightly's VISRegLoss computes them), each with a
 variant they must reject (what solo used to compute, or a likely slip). Their exactness under DDP is the checker's
 (tests/test_distributed.py)."""
 
@@ -30,20 +32,24 @@ from solo.losses import (
     detcon_loss,
     directclr_loss,
     emp_ssl_loss,
+    fastsiam_loss,
     frossl_loss,
     gram_loss,
     lejepa_loss,
+    macl_loss,
     masked_patch_l1,
     masked_patch_mse,
     masked_patch_smooth_l1,
     mmcr_loss,
     next_patch_mse,
     nt_xent_loss,
+    random_directions,
     ssl_ey_loss,
     tico_loss,
     vibcreg_loss,
     vicreg_loss,
     vicregl_loss,
+    visreg_loss,
 )
 from solo.losses.vicregl import nearest_matches
 from solo.methods.aim import AIM, AIMConfig
@@ -1240,3 +1246,112 @@ def test_detcon_regions_are_the_grid_masks_average_pooled_to_the_map():
     assert present.tolist() == [[True] * 4, [True] * 4, [True, False, False, False]]
     unmirrored, _ = grid_regions(boxes[:1] * torch.tensor([1.0, 1, 1, 1, 0], dtype=torch.float64), 2, 2, 2)
     assert not torch.allclose(unmirrored[0], mirrored)
+
+
+# --- FastSiam, MACL, VISReg ------------------------------------------------------------------------------------------
+
+
+def _views(seed: int, count: int, n: int = 9, d: int = 4) -> list[torch.Tensor]:
+    g = _generator(seed)
+    base = torch.randn(n, d, generator=g, dtype=torch.float64)
+    return [(base + 0.6 * torch.randn(n, d, generator=g, dtype=torch.float64)).requires_grad_() for _ in range(count)]
+
+
+def _assert_same_value_and_gradient(got, want, inputs, rel=1e-12):
+    assert got.item() == pytest.approx(want.item(), rel=rel)
+    for a, b in zip(torch.autograd.grad(got, inputs, retain_graph=True), torch.autograd.grad(want, inputs)):
+        torch.testing.assert_close(a, b, rtol=rel * 100, atol=rel)
+
+
+def test_fastsiam_is_lightlys_example_loop_in_value_and_gradient():
+    """lightly's examples/pytorch/fastsiam.py: for each of the 4 views, NegativeCosineSimilarity of its prediction and
+    the mean of the other views' detached projections, over 4. Told apart: SimSiam's pairs (each view's target one
+    other view), which FastSiam's averaged target replaces."""
+    p, z = _views(1, 4), _views(2, 4)
+    want = 0.0
+    for i in range(4):
+        target = torch.stack([z[j].detach() for j in range(4) if j != i]).mean(dim=0)
+        want = want - F.cosine_similarity(p[i], target, dim=1).mean() / 4
+    _assert_same_value_and_gradient(fastsiam_loss(p, z), want, p)  # the projections are targets: no gradient
+    pairs = -sum(F.cosine_similarity(p[i], z[(i + 1) % 4].detach(), dim=1).mean() for i in range(4)) / 4
+    assert abs(pairs.item() - want.item()) > 1e-2
+
+
+def _lightly_macl(z1, z2, temperature, alpha, a0, eps=1e-8):
+    """lightly's MACLLoss (lightly/loss/macl_loss.py), anchor by anchor: 2N anchors, each against the other 2N - 1
+    views; t = temperature * (1 + alpha * (A - a0)), A the mean positive cosine (detached); each anchor's
+    -log P(positive) weighted by 1 / (1 - P + eps), detached; the mean."""
+    u = torch.cat([F.normalize(z1, dim=1), F.normalize(z2, dim=1)])
+    n = len(z1)
+    a = sum(u[i] @ u[i + n] for i in range(n)).detach() / n
+    t = temperature * (1 + alpha * (a - a0))
+    losses = []
+    for i in range(2 * n):
+        positive = (i + n) % (2 * n)
+        logits = torch.stack([u[i] @ u[j] / t for j in range(2 * n) if j != i])
+        log_p = u[i] @ u[positive] / t - torch.logsumexp(logits, dim=0)
+        losses.append(-log_p / (1 - log_p.detach().exp() + eps))
+    return torch.stack(losses).mean()
+
+
+@pytest.mark.parametrize("alpha, a0", [(0.5, 0.0), (1.0, 0.0), (0.3, 0.6)])
+def test_macl_is_lightlys_loss_in_value_and_gradient(alpha, a0):
+    """Against lightly's MACLLoss (its 1e-8 in the weight moves the value by about 1e-8 of it). Told apart: the
+    authors' MACLb form (facebookresearch-style cross-view logits: each first view against the N second views only),
+    and a fixed temperature (alpha 0)."""
+    z1, z2 = _views(3, 2)
+    got, want = macl_loss(z1, z2, 0.1, alpha, a0), _lightly_macl(z1, z2, 0.1, alpha, a0)
+    _assert_same_value_and_gradient(got, want, (z1, z2), rel=1e-6)
+    u1, u2 = F.normalize(z1.detach(), dim=1), F.normalize(z2.detach(), dim=1)
+    t = 0.1 * (1 + alpha * (torch.trace(u1 @ u2.T) / 9 - a0))
+    p = (u1 @ u2.T / t).softmax(dim=1)
+    cross_view_only = (-p.diagonal().log() / (1 - p.diagonal())).mean()
+    for wrong in (cross_view_only, _lightly_macl(z1, z2, 0.1, 0.0, a0)):
+        assert abs(wrong.item() - got.item()) > 1e-4 * got.item()  # 1e4 times the tolerance above
+
+
+def _visreg_by_hand(views, directions, lambd, num_global, weights, eps):
+    """VISReg's equations (the paper's Algorithm 1, as lightly's VISRegLoss computes them in one process), with the
+    standard normal's quantiles from Python's statistics.NormalDist: the invariance of every view to the global views'
+    centre; per view, centre = mean of mu^2, scale = mean of (1 - sigma)^2 (biased), shape = the mean over directions
+    and samples of (sorted projections of (z - mu) / (sigma.detach() + eps) - quantiles)^2."""
+    import statistics
+
+    n = len(views[0])
+    quantiles = torch.tensor(
+        [statistics.NormalDist().inv_cdf(i / (n + 1)) for i in range(1, n + 1)], dtype=torch.float64
+    )
+    stacked = torch.stack(views)
+    invariance = (stacked - stacked[:num_global].mean(dim=0)).square().mean()
+    terms = []
+    for z in views:
+        mu, sigma = z.mean(dim=0), ((z - z.mean(dim=0)).square().mean(dim=0)).sqrt()
+        projected = ((z - mu) / (sigma.detach() + eps)) @ directions
+        shape = torch.stack(
+            [(projected[:, m].sort().values - quantiles).square().mean() for m in range(directions.shape[1])]
+        )
+        terms.append(
+            weights[0] * (1 - sigma).square().mean() + weights[1] * shape.mean() + weights[2] * mu.square().mean()
+        )
+    return (1 - lambd) * invariance + lambd * torch.stack(terms).mean()
+
+
+def test_visreg_is_the_papers_loss_in_value_and_gradient():
+    """Two global views and two local ones, 6 directions, unequal weights. Told apart: LeJEPA's SIGReg in the
+    regulariser's place (what VISReg replaces) and the statistics of two halves of the batch (per-rank ones)."""
+    views = _views(4, 4, n=11)
+    directions = random_directions(4, 6, _generator(5), dtype=torch.float64)
+    got = visreg_loss(views, directions, 0.6, 2, (1.0, 0.5, 2.0), 1e-4)
+    want = _visreg_by_hand(views, directions, 0.6, 2, (1.0, 0.5, 2.0), 1e-4)
+    _assert_same_value_and_gradient(got, want, views, rel=1e-10)
+    detached = [v.detach() for v in views]
+    halves = (
+        sum(
+            visreg_loss([v[s] for v in detached], directions, 0.6, 2, (1.0, 0.5, 2.0)).item()
+            for s in (slice(0, 5), slice(5, None))
+        )
+        / 2
+    )
+    sigreg = lejepa_loss(detached, directions, 0.6, 2).item()
+    for wrong in (halves, sigreg):
+        assert abs(wrong - got.item()) > 1e-2 * got.item()

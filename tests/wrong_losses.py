@@ -3,7 +3,7 @@
 Used to show that the gradient checker rejects them: a check that cannot fail proves nothing. Then the
 wrong variants of the self-supervised losses (VICReg, SigLIP, DINO, SwAV, MoCo v3, BYOL, SupCon, NNCLR, W-MSE,
 VIbCReg, I-JEPA, SimMIM, AIM, DINOv3's Gram anchoring, DeepClusterV2, LeJEPA, DCL, MMCR, TiCo, DirectCLR,
-alignment-uniformity, EMP-SSL, FroSSL, SSL-EY, CAPI, MSN, PMSN, VICRegL, DetCon) that popular implementations ship
+alignment-uniformity, EMP-SSL, FroSSL, SSL-EY, CAPI, MSN, PMSN, VICRegL, DetCon, FastSiam, MACL, VISReg) that popular implementations ship
 (WRONG_SSL). At the end, two losses for the checker's error paths: one that raises
 on one rank, one that ignores its scalar.
 """
@@ -442,6 +442,46 @@ def lejepa_mean_of_rank_means(z1, z2):
     return _lejepa_from_means(cos_mean, sin_mean, len(z1) * world_size(), invariance)
 
 
+def fastsiam_mean_of_rank_means(z1, z2):
+    """FastSiam's checker case (three views) as lightly's example computes it: each view's mean over this rank's
+    samples of -cos(p_i, mean of the other views' projections), which DDP averages: right only with equal ranks."""
+    predictions, projections = [z1, z2, z1 * z2], [z2, z1 - z2, z1 + z2]
+    loss = 0.0
+    for i, p in enumerate(predictions):
+        target = torch.stack([z.detach() for j, z in enumerate(projections) if j != i]).mean(dim=0)
+        loss = loss - F.cosine_similarity(p, target, dim=1).mean() / len(predictions)
+    return loss
+
+
+def macl_local_negatives(z1, z2):
+    """MACL's checker case (t0 0.1, alpha 0.5, a0 0.2) as lightly's MACLLoss computes it, without its 1e-8 in
+    1 / (1 - P): this rank's views as the only negatives, the alignment this rank's mean, the loss its mean."""
+    u1, u2 = F.normalize(z1, dim=1), F.normalize(z2, dim=1)
+    u, n = torch.cat([u1, u2]), len(u1)
+    similarity = u @ u.T
+    positive = torch.cat([torch.diagonal(similarity, n), torch.diagonal(similarity, -n)])
+    t = 0.1 * (1 + 0.5 * (positive.detach().mean() - 0.2))
+    log_p = (similarity / t).fill_diagonal_(float("-inf")).log_softmax(dim=1)
+    log_positive = torch.cat([torch.diagonal(log_p, n), torch.diagonal(log_p, -n)])
+    return -(log_positive / (1 - log_positive.detach().exp())).mean()
+
+
+def visreg_per_rank_statistics(z1, z2):
+    """VISReg's checker case as lightly's VISRegLoss computes it by default (gather_distributed=False), with the
+    directions the same on every rank: each view's mean, standard deviation and sorted projections over this rank's
+    batch, the quantiles of its size; every term its rank's, averaged by DDP."""
+    views = torch.stack([z1, z2, z1 * z2])
+    directions = random_directions(z1.shape[1], 16, torch.Generator().manual_seed(0), dtype=z1.dtype)
+    n = views.shape[1]
+    invariance = (views - views[:2].mean(dim=0)).square().mean()
+    mean, std = views.mean(dim=1, keepdim=True), views.std(dim=1, unbiased=False, keepdim=True)
+    projected = (((views - mean) / (std.detach() + 1e-4)) @ directions).sort(dim=1).values
+    quantiles = torch.distributions.Normal(0.0, 1.0).icdf(torch.arange(1, n + 1, dtype=z1.dtype) / (n + 1))
+    shape = (projected - quantiles[:, None]).square().mean()
+    regulariser = (1 - std).square().mean() + 0.5 * shape + 2.0 * mean.square().mean()
+    return 0.5 * invariance + 0.5 * regulariser
+
+
 def dcl_local_negatives(z1, z2):
     """DCL (the checker's case, temperature 0.1) with this rank's views as the only negatives, its mean averaged by
     DDP: the authors' code, and lightly's DCLLoss without gather_distributed."""
@@ -736,6 +776,9 @@ WRONG_SSL = [
         "pmsn_per_rank_prior_matching",
         "detcon_local_negatives",
         "vicregl_per_rank_local_statistics",
+        "fastsiam_mean_of_rank_means",  # only wrong with uneven per-rank batches
+        "macl_local_negatives",
+        "visreg_per_rank_statistics",
     )
 ]
 

@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from solo.distributed import all_reduce, batch_sizes, gather, rank, world_size
+from solo.distributed.collectives import sum_over_ranks
 from solo.dtypes import full_precision
 from solo.losses._checks import check_non_negative, check_pair, check_positive
 from solo.losses.checked import LOSSES
@@ -26,6 +27,7 @@ __all__ = [
     "clip_loss",
     "dcl_loss",
     "directclr_loss",
+    "macl_loss",
     "nnclr_loss",
     "nt_xent_loss",
     "supcon_loss",
@@ -139,6 +141,41 @@ def dcl_loss(z1: torch.Tensor, z2: torch.Tensor, temperature: float = 0.1, sigma
             positive = positive * (2 - total * torch.exp(similarity - every.logsumexp(dim=0)))
         loss_sum = negatives.sum() - 2 * positive.sum()  # both anchors of a pair share its positive
         return loss_sum * (world_size() / (2 * total))
+
+
+def macl_loss(
+    z1: torch.Tensor, z2: torch.Tensor, temperature: float = 0.1, alpha: float = 0.5, a0: float = 0.0
+) -> torch.Tensor:
+    """Model-aware contrastive learning (Huang et al., 2023) over the global batch of N pairs: NT-Xent's anchors and
+    candidates (each of the 2N views against the other 2N - 1), with two changes that follow the model.
+
+    - The temperature follows the alignment A, the mean cosine of the N positive pairs of the GLOBAL batch (no
+      gradient): t = temperature * (1 + alpha * (A - a0)), the authors' MACLb form with lightly's threshold a0.
+    - Each anchor's -log P(positive) is weighted by 1 / (1 - P(positive)), without gradient: the authors' reweighting
+      of the uniformity-tolerance dilemma (their code divides by the negatives' summed probability, the same number;
+      lightly adds 1e-8 to it).
+
+    The alignment's sum goes through one all-reduce of the ranks' sums; the candidates are gathered with a
+    reduce-scatter backward, and each rank returns W/N times its anchors' summed loss, as `nt_xent_loss`.
+    """
+    check_pair(z1, z2, "z1", "z2")
+    check_positive(temperature, "temperature")
+    with torch.autocast(z1.device.type, enabled=False):
+        z1 = F.normalize(full_precision(z1), dim=1)
+        z2 = F.normalize(full_precision(z2), dim=1)
+        sizes, rows = _global_rows(z1.shape[0], z1.device)
+        total = sum(sizes)
+        if total < 2:
+            raise ValueError(f"macl_loss needs a global batch of at least 2 samples (its negatives), got {total}")
+        alignment = sum_over_ranks(torch.linalg.vecdot(z1, z2).detach().sum()) / total
+        t = temperature * (1 + alpha * (alignment - a0))
+        candidates = torch.cat([gather(z1, sizes), gather(z2, sizes)])  # (2N, D): all first views, then all second
+        logits = (torch.cat([z1, z2]) @ candidates.T / t).masked_fill(
+            _is_column(torch.cat([rows, rows + total]), 2 * total), float("-inf")
+        )
+        log_p = logits.log_softmax(dim=1).gather(1, torch.cat([rows + total, rows])[:, None]).squeeze(1)
+        weight = 1 / -torch.expm1(log_p.detach())  # 1 / (1 - P), P the positive's probability
+        return -(weight * log_p).sum() * (world_size() / (2 * total))
 
 
 def clip_loss(
@@ -283,6 +320,11 @@ def dcl_check(z1: torch.Tensor, z2: torch.Tensor) -> torch.Tensor:
 @LOSSES.register("dclw")
 def dclw_check(z1: torch.Tensor, z2: torch.Tensor) -> torch.Tensor:
     return dcl_loss(z1, z2, temperature=0.1, sigma=0.5)
+
+
+@LOSSES.register("macl")
+def macl_check(z1: torch.Tensor, z2: torch.Tensor) -> torch.Tensor:
+    return macl_loss(z1, z2, temperature=0.1, alpha=0.5, a0=0.2)
 
 
 @LOSSES.register("directclr")  # the first 3 of the checker's 4 features

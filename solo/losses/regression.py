@@ -19,6 +19,7 @@ from solo.losses.contrastive import _global_rows
 
 __all__ = [
     "byol_loss",
+    "fastsiam_loss",
     "moco_queue_loss",
     "mocov3_loss",
     "ressl_loss",
@@ -47,6 +48,25 @@ def simsiam_loss(p: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
     The same objective as BYOL's up to an affine map, -cos = (2 - 2 cos) / 2 - 1, so it is written through
     byol_loss; each rank's share still sums over ranks to W times the global value."""
     return byol_loss(p, z) / 2 - 1
+
+
+def fastsiam_loss(predictions: list[torch.Tensor], projections: list[torch.Tensor]) -> torch.Tensor:
+    """FastSiam (Pototzky et al., 2022): SimSiam over V >= 2 views whose target is the mean of the other views'
+    projections: the mean over views i and over the global batch of -cos(p_i, mean over j != i of z_j), the targets
+    detached. Averaging V - 1 views steadies the target (the paper's point); at V = 2 it is SimSiam's loss.
+
+    Each sample's target comes from its own views only: a per-sample loss, W/N times this rank's sum as simsiam_loss.
+    """
+    if len(predictions) < 2 or len(predictions) != len(projections):
+        raise ValueError(
+            f"fastsiam_loss needs as many predictions as projections, 2 or more, got {len(predictions)} and "
+            f"{len(projections)}"
+        )
+    with torch.no_grad():
+        total = torch.stack([full_precision(z) for z in projections]).sum(dim=0)
+    views = len(projections)
+    targets = [(total - full_precision(z.detach())) / (views - 1) for z in projections]
+    return sum(simsiam_loss(p, t) for p, t in zip(predictions, targets)) / views
 
 
 def _unit_queries_and_keys(q: torch.Tensor, k: torch.Tensor, temperature: float | torch.Tensor):
@@ -146,6 +166,11 @@ def _checker_queue(z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 @LOSSES.register("simsiam")
 def simsiam_check(z1: torch.Tensor, z2: torch.Tensor) -> torch.Tensor:
     return (simsiam_loss(z1, z2) + simsiam_loss(z2, z1)) / 2
+
+
+@LOSSES.register("fastsiam")  # three views: the third one's prediction and projection mix the two inputs
+def fastsiam_check(z1: torch.Tensor, z2: torch.Tensor) -> torch.Tensor:
+    return fastsiam_loss([z1, z2, z1 * z2], [z2, z1 - z2, z1 + z2])
 
 
 @LOSSES.register("ressl")

@@ -266,11 +266,11 @@ def cosine_momentum(base: float, final: float, step: int, total_steps: int) -> f
     return final - (final - base) * (math.cos(math.pi * min(step, total_steps) / total_steps) + 1) / 2
 
 
-def mlp(dims: list[int], *, last_bn: bool = False) -> nn.Sequential:
-    """Linear -> BatchNorm -> ReLU blocks, then a final Linear (optionally followed by a plain BatchNorm)."""
+def mlp(dims: list[int], *, last_bn: bool = False, activation: type[nn.Module] = nn.ReLU) -> nn.Sequential:
+    """Linear -> BatchNorm -> `activation` blocks, then a final Linear (optionally followed by a plain BatchNorm)."""
     layers: list[nn.Module] = []
     for d_in, d_out in zip(dims[:-2], dims[1:-1]):
-        layers += [nn.Linear(d_in, d_out, bias=False), nn.BatchNorm1d(d_out), nn.ReLU(inplace=True)]
+        layers += [nn.Linear(d_in, d_out, bias=False), nn.BatchNorm1d(d_out), activation()]
     layers.append(nn.Linear(dims[-2], dims[-1], bias=not last_bn))
     if last_bn:
         layers.append(nn.BatchNorm1d(dims[-1], affine=False))

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from torch import nn
 
 from solo.backbones.stochastic import step_generator
 from solo.losses import lejepa_loss, random_directions
@@ -33,10 +34,11 @@ class LeJEPA(Method):
     augmentations = {"digits": "digits", "natural": "multicrop_lejepa"}
     local_crops = True
 
-    def __init__(self, backbone, feature_dim: int, cfg: LeJEPAConfig):
+    def __init__(self, backbone, feature_dim: int, cfg: LeJEPAConfig, activation: type[nn.Module] = nn.ReLU):
         super().__init__(backbone, feature_dim)
         self.cfg = cfg
-        self.projector = mlp([feature_dim, cfg.proj_hidden_dim, cfg.proj_hidden_dim, cfg.proj_output_dim])
+        h = cfg.proj_hidden_dim
+        self.projector = mlp([feature_dim, h, h, cfg.proj_output_dim], activation=activation)
         self.draws = None  # the trainer's (solo.backbones.stochastic.Draws.attach): the directions of each step
 
     def directions(self, like: torch.Tensor) -> torch.Tensor:
@@ -47,6 +49,10 @@ class LeJEPA(Method):
         dtype = torch.float64 if like.dtype == torch.float64 else torch.float32  # as the loss computes
         return random_directions(like.shape[1], self.cfg.num_slices, generator, like.device, dtype)
 
+    def loss(self, projected: list[torch.Tensor], directions: torch.Tensor) -> torch.Tensor:
+        c = self.cfg
+        return lejepa_loss(projected, directions, c.lambd, self.num_views, c.t_max, c.num_points)
+
     def encode(self, batch: dict) -> dict:
         return {"features": encode_views(self.backbone, batch["views"])}
 
@@ -54,8 +60,6 @@ class LeJEPA(Method):
         features = encoded["features"]
         # One call on every view: the projector's BatchNorm takes its statistics over all of them, as the reference's.
         projected = self.projector(torch.cat(features)).split([len(f) for f in features])
-        c = self.cfg
-        directions = self.directions(projected[0])
-        loss = lejepa_loss(list(projected), directions, c.lambd, self.num_views, c.t_max, c.num_points)
+        loss = self.loss(list(projected), self.directions(projected[0]))
         global_features = torch.cat(features[: self.num_views])
         return {"loss": loss, "features": global_features, "labels": batch["label"].repeat(self.num_views)}
