@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from solo.eval.health import alignment_squares, collapse, health, rankme, spread, uniformity
+from solo.eval.health import alignment_squares, collapse, health, lidar, lidar_sums, rankme, spread, uniformity
 from tests.test_train import TINY, compose_cfg
 
 
@@ -51,6 +51,46 @@ def test_alignment_squares_the_distance_of_each_samples_first_two_views():
     assert float(alignment_squares(torch.cat([x, -x]), 4)) == pytest.approx(16, rel=1e-12)
     with pytest.raises(ValueError, match="two views"):
         alignment_squares(x, 4)
+
+
+def _lidar_by_hand(x: np.ndarray, delta: float = 1e-4, eps: float = 1e-7) -> float:
+    """LiDAR of x (views, samples, D), each sample a class: Sb and Sw by loops, the eigenvalues of Sw^(-1/2) Sb Sw^(-1/2)
+    as scipy's generalised eigenvalues of (Sb, Sw), then RankMe's smooth rank."""
+    from scipy.linalg import eigh
+
+    q, n, d = x.shape
+    means = x.mean(axis=0)
+    grand = means.mean(axis=0)
+    sb = sum(np.outer(m - grand, m - grand) for m in means) / (n - 1)
+    sw = sum(np.outer(x[v, i] - means[i], x[v, i] - means[i]) for v in range(q) for i in range(n)) / (n * (q - 1))
+    lam = np.clip(eigh(sb, sw + delta * np.eye(d), eigvals_only=True), 0, None)
+    p = lam / lam.sum() + eps
+    return float(np.exp(-(p * np.log(p)).sum()))
+
+
+def _lidar_of(x: torch.Tensor) -> float:
+    views, n, _ = x.shape
+    return lidar(lidar_sums(x.flatten(0, 1), n), n, views)
+
+
+def test_lidar_is_the_smooth_rank_of_the_linear_discriminant_matrix():
+    """Against Sb and Sw by loops and scipy's generalised eigenvalues, on 3 views of 30 samples in 6 dimensions, one
+    of them with no spread between samples. Known values: features collapsed to one point read 1 (stable-pretraining's
+    eps before the normalisation reads 6, the full width, there). The known-wrong per-rank LiDAR (each half of the
+    batch apart, averaged) reads another value."""
+    g = torch.Generator().manual_seed(3)
+    samples = torch.randn(30, 6, generator=g, dtype=torch.float64) * torch.tensor(
+        [3, 2, 1, 1, 0.5, 0], dtype=torch.float64
+    )
+    x = samples + 0.3 * torch.randn(3, 30, 6, generator=g, dtype=torch.float64)
+    got = _lidar_of(x)
+    assert got == pytest.approx(_lidar_by_hand(x.numpy()), rel=1e-10)
+    assert 1.5 < got < 6
+    assert _lidar_of(torch.zeros(2, 30, 6, dtype=torch.float64)) == pytest.approx(1.0, abs=1e-4)
+    halves = (_lidar_of(x[:, :15]) + _lidar_of(x[:, 15:])) / 2
+    assert abs(halves - got) > 1e-2 * got
+    with pytest.raises(ValueError, match="at least 2 classes"):
+        lidar(lidar_sums(x[:, :1].flatten(0, 1), 1), 1, 3)
 
 
 def test_metrics_of_one_shard_are_not_those_of_the_split():

@@ -168,8 +168,9 @@ def test_world_size_invariance(invariance_runs, method, augment_on, precision, t
     # (solo.eval.health; tests/test_health.py shows one shard's differ).
     health = ("val/rankme", "val/embedding_rankme", "val/embedding_std", "val/uniformity")
     assert any(health[0] in a for a in metrics(w1)) and any("train/alignment" in a for a in metrics(w1))
+    assert any("train/lidar" in a for a in metrics(w1))
     for a, b in zip(metrics(w1), metrics(w2)):
-        for key in ("train/loss", "train/alignment", *health):
+        for key in ("train/loss", "train/alignment", "train/lidar", *health):
             if key in a:
                 assert a[key] == pytest.approx(b[key], rel=tolerance), key
 

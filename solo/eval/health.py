@@ -12,6 +12,13 @@
   image, so it is measured on the training batches (`alignment_squares`: summed on the device each step, all-reduced
   and divided by the global count at the logging steps: the global batches' mean at any world size).
 
+- LiDAR (Thilak et al., 2023): the effective rank, as RankMe's, of the linear discriminant matrix
+  Sw^(-1/2) Sb Sw^(-1/2) with every sample a class of its augmented views: Sb the scatter of the samples' mean
+  features, Sw the scatter of the views about them (plus delta I). It counts the directions that tell samples apart
+  more than augmentations move them; 1 when the features collapse, up to min(D, N - 1). Measured on the logging
+  steps' training batches, whose views are the augmentations (`lidar_sums`: summed on the device, all-reduced and
+  read at the logging step: the global batch's at any world size).
+
 The others are computed on the backbone's features and on the embedding the loss sees (the method's `projector` applied to them,
 where it has one), gathered from every rank in dataset order (solo.eval.features.extract_features): the same numbers
 at any world size. A method distilled from a frozen teacher also reports the teacher-student agreement, the mean cosine
@@ -68,6 +75,40 @@ def alignment_squares(features: torch.Tensor, per_view: int) -> torch.Tensor:
         raise ValueError(f"alignment_squares: {len(features)} rows are not two views of {per_view}")
     u = torch.nn.functional.normalize(features[: 2 * per_view], dim=1)
     return (u[:per_view] - u[per_view:]).square().sum()
+
+
+def lidar_sums(features: torch.Tensor, per_view: int) -> torch.Tensor | None:
+    """The float64 sums LiDAR needs from one step's `features`, views in order, `per_view` rows each (the convention
+    of Method.forward), every sample a class of its views: the class means' sum (D), the sum of their outer products
+    (D x D) and the within-class scatter about them (D x D), flattened into one (2 D^2 + D,) tensor on the features'
+    device (no host read); None when the features hold fewer than two views."""
+    views = len(features) // per_view if per_view else 0
+    if views < 2 or len(features) != views * per_view:
+        return None
+    x = features.detach().double().view(views, per_view, -1)
+    means = x.mean(dim=0)
+    within = (x - means).flatten(0, 1)
+    return torch.cat([means.sum(dim=0), (means.T @ means).flatten(), (within.T @ within).flatten()])
+
+
+def lidar(sums: torch.Tensor, classes: int, views: int, delta: float = 1e-4, eps: float = 1e-7) -> float:
+    """LiDAR from `lidar_sums` summed over `classes` samples of `views` views each: Sb the unbiased scatter of the class
+    means, Sw the within-class scatter over classes * (views - 1) plus `delta` I (stable-pretraining's LiDAR callback's
+    normalisations and delta), then exp(-sum p log p), p = lambda / sum(lambda) + eps over the eigenvalues of
+    Sw^(-1/2) Sb Sw^(-1/2), as RankMe's (the paper's form; adding eps before normalising, as that callback does,
+    reads the full width on features that collapsed to one point, whose eigenvalues are all 0)."""
+    if classes < 2 or views < 2:
+        raise ValueError(f"lidar needs at least 2 classes of at least 2 views, got {classes} and {views}")
+    d = round((math.sqrt(1 + 8 * len(sums)) - 1) / 4)
+    mean_sum, outer, within = sums.double().split([d, d * d, d * d])
+    mean = mean_sum / classes
+    between = (outer.view(d, d) - classes * torch.outer(mean, mean)) / (classes - 1)
+    within = within.view(d, d) / (classes * (views - 1)) + delta * torch.eye(d, dtype=sums.dtype, device=sums.device)
+    w, v = torch.linalg.eigh(within)
+    inverse_root = (v * w.rsqrt()) @ v.T
+    lam = torch.linalg.eigvalsh(inverse_root @ between @ inverse_root).clamp_min(0)
+    p = lam / lam.sum().clamp_min(torch.finfo(torch.float64).tiny) + eps
+    return math.exp(float(-(p * p.log()).sum()))
 
 
 def health(features: torch.Tensor, embedded: torch.Tensor) -> dict:

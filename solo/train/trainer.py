@@ -30,7 +30,7 @@ from solo.distributed.env import process_group
 from solo.distributed.run_dir import hold_run_dir
 from solo.dtypes import full_precision
 from solo.errors import CheckpointError, ConfigError, DataError, Interrupted
-from solo.eval.health import alignment_squares, collapse
+from solo.eval.health import alignment_squares, collapse, lidar, lidar_sums
 from solo.loggers import Loggers
 from solo.methods import METHODS, build_method, create_method
 from solo.optim import build_optimizer, layer_decay, scaled_lr, warmup_cosine
@@ -489,6 +489,7 @@ class Trainer:
     def fit(self) -> dict:
         """Train to the end, or to a preemption signal (checkpointed); the last metrics. The preemption signals are
         caught only while it runs: their previous handlers are back when it returns or raises."""
+        self.checked_step = None  # the step whose preemption check last began (_stop_requested)
         self.preemption = Preemption(list(self.t.preempt_signals), self.device, self._say_stopping)
         try:
             return self._fit()
@@ -521,16 +522,24 @@ class Trainer:
     def _say_stopping(self, signal_name: str) -> None:
         """What a preemption signal does, said when it arrives: the run stops at the next step that checks for it."""
         every = self.t.log_every_steps
-        at = min(self.total_steps, (self.step // every + 1) * every)  # self.step + 1 is the step running
+        # The next check after the last one begun: a signal that lands between a step's end and its check is read
+        # there, one that lands after the flag was read waits for the next logging step.
+        checked = self.step if self.checked_step is None else self.checked_step  # None: before the first step
+        at = min(self.total_steps, (checked // every + 1) * every)
         self.say(
             f"{signal_name}: stopping after step {at} (signals are checked every trainer.log_every_steps={every} "
             "steps), with a checkpoint there; the same command resumes"
             + ("; Ctrl-C again stops at once, without it" if signal_name == "SIGINT" else "")
         )
 
+    def _stop_requested(self) -> bool:
+        self.checked_step = self.step  # before the flag is read: _say_stopping names the step that reads a signal
+        return self.preemption.requested()
+
     def _fit(self) -> dict:
         self._start()
         start_step, started = self.step, time.perf_counter()
+        self.checked_step = self.step
         bar = tqdm(
             total=self.total_steps,
             initial=self.step,
@@ -543,12 +552,13 @@ class Trainer:
                 for batch in self.source:  # on the device (MapDataSource.prepare_with)
                     out = self.train_step(batch, self.step)
                     self.step += 1
-                    window.add(out, batch)
+                    logging_step = self.step % self.t.log_every_steps == 0 or self.step == self.total_steps
+                    window.add(out, batch, with_lidar=logging_step)
                     bar.update(1)
                     # The host reads the device's numbers only here: losses, the non-finite check, the preemption flag.
-                    if self.step % self.t.log_every_steps == 0 or self.step == self.total_steps:
+                    if logging_step:
                         self._log(window.flush(), bar)
-                        if self.step < self.total_steps and self.preemption.requested():
+                        if self.step < self.total_steps and self._stop_requested():
                             bar.close()
                             return self._stop_for_preemption()
                     every = self.t.checkpoint_every_steps
@@ -597,6 +607,8 @@ class Trainer:
             metrics["train/probe_loss"] = losses[1]
         if window["alignment"] is not None:
             metrics["train/alignment"] = window["alignment"]  # solo.eval.health.alignment_squares
+        if window["lidar"] is not None:
+            metrics["train/lidar"] = window["lidar"]  # solo.eval.health.lidar
         if self.skipped is not None:
             metrics["data/skipped_images"] = window["skipped"]  # unreadable images read in this window, all ranks
             if window["skipped"]:
@@ -672,16 +684,19 @@ class Trainer:
 
 class MetricsWindow:
     """Training losses, skipped images and the views' alignment summed on the device between two logging steps (a few
-    operations a step, whatever the batch): read (one sync) only when logged."""
+    operations a step, whatever the batch), and LiDAR's sums of the steps asked for (the logging step's): read (one
+    sync) only when logged."""
 
     def __init__(self, device: torch.device):
-        # loss, probe loss, skipped images, the views' alignment summed over samples, its number of samples
-        self.sums = torch.zeros(5, dtype=torch.float64, device=device)
+        # loss, probe loss, skipped images, the views' alignment summed over samples, its number of samples, LiDAR's
+        # samples
+        self.sums = torch.zeros(6, dtype=torch.float64, device=device)
         self.aligned = 0  # samples whose alignment this rank summed (counted on the host)
+        self.lidar_sums, self.lidar_classes, self.lidar_views = None, 0, 0  # solo.eval.health.lidar_sums
         self.steps, self.start = 0, time.perf_counter()
 
     @torch.no_grad()
-    def add(self, out: dict, batch: dict) -> None:
+    def add(self, out: dict, batch: dict, with_lidar: bool = False) -> None:
         loss = out["loss"]
         values = [loss, out.get("probe_loss", loss).to(loss.dtype)]
         values.append(batch["skipped"].sum().to(loss.dtype) if "skipped" in batch else loss.new_zeros(()))
@@ -691,22 +706,35 @@ class MetricsWindow:
             self.aligned += len(views[0])
         self.sums[: len(values)] += torch.stack(values)
         self.steps += 1
+        sums = lidar_sums(features, len(views[0])) if with_lidar and features is not None and len(views) > 1 else None
+        if sums is not None:
+            self.lidar_sums = sums if self.lidar_sums is None else self.lidar_sums + sums
+            self.lidar_classes += len(views[0])
+            self.lidar_views = len(features) // len(views[0])
 
     def flush(self) -> dict:
         sums = self.sums.clone()
-        sums[4] = self.aligned
+        sums[4], sums[5] = self.aligned, self.lidar_classes
         if dist.is_initialized():
             dist.all_reduce(sums)
+        lidar_value = None
+        if self.lidar_sums is not None:  # every rank has views (the trainer's batches are even), so every rank sums
+            if dist.is_initialized():
+                dist.all_reduce(self.lidar_sums)
+            if sums[5] >= 2:
+                lidar_value = lidar(self.lidar_sums, int(sums[5]), self.lidar_views)
         losses = (sums[:2] / (self.steps * (dist.get_world_size() if dist.is_initialized() else 1))).tolist()
         window = {
             "losses": losses,
             "skipped": int(sums[2]),
             "alignment": float(sums[3] / sums[4]) if sums[4] > 0 else None,
+            "lidar": lidar_value,
             "steps": self.steps,
             "seconds": time.perf_counter() - self.start,
         }
         self.sums.zero_()
         self.aligned, self.steps, self.start = 0, 0, time.perf_counter()
+        self.lidar_sums, self.lidar_classes = None, 0
         return window
 
 
