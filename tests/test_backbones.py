@@ -113,3 +113,29 @@ def test_attention_dropout_which_cannot_be_drawn_per_sample_is_refused():
 
     with pytest.raises(ConfigError, match="attn_drop_rate"):
         build_backbone({"name": "test_vit", "small_stem": False, "kwargs": {"img_size": 16, "attn_drop_rate": 0.1}})
+
+
+def test_registers_are_read_by_no_pool_and_refused_outside_a_vit():
+    """backbone.num_registers=2: timm's ViT gains 2 learnt tokens after the class token; the pooled feature is still
+    the class token's output (or, pool=mean, the patch tokens' mean), never a register's; the registers change it (the
+    blocks attend to them). A ResNet or torchvision model has no registers: one line naming the key."""
+    from solo.backbones import build_backbone
+    from solo.backbones.vit import pool_patch_tokens
+    from solo.errors import ConfigError
+
+    vit_cfg = {"name": "test_vit", "small_stem": False, "kwargs": {"img_size": 16, "patch_size": 4}}
+    torch.manual_seed(0)
+    vit, _ = build_backbone(vit_cfg | {"num_registers": 2})
+    vit.eval()
+    images = torch.randn(3, 3, 16, 16)
+    with torch.no_grad():
+        tokens = vit.forward_features(images)  # (B, 1 + 2 + 16, D), prefix first
+        assert vit.num_prefix_tokens == 3 and tokens.shape[1] == 19
+        torch.testing.assert_close(vit(images), tokens[:, 0])
+        pool_patch_tokens(vit)
+        torch.testing.assert_close(vit(images), tokens[:, 3:].mean(dim=1))
+        vit.reg_token.add_(torch.randn_like(vit.reg_token))  # not a constant: each token is layer-normalised
+        assert not torch.allclose(vit(images), tokens[:, 3:].mean(dim=1))
+    for name in ("resnet18", "torchvision.resnet18"):
+        with pytest.raises(ConfigError, match=f"backbone.num_registers=2: .*backbone.name={name} is not one"):
+            build_backbone({"name": name, "small_stem": False, "num_registers": 2})

@@ -18,7 +18,7 @@ from solo.backbones.stochastic import drawn_per_sample_modules
 from solo.backbones.vit import is_vit, take_empty_batches
 from solo.errors import ConfigError
 from solo.registry import Registry
-from solo.schema import PROBABILITY, Rule, ruled
+from solo.schema import NON_NEGATIVE, PROBABILITY, Rule, ruled
 
 BACKBONES = Registry("backbone", "backbone.name", group="backbone")
 
@@ -45,6 +45,9 @@ class TimmBackboneConfig(BackboneConfig):
     # on a ResNet-style stem (resolved before the run: the run's first lines say which)
     small_stem: Any = ruled("auto", SMALL_STEM)
     drop_path_rate: float = ruled(0.0, PROBABILITY)  # stochastic depth, timm's (ViTs: rising over the blocks to this)
+    # A ViT's register tokens (Darcet et al., 2024): learnt tokens beside the class token that every block attends to
+    # and nothing reads (the probes, pools and masks take the class or patch tokens); timm's reg_tokens
+    num_registers: int = ruled(0, NON_NEGATIVE)
     kwargs: Dict[str, Any] = field(default_factory=dict)  # passed to timm.create_model (torchvision: get_model)
 
 
@@ -122,13 +125,29 @@ def build_backbone(cfg) -> tuple[torch.nn.Module, int]:
 def _timm_or_torchvision(cfg) -> tuple[torch.nn.Module, int]:
     if cfg.get("small_stem") == "auto":
         raise ValueError("backbone.small_stem=auto follows data.image_size: solo.config.validate_pretrain resolves it")
-    return create_backbone(
-        cfg["name"],
-        small_stem=cfg.get("small_stem", False),
-        pretrained=cfg.get("pretrained", False),
-        **({"drop_path_rate": cfg["drop_path_rate"]} if cfg.get("drop_path_rate") else {}),
-        **cfg.get("kwargs", {}),
+    registers = cfg.get("num_registers", 0)
+    not_a_vit = ConfigError(
+        f"backbone.num_registers={registers}: register tokens are a Vision Transformer's, and backbone.name="
+        f"{cfg['name']} is not one; unset it or pick a ViT"
     )
+    if registers and cfg["name"].startswith(TORCHVISION_PREFIX):
+        raise not_a_vit
+    try:
+        model, width = create_backbone(
+            cfg["name"],
+            small_stem=cfg.get("small_stem", False),
+            pretrained=cfg.get("pretrained", False),
+            **({"drop_path_rate": cfg["drop_path_rate"]} if cfg.get("drop_path_rate") else {}),
+            **({"reg_tokens": registers} if registers else {}),
+            **cfg.get("kwargs", {}),
+        )
+    except TypeError as error:  # timm's other models take no reg_tokens
+        if registers and "reg_tokens" in str(error):
+            raise not_a_vit from None
+        raise
+    if registers and not is_vit(model):
+        raise not_a_vit
+    return model, width
 
 
 TORCHVISION_PREFIX = "torchvision."
