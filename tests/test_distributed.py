@@ -119,6 +119,7 @@ WRONG_SSL_OF = {
     "pmsn_per_rank_prior_matching": "pmsn",
     "detcon_local_negatives": "detcon",
     "vicregl_per_rank_local_statistics": "vicregl",
+    "swav_queue_counted_on_every_rank": "swav_queue",
     "fastsiam_mean_of_rank_means": "fastsiam",
     "macl_local_negatives": "macl",
     "visreg_per_rank_statistics": "visreg",

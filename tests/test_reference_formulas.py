@@ -45,6 +45,7 @@ from solo.losses import (
     nt_xent_loss,
     random_directions,
     ssl_ey_loss,
+    swav_loss,
     tico_loss,
     vibcreg_loss,
     vicreg_loss,
@@ -1355,3 +1356,43 @@ def test_visreg_is_the_papers_loss_in_value_and_gradient():
     sigreg = lejepa_loss(detached, directions, 0.6, 2).item()
     for wrong in (halves, sigreg):
         assert abs(wrong - got.item()) > 1e-2 * got.item()
+
+
+# --- SwAV's queue ----------------------------------------------------------------------------------------------------
+
+
+def _official_swav_with_queue(scores, queue, epsilon=0.05, iterations=3, temperature=0.1):
+    """facebookresearch/swav main_swav.py in one process: for each of the 2 global crops, its scores stacked under
+    the queue's (torch.mm(queue[i], prototypes.t()) first), distributed_sinkhorn (Q = exp(out / eps).t(), divided by
+    its sum, then `iterations` rounds of rows over K and columns over B, times B), the batch's last bs codes; the loss
+    the mean over the other crops of -sum q log softmax(scores / temperature), averaged over the 2 crops."""
+    loss = 0.0
+    bs = len(scores[0])
+    for i in range(2):
+        with torch.no_grad():
+            out = torch.cat([queue[i], scores[i]])
+            q = torch.exp(out / epsilon).t()
+            q /= q.sum()
+            k, b = q.shape
+            for _ in range(iterations):
+                q /= q.sum(dim=1, keepdim=True)
+                q /= k
+                q /= q.sum(dim=0, keepdim=True)
+                q /= b
+            q = (q * b).t()[-bs:]
+        others = [v for v in range(len(scores)) if v != i]
+        loss += sum(-(q * F.log_softmax(scores[v] / temperature, dim=1)).sum(dim=1).mean() for v in others) / len(
+            others
+        )
+    return loss / 2
+
+
+def test_swav_queue_joins_the_sinkhorn_as_the_authors_code():
+    """Two global crops and a local one, a queue of 7 rows per crop: solo's codes from the queue and the batch are the
+    authors' in value and gradient. Told apart: the codes of the batch alone (no queue)."""
+    g = _generator(21)
+    scores = [F.normalize(torch.randn(9, 5, generator=g, dtype=torch.float64), dim=1).requires_grad_() for _ in "123"]
+    queue = [F.normalize(torch.randn(7, 5, generator=g, dtype=torch.float64), dim=1) for _ in "12"]
+    got = swav_loss(scores, 0.1, 0.05, 3, 2, queue, torch.ones(7, dtype=torch.bool))
+    _assert_same_value_and_gradient(got, _official_swav_with_queue(scores, queue), scores, rel=1e-10)
+    assert abs(swav_loss(scores, 0.1, 0.05, 3, 2).item() - got.item()) > 1e-3 * got.item()

@@ -3,7 +3,7 @@
 Used to show that the gradient checker rejects them: a check that cannot fail proves nothing. Then the
 wrong variants of the self-supervised losses (VICReg, SigLIP, DINO, SwAV, MoCo v3, BYOL, SupCon, NNCLR, W-MSE,
 VIbCReg, I-JEPA, SimMIM, AIM, DINOv3's Gram anchoring, DeepClusterV2, LeJEPA, DCL, MMCR, TiCo, DirectCLR,
-alignment-uniformity, EMP-SSL, FroSSL, SSL-EY, CAPI, MSN, PMSN, VICRegL, DetCon, FastSiam, MACL, VISReg) that popular implementations ship
+alignment-uniformity, EMP-SSL, FroSSL, SSL-EY, CAPI, MSN, PMSN, VICRegL, DetCon, FastSiam, MACL, VISReg, SwAV's queue) that popular implementations ship
 (WRONG_SSL). At the end, two losses for the checker's error paths: one that raises
 on one rank, one that ignores its scalar.
 """
@@ -27,7 +27,7 @@ from solo.losses import (
 )
 from solo.losses.barlow_twins import _standardise
 from solo.losses.msn import CHECK_PROTOTYPES, power_law_prior, prototype_logits
-from solo.losses.self_distillation import sinkhorn
+from solo.losses.self_distillation import _sinkhorn, checker_queue_scores, sinkhorn
 from solo.losses.tico import earlier_covariance
 from tests.checker_user_losses import siglip_terms
 
@@ -442,6 +442,20 @@ def lejepa_mean_of_rank_means(z1, z2):
     return _lejepa_from_means(cos_mean, sin_mean, len(z1) * world_size(), invariance)
 
 
+def swav_queue_counted_on_every_rank(z1, z2):
+    """SwAV's queue case with the queue's rows in every rank's Sinkhorn-Knopp, as each rank holding the global queue
+    would add them: their mass counts W times in the equipartition."""
+    queue, valid = checker_queue_scores(z1)
+    views = [F.normalize(z1, dim=1), F.normalize(z2, dim=1)]
+    n_total = sum(batch_sizes(len(z1), z1.device))
+    rows = n_total + valid.sum().double()
+    counted = torch.cat([valid, torch.ones(len(z1), dtype=torch.bool)])
+    with torch.no_grad():
+        targets = [_sinkhorn(torch.cat([q, s.detach()]), 0.5, 3, rows, counted)[len(q) :] for q, s in zip(queue, views)]
+    log_probs = [F.log_softmax(s / 0.1, dim=1) for s in views]
+    return -(targets[0] * log_probs[1] + targets[1] * log_probs[0]).sum() * (world_size() / (2 * n_total))
+
+
 def fastsiam_mean_of_rank_means(z1, z2):
     """FastSiam's checker case (three views) as lightly's example computes it: each view's mean over this rank's
     samples of -cos(p_i, mean of the other views' projections), which DDP averages: right only with equal ranks."""
@@ -776,6 +790,7 @@ WRONG_SSL = [
         "pmsn_per_rank_prior_matching",
         "detcon_local_negatives",
         "vicregl_per_rank_local_statistics",
+        "swav_queue_counted_on_every_rank",
         "fastsiam_mean_of_rank_means",  # only wrong with uneven per-rank batches
         "macl_local_negatives",
         "visreg_per_rank_statistics",

@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from solo.distributed import all_reduce, batch_sizes, world_size
+from solo.distributed import all_reduce, batch_sizes, rank, world_size
 from solo.dtypes import full_precision
 from solo.losses._checks import check_pair, check_positive, checks_values
 from solo.losses.checked import LOSSES
@@ -236,13 +236,17 @@ def swav_loss(
     epsilon: float = 0.05,
     iterations: int = 3,
     code_views: int = 2,
+    queue: list[torch.Tensor] | None = None,
+    queue_valid: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """SwAV (Caron et al., 2020): average over pairs (i, v), i < code_views, v != i, of the global-batch
     mean of sum_k -q_i[k] log softmax(scores_v / temperature)[k], with q_i = sinkhorn(scores_i).
 
-    `scores`: V (n, K) prototype scores, the first `code_views` (the global crops) also give codes.
-    No queue: a queue's content depends on the history of the world size (how many samples each step
-    added), so the codes of a run would depend on its number of GPUs; it is left out.
+    `scores`: V (n, K) prototype scores, the first `code_views` (the global crops) also give codes. `queue`: for each
+    code view, the (Q, K) scores of earlier steps' embeddings against the current prototypes, the same on every rank
+    (solo.methods.memory_banks.GlobalQueue), the rows where `queue_valid` (Q,) is true joining that view's
+    Sinkhorn-Knopp as SwAV's queue does: its equipartition then spans Q + N rows, of which the batch's N take their
+    codes. The queue's rows are counted once, by rank 0: on every rank they would weigh W times.
     """
     _check_views(scores, "scores", at_least=2)
     check_positive(temperature, "temperature")
@@ -251,11 +255,25 @@ def swav_loss(
         raise ValueError(f"code_views must be an int in [1, {len(scores)}] (the number of views), got {code_views!r}")
     if isinstance(iterations, bool) or not isinstance(iterations, int) or iterations < 1:
         raise ValueError(f"iterations must be an int >= 1, got {iterations!r}")
+    if (queue is None) != (queue_valid is None) or (queue is not None and len(queue) != code_views):
+        raise ValueError(
+            f"queue and queue_valid go together, queue with one (Q, K) tensor per code view ({code_views})"
+        )
     with torch.autocast(scores[0].device.type, enabled=False):
         scores = [full_precision(s) for s in scores]
         n_total = sum(batch_sizes(scores[0].shape[0], scores[0].device))
         with torch.no_grad():
-            targets = [_sinkhorn(s.detach(), epsilon, iterations, n_total) for s in scores[:code_views]]
+            if queue is None:
+                targets = [_sinkhorn(s.detach(), epsilon, iterations, n_total) for s in scores[:code_views]]
+            else:
+                counted = torch.cat([queue_valid & (rank() == 0), queue_valid.new_ones(len(scores[0]))])
+                rows = n_total + queue_valid.sum().to(torch.float64)
+                targets = [
+                    _sinkhorn(torch.cat([full_precision(q.detach()), s.detach()]), epsilon, iterations, rows, counted)[
+                        len(q) :
+                    ]
+                    for q, s in zip(queue, scores)
+                ]
         log_probs = [F.log_softmax(s / _scalar(temperature), dim=1) for s in scores]
         return _cross_view_loss(targets, log_probs, n_total)
 
@@ -315,6 +333,19 @@ def gram_check(z1: torch.Tensor, z2: torch.Tensor) -> torch.Tensor:
 @LOSSES.register("swav")
 def swav_check(z1: torch.Tensor, z2: torch.Tensor) -> torch.Tensor:
     return swav_loss([F.normalize(z1, dim=1), F.normalize(z2, dim=1)], temperature=0.1)
+
+
+def checker_queue_scores(like: torch.Tensor) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """A fixed queue for the checker's SwAV case: two views' 6 rows of unit scores of `like`'s width and dtype, the
+    last one not yet filled."""
+    rows = torch.linspace(-1.0, 1.0, 6 * like.shape[1], dtype=like.dtype).reshape(6, -1)
+    return [F.normalize(rows.sin() + 0.1, dim=1), F.normalize(rows.cos() - 0.2, dim=1)], torch.arange(6) < 5
+
+
+@LOSSES.register("swav_queue")
+def swav_queue_check(z1: torch.Tensor, z2: torch.Tensor) -> torch.Tensor:
+    queue, valid = checker_queue_scores(z1)
+    return swav_loss([F.normalize(z1, dim=1), F.normalize(z2, dim=1)], 0.1, 0.5, 3, 2, queue, valid)
 
 
 @LOSSES.register("deepclusterv2")

@@ -1,4 +1,6 @@
-"""SwAV (Caron et al., 2020): each crop predicts the Sinkhorn-Knopp codes of the global crops over learnt prototypes."""
+"""SwAV (Caron et al., 2020): each crop predicts the Sinkhorn-Knopp codes of the global crops over learnt prototypes;
+with `method.queue_size`, earlier steps' embeddings join the codes' equipartition (the paper's queue for small
+batches)."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ import torch.nn.functional as F
 
 from solo.losses import swav_loss
 from solo.methods.base import Method, encode_views, mlp, register_method, with_group_settings
+from solo.methods.memory_banks import GlobalQueue, check_queue_size
 from solo.schema import AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, ruled
 
 
@@ -23,6 +26,10 @@ class SwAVConfig:
     epsilon: float = ruled(0.05, POSITIVE)  # Sinkhorn-Knopp's entropic regularisation
     sinkhorn_iterations: int = ruled(3, AT_LEAST_ONE)
     freeze_prototypes_epochs: float = ruled(1.0, NON_NEGATIVE)  # SwAV: 313 steps, one epoch at batch 4096
+    # Earlier steps' embeddings per global crop that join the Sinkhorn-Knopp (0: none; the paper's 3840 at batch 256),
+    # from this epoch on (the paper's 15)
+    queue_size: int = ruled(0, NON_NEGATIVE)
+    queue_start_epochs: float = ruled(15.0, NON_NEGATIVE)
 
 
 @register_method("swav", schema=SwAVConfig)
@@ -36,6 +43,19 @@ class SwAV(Method):
         self.projector = mlp([feature_dim, cfg.proj_hidden_dim, cfg.proj_output_dim])
         self.prototypes = nn.Linear(cfg.proj_output_dim, cfg.num_prototypes, bias=False)
         self._normalize_prototypes()
+        # One global queue per global crop (solo.methods.memory_banks), and whether its rows count this step: a device
+        # flag, so that the step's graph does not change when the queue starts.
+        self.queues = None
+        if cfg.queue_size:
+            self.queues = nn.ModuleList(
+                [GlobalQueue(cfg.queue_size, cfg.proj_output_dim) for _ in range(self.num_views)]
+            )
+            self.register_buffer("queue_on", torch.zeros((), dtype=torch.bool), persistent=False)
+
+    @classmethod
+    def check_config(cls, cfg) -> None:
+        if cfg.method.queue_size:
+            check_queue_size(cfg)
 
     @torch.no_grad()
     def _normalize_prototypes(self) -> None:
@@ -50,10 +70,23 @@ class SwAV(Method):
     def encode(self, batch: dict) -> dict:
         return {"features": encode_views(self.backbone, batch["views"])}
 
+    def prepare_step(self, index: int, total_steps: int) -> None:
+        if self.queues is not None:
+            self.queue_on.fill_(index >= round(self.cfg.queue_start_epochs * self.steps_per_epoch))
+
     def batch_loss(self, encoded: dict, batch: dict) -> dict:
-        scores = [self.prototypes(F.normalize(self.projector(f), dim=1)) for f in encoded["features"]]
+        embeddings = [F.normalize(self.projector(f), dim=1) for f in encoded["features"]]
+        scores = [self.prototypes(e) for e in embeddings]
         c = self.cfg
-        loss = swav_loss(scores, c.temperature, c.epsilon, c.sinkhorn_iterations, code_views=self.num_views)
+        queue = valid = None
+        if self.queues is not None:
+            with torch.no_grad():  # the queue's embeddings scored against the current prototypes, as SwAV's code
+                queue = [self.prototypes(q.rows.clone()) for q in self.queues]
+            valid = self.queues[0].valid() & self.queue_on
+        loss = swav_loss(scores, c.temperature, c.epsilon, c.sinkhorn_iterations, self.num_views, queue, valid)
+        if self.queues is not None:  # after the loss: the queue holds earlier steps' embeddings
+            for q, e in zip(self.queues, embeddings):
+                q.push(e)
         features = torch.cat(encoded["features"][: self.num_views])
         return {"loss": loss, "features": features, "labels": batch["label"].repeat(self.num_views)}
 
