@@ -49,6 +49,7 @@ RECIPES = {
     # I-JEPA 150).
     "mae-digits-vittiny6": "method=mae",
     "dinov2-digits-vittiny6": "method=dinov2",
+    "ibot-digits-vittiny6": "method=ibot",
     # Trained with the squared error, before smooth L1 (the official code's) became I-JEPA's default.
     "ijepa-digits-vittiny6": "method=ijepa method.loss=mse",
     "simmim-digits-vittiny6": "method=simmim",

@@ -505,6 +505,42 @@ EXPECTED = {
         "view_sizes": [224, 224] + [96] * 8,
     },
     # DINOv2's ImageNet-1k setup (ssl_default_config.yaml + vitl16_short.yaml), Sinkhorn-Knopp centring
+    # iBOT's README ViT-S/16 command over main_ibot.py's defaults
+    "ibot_imagenet": {
+        "backbone.name": "vit_small_patch16_224",
+        "backbone.drop_path_rate": 0.1,
+        "data.name": "imagefolder",
+        "data.image_size": 224,
+        "data.batch_size": 64,
+        "method.name": "ibot",
+        "method.centering": "centering",
+        "method.num_prototypes": 8192,
+        "method.patch_prototypes": 0,
+        "method.teacher_temperature": 0.07,
+        "method.patch_teacher_temperature": 0.07,
+        "method.warmup_teacher_temperature_epochs": 30,
+        "method.koleo_weight": 0.0,
+        "method.mask_probability": 0.5,
+        "method.mask_ratio_min": 0.1,
+        "method.mask_ratio_max": 0.5,
+        "method.base_momentum": 0.996,
+        "optim.name": "adamw",
+        "optim.lr": 5e-4,
+        "optim.lr_scaling": "linear",
+        "optim.weight_decay": 0.04,
+        "optim.weight_decay_end": 0.4,
+        "optim.grad_clip": 3.0,
+        "optim.warmup_epochs": 10,
+        "optim.final_lr": 1e-6,
+        "trainer.max_epochs": 800,
+        "views": [
+            (*DINO_IMAGENET_VIEWS[0][:8], 0.25),
+            (*DINO_IMAGENET_VIEWS[1][:8], 0.25),
+            (*DINO_IMAGENET_VIEWS[2][:8], 0.05),
+        ],
+        "geometry": [(None, 1, 1.0, 0.5), (None, 1, 1.0, 0.5), (96, 10, 0.25, 0.5)],
+        "view_sizes": [224, 224] + [96] * 10,
+    },
     "dinov2_imagenet": {
         "backbone.name": "vit_large_patch16_224",
         "backbone.drop_path_rate": 0.3,
@@ -687,7 +723,8 @@ EXPECTED = {
     },
     # ... and for ResNets, whose weight decay is 5e-4
     "lejepa_imagenet_resnet50": {**_LEJEPA, "backbone.name": "resnet50", "optim.weight_decay": 5e-4},
-    # solo-learn cifar/swav.yaml (+ its SwAV defaults: epsilon 0.05, 3 Sinkhorn iterations); no queue
+    # solo-learn cifar/swav.yaml (+ its SwAV defaults: epsilon 0.05, 3 Sinkhorn iterations), its queue of 3840 from
+    # epoch 50
     "swav_cifar10": {
         **_SOLO_LEARN_CIFAR,
         "method.name": "swav",
@@ -698,6 +735,8 @@ EXPECTED = {
         "method.epsilon": 0.05,
         "method.sinkhorn_iterations": 3,
         "method.freeze_prototypes_epochs": 2.0,
+        "method.queue_size": 3840,
+        "method.queue_start_epochs": 50.0,
         "optim.lr": 0.6,
         "optim.weight_decay": 1e-6,
         "optim.probe_lr": 0.1,

@@ -48,9 +48,16 @@ METHOD = {
         "method.warmup_teacher_temperature_epochs=1",
         "method.freeze_last_layer_epochs=0.5",
     ],
-    # Multi-crop, which the digits recipe leaves out: 2 global 16 px crops and 4 local 8 px ones.
+    # Multi-crop, which the digits recipe leaves out: 2 global 16 px crops and 4 local 8 px ones; a queue of 32 per
+    # global crop that joins the Sinkhorn-Knopp from step 2 and that the 16 rows of every step wrap.
     "swav": HEADS
-    + ["augmentation=multicrop_digits", "method.num_prototypes=16", "method.freeze_prototypes_epochs=0.5"],
+    + [
+        "augmentation=multicrop_digits",
+        "method.num_prototypes=16",
+        "method.freeze_prototypes_epochs=0.5",
+        "method.queue_size=32",
+        "method.queue_start_epochs=0.25",
+    ],
     # A queue of 64 that the 6 steps of 16 keys wrap (96 pushed): negatives from the queue, not the batch.
     "mocov2plus": HEADS + ["method.queue_size=64", "method.base_momentum=0.9"],
     "supervised": ["method.num_classes=10", "augmentation=supervised"],  # one view: main_linear.py's fine-tuning
@@ -103,11 +110,12 @@ METHOD = {
     # The test ResNet's 2 x 2 maps pooled over a 2 x 2 grid of the image and the whole image; each region's negatives
     # every region of both views of the global batch.
     "detcon": HEADS + ["method.grid=2", "method.image_region=true"],
-    # timm's test ViT (width 64, 6 blocks, any crop size) on 4 px patches: 2 global 16 px crops, most of them masked,
-    # and 4 local 8 px ones; the teacher temperature warms up over the first epoch.
+    # timm's test ViT (width 64, 6 blocks, any crop size) on 4 px patches with 2 registers: 2 global 16 px crops, most
+    # of them masked, and 4 local 8 px ones; the teacher temperature warms up over the first epoch.
     "dinov2": [
         "backbone.name=test_vit",
         "backbone.small_stem=false",
+        "backbone.num_registers=2",
         "+backbone.kwargs.img_size=16",
         "+backbone.kwargs.patch_size=4",
         "augmentation=multicrop_digits",
@@ -126,6 +134,23 @@ METHOD = {
         # Not the digits recipe's AdamW: it divides each element's step by that element's own gradient scale, which
         # lifts float64 rounding in elements whose gradient is near 0 to 1.5e-10 of the movement here.
         "optim=lars",
+    ],
+    # As DINOv2's, with iBOT's own: a last layer of 32 prototypes for the patches, their teacher temperature warming
+    # up from 0.04 to 0.07 over the first epoch (4 steps), every global crop masked.
+    "ibot": [
+        "backbone.name=test_vit",
+        "backbone.small_stem=false",
+        "+backbone.kwargs.img_size=16",
+        "+backbone.kwargs.patch_size=4",
+        "augmentation=multicrop_digits",
+        "method.proj_hidden_dim=32",
+        "method.bottleneck_dim=16",
+        "method.num_prototypes=64",
+        "method.patch_prototypes=32",
+        "method.base_momentum=0.9",
+        "method.warmup_teacher_temperature_epochs=1",
+        "method.freeze_last_layer_epochs=0.5",
+        "optim=lars",  # as dinov2's
     ],
     # timm's test ViT on a 2 x 2 grid of 8 px patches, distilled from the digits DINOv2 zoo ViT (width 192, 4 px
     # patches: its 4 x 4 grid interpolated to 2 x 2; its input renormalised from the synthetic data's statistics to the
@@ -150,10 +175,12 @@ METHOD = {
         "method.decoder_depth=1",
         "method.decoder_heads=2",
     ],
-    # timm's test ViT on a 4 x 4 grid of 4 px patches: per-sample context and 4 target blocks; a one-block predictor.
+    # timm's test ViT on a 4 x 4 grid of 4 px patches with a register: per-sample context and 4 target blocks; a
+    # one-block predictor.
     "ijepa": [
         "backbone.name=test_vit",
         "backbone.small_stem=false",
+        "backbone.num_registers=1",
         "+backbone.kwargs.img_size=16",
         "+backbone.kwargs.patch_size=4",
         "method.predictor_embed_dim=16",
@@ -230,11 +257,12 @@ def overrides(method: str, batch: int) -> list[str]:
 
 # One method per kind of state of its own: a queue (MoCo v2+; ReSSL's and All4One's are the same GlobalQueue), a
 # support set (NNCLR; NNBYOL's and NNSiam's alike), an EMA teacher with a centre and a schedule (DINO; BYOL's, MoCo
-# v3's alike), a memory bank with k-means (DeepClusterV2), per-sample masks (MAE, DINOv2, I-JEPA), a frozen pretrained
+# v3's alike), a memory bank with k-means (DeepClusterV2), per-sample masks (MAE, DINOv2, iBOT and its second
+# temperature schedule, I-JEPA), a frozen pretrained
 # teacher saved with the weights (distill; LiT's locked tower is loaded and saved the same way), a running covariance
 # of the global batch (TiCo); and VICReg for the rest, whose state (weights, BatchNorm buffers, optimizer, data
 # position, random state) is the trainer's alike.
-RESUMED = set("vicreg mocov2plus dino nnclr deepclusterv2 mae dinov2 ijepa distill tico".split())
+RESUMED = set("vicreg mocov2plus dino nnclr deepclusterv2 mae dinov2 ibot ijepa distill tico".split())
 
 
 INVARIANCE_TEST = "test_step_is_world_size_invariant_and_resumes_exactly"
@@ -320,6 +348,22 @@ def test_step_is_world_size_invariant_and_resumes_exactly(method, one_process_ru
     after = weights(resumed)
     for key in two:
         assert torch.equal(two[key], after[key]), f"{method}: {key} differs after resume"
+
+
+@pytest.mark.slow
+def test_ibot_warms_its_patch_temperature_and_freezes_both_last_layers(one_process_run):
+    """The 1 x 16 run of the invariance test above (a checkpoint every step): the patches' teacher temperature rises
+    from 0.04 to 0.07 over the first epoch (4 steps) while the class token's stays at 0.04; the class token's and the
+    patches' last layers (two of them: method.patch_prototypes) are frozen for 2 steps, then trained."""
+    run_dir = one_process_run("ibot")
+    patch = [float(checkpoint(run_dir, s)["method.patch_teacher_temperature"]) for s in (1, 2, 4, 5)]
+    assert patch == pytest.approx([0.0475, 0.055, 0.07, 0.07])
+    assert [float(checkpoint(run_dir, s)["method.teacher_temperature"]) for s in (1, 5)] == pytest.approx([0.04, 0.04])
+    start = weights_at_init(overrides("ibot", 16))
+    for layer in ("method.head.last_layer.weight", "method.head.patch_last_layer.weight"):
+        assert torch.equal(checkpoint(run_dir, 2)[layer].to(start[layer].dtype), start[layer]), layer
+        assert not torch.equal(checkpoint(run_dir, 3)[layer].to(start[layer].dtype), start[layer]), layer
+    assert checkpoint(run_dir, 1)["method.head.patch_last_layer.weight"].shape == (32, 16)
 
 
 # Each kind of state and its known-wrong variant (tests/local_state_methods.py): filled with each rank's rows only.
@@ -436,7 +480,7 @@ def test_unknown_method_lists_every_method():
     with pytest.raises(MissingConfigException) as err:
         compose_cfg(["method=bool"])
     builtin = [m.name for m in METHODS if m.target.__module__.startswith("solo.")]  # other tests register their own
-    assert len(builtin) == 45 and all(name in str(err.value) for name in builtin)
+    assert len(builtin) == 46 and all(name in str(err.value) for name in builtin)
 
 
 @pytest.mark.parametrize(

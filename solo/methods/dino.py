@@ -39,20 +39,39 @@ class DINOConfig:
     freeze_last_layer_epochs: float = ruled(1.0, NON_NEGATIVE)  # the head's last layer is not updated before
 
 
+def warmed_up(start: float, end: float, epochs: float, step: int, steps_per_epoch: int) -> float:
+    """A value after `step` optimizer steps: linear from `start` to `end` over `epochs` epochs, then `end`."""
+    warmup = epochs * steps_per_epoch
+    return end if step >= warmup else start + (end - start) * step / warmup
+
+
 def teacher_temperature(cfg, step: int, steps_per_epoch: int) -> float:
     """The teacher's temperature after `step` optimizer steps: linear from cfg.warmup_teacher_temperature to
     cfg.teacher_temperature over cfg.warmup_teacher_temperature_epochs, then constant (DINO, DINOv2)."""
-    warmup = cfg.warmup_teacher_temperature_epochs * steps_per_epoch
-    if step >= warmup:
-        return cfg.teacher_temperature
-    return cfg.warmup_teacher_temperature + (cfg.teacher_temperature - cfg.warmup_teacher_temperature) * step / warmup
+    return warmed_up(
+        cfg.warmup_teacher_temperature,
+        cfg.teacher_temperature,
+        cfg.warmup_teacher_temperature_epochs,
+        step,
+        steps_per_epoch,
+    )
 
 
 class DINOHead(nn.Module):
     """MLP (GELU) -> bottleneck -> L2 normalisation -> weight-normalised linear layer to K prototypes, whose
-    norms are fixed at 1 (DINO's `norm_last_layer`, the default that keeps training stable)."""
+    norms are fixed at 1 (DINO's `norm_last_layer`, the default that keeps training stable). With `patch_out_dim`, the
+    patch tokens (forward's `patches`) take a last layer of their own after the shared MLP (iBOT's head without
+    shared_head)."""
 
-    def __init__(self, in_dim: int, hidden_dim: int, bottleneck_dim: int, out_dim: int, use_bn: bool = False):
+    def __init__(
+        self,
+        in_dim: int,
+        hidden_dim: int,
+        bottleneck_dim: int,
+        out_dim: int,
+        use_bn: bool = False,
+        patch_out_dim: int = 0,
+    ):
         super().__init__()
         norm = (lambda: nn.BatchNorm1d(hidden_dim)) if use_bn else nn.Identity
         self.mlp = nn.Sequential(
@@ -69,9 +88,17 @@ class DINOHead(nn.Module):
                 nn.init.trunc_normal_(layer.weight, std=0.02)
                 nn.init.zeros_(layer.bias)
         self.last_layer = nn.Linear(bottleneck_dim, out_dim, bias=False)
+        self.patch_last_layer = nn.Linear(bottleneck_dim, patch_out_dim, bias=False) if patch_out_dim else None
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(F.normalize(self.mlp(x), dim=-1), F.normalize(self.last_layer.weight, dim=1))
+    def forward(self, x: torch.Tensor, patches: bool = False) -> torch.Tensor:
+        """Scores of the rows of `x`; `patches`: of patch tokens, through their own last layer where the head has one
+        (a flag of forward, not a method of its own: FSDP gathers a unit's parameters around its forward only)."""
+        last = self.patch_last_layer if patches and self.patch_last_layer is not None else self.last_layer
+        return F.linear(F.normalize(self.mlp(x), dim=-1), F.normalize(last.weight, dim=1))
+
+    def last_layers(self) -> list[nn.Parameter]:
+        """The prototypes' weights, which the first epochs keep frozen."""
+        return [*self.last_layer.parameters(), *(self.patch_last_layer.parameters() if self.patch_last_layer else [])]
 
 
 class SelfDistillation(Method):
@@ -91,7 +118,7 @@ class SelfDistillation(Method):
     def param_groups(self, weight_decay: float, exclude_bias_and_norm: bool) -> list[dict]:
         frozen_steps = round(self.cfg.freeze_last_layer_epochs * self.steps_per_epoch)
         groups = super().param_groups(weight_decay, exclude_bias_and_norm)
-        return with_group_settings(groups, self.head.last_layer.parameters(), frozen_steps=frozen_steps)
+        return with_group_settings(groups, self.head.last_layers(), frozen_steps=frozen_steps)
 
     def prepare_step(self, index: int, total_steps: int) -> None:
         self.momentum = cosine_momentum(self.cfg.base_momentum, self.cfg.final_momentum, index + 1, total_steps)

@@ -47,6 +47,9 @@ class DINOv2Config:
     proj_hidden_dim: int = ruled(2048, AT_LEAST_ONE)
     bottleneck_dim: int = ruled(256, AT_LEAST_ONE)
     num_prototypes: int = ruled(65536, AT_LEAST_ONE)  # one head for the class token and the patches (DINOv2's default)
+    # 0: the patches share the class token's prototypes; N: the patches take N of their own after the shared MLP
+    # (iBOT's head without shared_head)
+    patch_prototypes: int = ruled(0, NON_NEGATIVE)
     use_bn_in_head: bool = False  # BatchNorm after the head's hidden layers, over the global batch (as DINO's)
     student_temperature: float = ruled(0.1, POSITIVE)
     teacher_temperature: float = ruled(0.07, POSITIVE)  # after the warm-up
@@ -78,7 +81,7 @@ class DINOv2Config:
             )
 
 
-def per_token(head: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
+def per_token(head, tokens: torch.Tensor) -> torch.Tensor:
     """The head on every token of (B, N, D): one row per token, so BatchNorm1d normalises features, not positions."""
     return head(tokens.flatten(0, 1)).unflatten(0, tokens.shape[:2])
 
@@ -103,7 +106,12 @@ class DINOv2(MaskedViT, SelfDistillation):
         pool_patch_tokens(backbone)
         self.cfg = cfg
         self.head = DINOHead(
-            feature_dim, cfg.proj_hidden_dim, cfg.bottleneck_dim, cfg.num_prototypes, cfg.use_bn_in_head
+            feature_dim,
+            cfg.proj_hidden_dim,
+            cfg.bottleneck_dim,
+            cfg.num_prototypes,
+            cfg.use_bn_in_head,
+            cfg.patch_prototypes,
         )
         self.mask_token = nn.Parameter(torch.zeros(backbone.embed_dim))
         self.teacher = make_teacher(nn.ModuleList([backbone, self.head]))
@@ -114,7 +122,7 @@ class DINOv2(MaskedViT, SelfDistillation):
         self.register_schedules(cfg)
         if cfg.centering == "centering":  # buffers: a resumed run goes on with the same centres
             self.register_buffer("center", torch.zeros(cfg.num_prototypes))
-            self.register_buffer("patch_center", torch.zeros(cfg.num_prototypes))
+            self.register_buffer("patch_center", torch.zeros(cfg.patch_prototypes or cfg.num_prototypes))
 
     def mask_generator(self) -> BlockMask:
         c = self.cfg
@@ -154,23 +162,27 @@ class DINOv2(MaskedViT, SelfDistillation):
             encoded["gram_anchor"] = [tokens[:, prefix:] for tokens in anchor]
         return encoded | self.probe_features(batch)
 
+    def patch_temperature(self) -> torch.Tensor:
+        """The teacher's temperature for the masked patches' targets: the class token's (iBOT: its own schedule)."""
+        return self.teacher_temperature
+
     def batch_loss(self, encoded: dict, batch: dict) -> dict:
-        c, temperature = self.cfg, self.teacher_temperature
+        c, temperature, patch_temperature = self.cfg, self.teacher_temperature, self.patch_temperature()
         student = [self.head(x) for x in encoded["cls"]]
         with torch.no_grad():
             teacher_head = self.teacher[1]
             scores = torch.cat([teacher_head(t) for t in encoded["teacher_cls"]])
-            patch_scores = per_token(teacher_head, torch.cat(encoded["teacher_patches"]))
+            patch_scores = per_token(partial(teacher_head, patches=True), torch.cat(encoded["teacher_patches"]))
             hidden = self.mask_generator().hidden  # which of each image's candidate patches are masked
             valid = torch.cat([m.gather(1, first_positions(m, hidden)) for m in batch["mask"].unbind(1)])
             if c.centering == "sinkhorn_knopp":
                 teacher = sinkhorn(scores, temperature, c.sinkhorn_iterations)
                 patch_targets = sinkhorn(
-                    patch_scores.flatten(0, 1), temperature, c.sinkhorn_iterations, valid=valid.flatten()
+                    patch_scores.flatten(0, 1), patch_temperature, c.sinkhorn_iterations, valid=valid.flatten()
                 ).view(patch_scores.shape)
             else:
                 teacher = centred_softmax(scores, self.center, temperature)
-                patch_targets = centred_softmax(patch_scores, self.patch_center, temperature)
+                patch_targets = centred_softmax(patch_scores, self.patch_center, patch_temperature)
                 # after the targets, from this step's whole batch: the next step's centres
                 self.center.copy_(dino_center([scores], self.center, c.center_momentum))
                 self.patch_center.copy_(
@@ -180,7 +192,7 @@ class DINOv2(MaskedViT, SelfDistillation):
         targets = list(teacher.tensor_split(self.num_views))
         terms = {"dino": dino_cross_entropy(student, targets, c.student_temperature)}
         if c.ibot_weight:
-            student_patches = per_token(self.head, torch.cat(encoded["patches"]))
+            student_patches = per_token(partial(self.head, patches=True), torch.cat(encoded["patches"]))
             terms["ibot"] = ibot_patch_loss(student_patches, patch_targets, valid, c.student_temperature)
         if c.koleo_weight:
             terms["koleo"] = sum(koleo_loss(x) for x in encoded["cls"][: self.num_views])
