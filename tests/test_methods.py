@@ -489,7 +489,7 @@ def test_unknown_method_lists_every_method():
         (
             "byol",
             "augmentation=multicrop_digits",
-            r"only used by methods that take local crops \(dino, dinov2, lejepa, mmcr, msn, pmsn, swav",
+            r"only used by methods that take local crops \(dino, dinov2, ibot, lejepa, mmcr, msn, pmsn, swav, visreg",
         ),
         (
             "dino",

@@ -721,7 +721,9 @@ class MetricsWindow:
         if self.lidar_sums is not None:  # every rank has views (the trainer's batches are even), so every rank sums
             if dist.is_initialized():
                 dist.all_reduce(self.lidar_sums)
-            if sums[5] >= 2:
+            # Not from a step whose features are not finite: the trainer's non-finite check stops the run with its own
+            # message after this flush.
+            if sums[5] >= 2 and bool(self.lidar_sums.isfinite().all()):
                 lidar_value = lidar(self.lidar_sums, int(sums[5]), self.lidar_views)
         losses = (sums[:2] / (self.steps * (dist.get_world_size() if dist.is_initialized() else 1))).tolist()
         window = {
