@@ -41,6 +41,19 @@ def _global_rows(n_local: int, device: torch.device) -> tuple[list[int], torch.T
     return sizes, torch.arange(offset, offset + n_local, device=device)
 
 
+def _unit_pairs(z1: torch.Tensor, z2: torch.Tensor, loss: str):
+    """The L2-normalised views in full precision, this rank's rows in the global batch, its size N (at least 2: the
+    negatives), and the (2N, D) candidates, all first views then all second, gathered with a reduce-scatter backward:
+    the anchors and candidates of SimCLR-style losses over the global batch (DCL, MACL)."""
+    z1 = F.normalize(full_precision(z1), dim=1)
+    z2 = F.normalize(full_precision(z2), dim=1)
+    sizes, rows = _global_rows(z1.shape[0], z1.device)
+    total = sum(sizes)
+    if total < 2:
+        raise ValueError(f"{loss} needs a global batch of at least 2 samples (its negatives), got {total}")
+    return z1, z2, rows, total, sizes, torch.cat([gather(z1, sizes), gather(z2, sizes)])
+
+
 def _is_column(index: torch.Tensor, columns: int) -> torch.Tensor:
     """(len(index), columns) bool: row i is True at column index[i] only. F.one_hot would give the same, but it
     checks the indices' range on the host (a synchronisation on a GPU)."""
@@ -121,13 +134,7 @@ def dcl_loss(z1: torch.Tensor, z2: torch.Tensor, temperature: float = 0.1, sigma
     if sigma is not None:
         check_positive(sigma, "sigma")
     with torch.autocast(z1.device.type, enabled=False):
-        z1 = F.normalize(full_precision(z1), dim=1)
-        z2 = F.normalize(full_precision(z2), dim=1)
-        sizes, rows = _global_rows(z1.shape[0], z1.device)
-        total = sum(sizes)
-        if total < 2:
-            raise ValueError(f"dcl_loss needs a global batch of at least 2 samples (its negatives), got {total}")
-        candidates = torch.cat([gather(z1, sizes), gather(z2, sizes)])  # (2N, D): all first views, then all second
+        z1, z2, rows, total, sizes, candidates = _unit_pairs(z1, z2, "dcl_loss")
         logits = torch.cat([z1, z2]) @ candidates.T / temperature
         self_or_positive = _is_column(torch.cat([rows, rows + total]), 2 * total) | _is_column(
             torch.cat([rows + total, rows]), 2 * total
@@ -161,15 +168,9 @@ def macl_loss(
     check_pair(z1, z2, "z1", "z2")
     check_positive(temperature, "temperature")
     with torch.autocast(z1.device.type, enabled=False):
-        z1 = F.normalize(full_precision(z1), dim=1)
-        z2 = F.normalize(full_precision(z2), dim=1)
-        sizes, rows = _global_rows(z1.shape[0], z1.device)
-        total = sum(sizes)
-        if total < 2:
-            raise ValueError(f"macl_loss needs a global batch of at least 2 samples (its negatives), got {total}")
+        z1, z2, rows, total, _, candidates = _unit_pairs(z1, z2, "macl_loss")
         alignment = sum_over_ranks(torch.linalg.vecdot(z1, z2).detach().sum()) / total
         t = temperature * (1 + alpha * (alignment - a0))
-        candidates = torch.cat([gather(z1, sizes), gather(z2, sizes)])  # (2N, D): all first views, then all second
         logits = (torch.cat([z1, z2]) @ candidates.T / t).masked_fill(
             _is_column(torch.cat([rows, rows + total]), 2 * total), float("-inf")
         )
