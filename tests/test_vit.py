@@ -187,6 +187,24 @@ def test_block_masks_hide_rectangles_within_their_share():
     assert bool((neighbours[grids] > 0).all())
 
 
+def test_beit_masks_hide_their_share_of_one_view_in_blocks():
+    """data2vec's and MaskFeat's mask: one (patches,) mask per image, never more than the share, close to it (BEiT's
+    blocks stop short only when no block fits what is left), every hidden patch with a hidden neighbour."""
+    import random
+
+    from solo.data.views.masks import BEiTMask
+
+    generator = BEiTMask((14, 14), ratio=0.6, min_block=16)
+    rng = random.Random(0)
+    masks = torch.stack([generator(rng) for _ in range(200)])
+    assert masks.shape == (200, 196) and masks.dtype == torch.bool
+    counts = masks.sum(dim=1)
+    assert int(counts.max()) <= 117 and float(counts.float().mean()) > 112
+    grids = F.pad(masks.view(-1, 14, 14).float(), (1, 1, 1, 1))
+    neighbours = grids[:, :-2, 1:-1] + grids[:, 2:, 1:-1] + grids[:, 1:-1, :-2] + grids[:, 1:-1, 2:]
+    assert bool((neighbours[masks.view(-1, 14, 14)] > 0).all())
+
+
 DINOV2 = CASES["dinov2_vit"]
 
 

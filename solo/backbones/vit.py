@@ -126,6 +126,25 @@ def run_blocks(vit: nn.Module, tokens: torch.Tensor, attends: torch.Tensor | Non
     return vit.norm(x)
 
 
+class BlockOutputs(nn.Module):
+    """A ViT's blocks as a module of their own (data2vec's teacher, an EMA of the blocks alone): called on the tokens
+    (B, L, D), it returns the outputs of its last `last` blocks. Its `blocks` are where solo.backbones.blocks_of
+    looks, so FSDP shards and gathers each block as a unit (timm's own nn.Sequential of blocks, copied alone, would
+    be one unit that is never called: iterated from outside, its parameters would stay sharded)."""
+
+    def __init__(self, blocks: nn.Module):
+        super().__init__()
+        self.blocks = blocks
+
+    def forward(self, x: torch.Tensor, last: int) -> list[torch.Tensor]:
+        outputs = []
+        for index, block in enumerate(self.blocks):
+            x = block(x)
+            if index >= len(self.blocks) - last:
+                outputs.append(x)
+        return outputs
+
+
 def output_tokens(
     vit: nn.Module, images: torch.Tensor, mask: torch.Tensor | None = None, mask_token: torch.Tensor | None = None
 ) -> torch.Tensor:

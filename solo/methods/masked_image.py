@@ -1,16 +1,27 @@
 """What the masked-image methods share. `MaskedViT` (MAE, SimMIM, AIM, MSN, I-JEPA, CAPI, DINOv2): a patch mask per
 sample, drawn in the data workers (`mask_generator`: `batch["mask"]`), and an online probe on each whole image through
 the evaluation transform (`batch["probe_image"]`), since the views it trains on are masked. `PixelReconstruction`
-(MAE, SimMIM, AIM): one view per image whose patches' pixels are predicted where the mask says. `TargetEncoderViT`
-(I-JEPA, CAPI): one view per image whose targets come from a target encoder, an EMA of the backbone."""
+(MAE, SimMIM, AIM, MaskFeat): one view per image whose patches' pixels (or a target computed from them) are predicted
+where the mask says. `TargetEncoderViT`
+(I-JEPA, CAPI, data2vec): one view per image whose targets come from a target encoder, an EMA of the backbone."""
 
 from __future__ import annotations
 
 import math
+from typing import ClassVar
 
 import torch
+import torch.nn as nn
 
-from solo.backbones.vit import check_vit, patch_size, patchify, pool_patch_tokens, pooled_feature
+from solo.backbones.vit import (
+    BlockOutputs,
+    check_vit,
+    output_tokens,
+    patch_size,
+    patchify,
+    pool_patch_tokens,
+    pooled_feature,
+)
 from solo.data.views.batch_spec import BatchSpec, PatchMasks
 from solo.errors import ConfigError
 from solo.losses import normalised_patches
@@ -37,8 +48,9 @@ class MaskedViT:
 
 
 class PixelReconstruction(MaskedViT, Method):
-    """One view per image; `predict(batch)` gives each patch's pixels, (B, patches, patch^2 x 3) in patchify's order,
-    and `pixel_loss(prediction, target, mask)` (solo.losses.masked) scores them over the global batch. With
+    """One view per image; `predict(batch)` gives each patch's target as `patch_targets` computes it from the pixels
+    (by default the pixels themselves, (B, patches, patch^2 x 3) in patchify's order; MaskFeat's: their HOG), and
+    `pixel_loss(prediction, target, mask)` (solo.losses.masked) scores them over the global batch. With
     `normalise_targets`, each target patch is normalised by its own mean and variance (MAE's norm_pix_loss)."""
 
     num_views = 1
@@ -55,30 +67,56 @@ class PixelReconstruction(MaskedViT, Method):
     def pixel_loss(self, prediction: torch.Tensor, target: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 
+    def patch_targets(self, images: torch.Tensor) -> torch.Tensor:
+        target = patchify(images, self.patch)
+        return normalised_patches(target) if self.normalise_targets else target
+
     def encode(self, batch: dict) -> dict:
         return {"prediction": self.predict(batch), **self.probe_features(batch)}
 
     def batch_loss(self, encoded: dict, batch: dict) -> dict:
-        target = patchify(batch["views"][0], self.patch)
-        if self.normalise_targets:
-            target = normalised_patches(target)
-        loss = self.pixel_loss(encoded["prediction"], target, batch["mask"])
+        loss = self.pixel_loss(encoded["prediction"], self.patch_targets(batch["views"][0]), batch["mask"])
         return {"loss": loss, "features": encoded.get("features"), "labels": batch["label"]}
+
+
+class MaskTokenViT(PixelReconstruction):
+    """The backbone on every patch, a learnt mask token in place of each hidden patch's embedding before the position
+    embeddings (SimMIM's and MaskFeat's ViT), then a linear head from each patch token to its `outputs` target values;
+    the probes read the mean patch token (pool=mean: no loss reads the class token). `mask_token_bound`: the mask
+    token's truncated-normal init (std 0.02) is cut at +- that."""
+
+    pool = "mean"
+
+    def __init__(self, backbone, feature_dim: int, outputs: int, mask_token_bound: float):
+        super().__init__(backbone, feature_dim)
+        pool_patch_tokens(backbone)
+        self.mask_token = nn.Parameter(torch.zeros(backbone.embed_dim))
+        nn.init.trunc_normal_(self.mask_token, std=0.02, a=-mask_token_bound, b=mask_token_bound)
+        self.head = nn.Linear(backbone.embed_dim, outputs)
+
+    def predict(self, batch: dict) -> torch.Tensor:
+        images, mask = batch["views"][0], batch["mask"]
+        vit = self.backbone
+        return self.head(output_tokens(vit, images, mask, self.mask_token)[:, vit.num_prefix_tokens :])
 
 
 class TargetEncoderViT(MaskedViT, Method):
     """One view per image; the targets come from `target_encoder`, an EMA of the backbone whose momentum after step
-    k of n is `momentum_at(k, n)`; the probes read the mean patch token (pool=mean), as I-JEPA's linear protocol."""
+    k of n is `momentum_at(k, n)`; the probes read the mean patch token (pool=mean), as I-JEPA's linear protocol.
+    With `teacher_blocks_only`, the EMA copies only the backbone's blocks (solo.backbones.vit.BlockOutputs), which take
+    the student's own patch and position embeddings (data2vec's `ema_transformer_only`)."""
 
     num_views = 1
     teachers = ("target_encoder",)
     pool = "mean"
+    teacher_blocks_only: ClassVar[bool] = False
 
     def __init__(self, backbone, feature_dim: int, base_momentum: float):
         super().__init__(backbone, feature_dim)
         check_vit(backbone, self.name)
         pool_patch_tokens(backbone)
-        self.target_encoder = make_teacher(backbone)
+        teacher = make_teacher(self.taught())
+        self.target_encoder = BlockOutputs(teacher) if self.teacher_blocks_only else teacher
         self.momentum = base_momentum
         self.register_buffer("teacher_momentum", torch.tensor(base_momentum), persistent=False)
 
@@ -89,8 +127,12 @@ class TargetEncoderViT(MaskedViT, Method):
         self.momentum = self.momentum_at(index + 1, total_steps)
         self.teacher_momentum.fill_(self.momentum)
 
+    def taught(self) -> nn.Module:
+        """What the target encoder is an EMA of."""
+        return self.backbone.blocks if self.teacher_blocks_only else self.backbone
+
     def after_optimizer_step(self) -> None:
-        ema_update(self.target_encoder, self.backbone, self.ema_momentum())
+        ema_update(self.target_encoder, self.taught(), self.ema_momentum())
 
     def metrics(self) -> dict[str, torch.Tensor]:
         return {"train/teacher_momentum": torch.tensor(self.momentum)}

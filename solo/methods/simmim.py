@@ -7,20 +7,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn as nn
 
-from solo.backbones.vit import (
-    embed_patches,
-    grid_shape,
-    pool_patch_tokens,
-    prefix_tokens,
-    run_blocks,
-)
+from solo.backbones.vit import grid_shape, patch_size
 from solo.data.views.masks import CoarseRandomMask
 from solo.errors import ConfigError
 from solo.losses import masked_patch_l1
 from solo.methods.base import register_method
-from solo.methods.masked_image import PixelReconstruction
+from solo.methods.masked_image import MaskTokenViT
 from solo.schema import AT_LEAST_ONE, FRACTION, ruled
 
 
@@ -32,22 +25,21 @@ class SimMIMConfig:
 
 
 @register_method("simmim", schema=SimMIMConfig)
-class SimMIM(PixelReconstruction):
+class SimMIM(MaskTokenViT):
     """One view per image and its mask (solo.data.views.masks.CoarseRandomMask, drawn per sample). `predict` runs the
-    backbone on every patch, the hidden ones' embeddings replaced by the mask token before the position embeddings
-    (SimMIM's ViT), and the linear head on the patch tokens; when an online probe reads them, also the backbone on
-    the whole image as validation sees it (`BatchSpec.probe_image`), without a graph. `pixel_loss`: the mean absolute
-    error over every hidden pixel of the global batch (solo.losses.masked_patch_l1)."""
+    backbone on every patch, the hidden ones' embeddings replaced by the mask token (SimMIM's ViT), and the linear
+    head to each patch's raw pixels (SimMIM's decoder: a 1 x 1 convolution to stride^2 x 3 channels and a pixel
+    shuffle, here in patchify's order); when an online probe reads them, also the backbone on the whole image as
+    validation sees it (`BatchSpec.probe_image`), without a graph. `pixel_loss`: the mean absolute error over every
+    hidden pixel of the global batch (solo.losses.masked_patch_l1). The probes read the patch tokens' mean, as
+    SimMIM's fine-tuning pools them: no loss reads the class token, whose probe lags far behind
+    (docs/methods/simmim.md)."""
 
     augmentations = {"digits": "one_view_digits", "natural": "simmim"}
 
-    # The patch tokens' mean, as SimMIM's fine-tuning pools them: no loss reads the class token, whose probe lags far
-    # behind (docs/methods/simmim.md)
-    pool = "mean"
-
     def __init__(self, backbone, feature_dim: int, cfg: SimMIMConfig):
-        super().__init__(backbone, feature_dim)
-        pool_patch_tokens(backbone)
+        patch = patch_size(backbone)
+        super().__init__(backbone, feature_dim, patch**2 * 3, mask_token_bound=0.02)  # SimMIM's ViT's init
         self.cfg = cfg
         size = backbone.patch_embed.img_size[0]
         if cfg.mask_patch_size % self.patch or size % cfg.mask_patch_size:
@@ -55,21 +47,9 @@ class SimMIM(PixelReconstruction):
                 f"method.mask_patch_size={cfg.mask_patch_size}: the squares hidden must be whole patches "
                 f"({self.patch} px) and tile the {size} px image; choose a multiple of {self.patch} that divides {size}"
             )
-        self.mask_token = nn.Parameter(torch.zeros(backbone.embed_dim))
-        nn.init.trunc_normal_(self.mask_token, std=0.02, a=-0.02, b=0.02)  # SimMIM's ViT
-        # SimMIM's decoder: a 1 x 1 convolution to stride^2 x 3 channels and a pixel shuffle, i.e. one linear map per
-        # token to its patch's pixels (here in patchify's order).
-        self.head = nn.Linear(backbone.embed_dim, self.patch**2 * 3)
 
     def mask_generator(self) -> CoarseRandomMask:
         return CoarseRandomMask(grid_shape(self.backbone), self.cfg.mask_patch_size // self.patch, self.cfg.mask_ratio)
-
-    def predict(self, batch: dict) -> torch.Tensor:
-        images, mask = batch["views"][0], batch["mask"]
-        vit = self.backbone
-        patches = embed_patches(vit, images, mask, self.mask_token)
-        tokens = run_blocks(vit, torch.cat([prefix_tokens(vit, len(images)), patches], 1))
-        return self.head(tokens[:, vit.num_prefix_tokens :])
 
     def pixel_loss(self, prediction: torch.Tensor, target: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         return masked_patch_l1(prediction, target, mask)

@@ -124,6 +124,19 @@ class BlockMask:
 
 
 @dataclass(frozen=True)
+class BEiTMask:
+    """BEiT's block-wise mask of a single view (data2vec, MaskFeat): a share `ratio` of the patches hidden as
+    BlockMask's rectangles of at least `min_block` patches; (patches,) bool, like RandomMask's."""
+
+    grid: tuple[int, int]
+    ratio: float
+    min_block: int
+
+    def __call__(self, rng=random) -> torch.Tensor:
+        return BlockMask(self.grid, 1, 1.0, self.ratio, self.ratio, self.min_block)(rng)[0]
+
+
+@dataclass(frozen=True)
 class MultiBlockMask:
     """I-JEPA's masks: `targets` rectangles to predict, each covering a share of the patches drawn uniformly in
     `target_scale` with an aspect ratio (height / width) drawn uniformly in `target_aspect`; and one square context
