@@ -60,6 +60,8 @@ METHOD = {
     ],
     # A queue of 64 that the 6 steps of 16 keys wrap (96 pushed): negatives from the queue, not the batch.
     "mocov2plus": HEADS + ["method.queue_size=64", "method.base_momentum=0.9"],
+    # Queues of 32 (two global batches) that the 6 steps' 96 keys wrap; the momentum encoder moving fast enough to tell.
+    "densecl": HEADS + ["method.queue_size=32", "method.momentum=0.9"],
     "supervised": ["method.num_classes=10", "augmentation=supervised"],  # one view: main_linear.py's fine-tuning
     "simsiam": HEADS + ["method.pred_hidden_dim=8"],
     # Four views of one size: each view's target the mean of the other three's projections.
@@ -187,6 +189,26 @@ METHOD = {
         "method.predictor_depth=1",
         "method.predictor_heads=2",
         "method.base_momentum=0.9",
+    ],
+    # timm's test ViT with a register, 60% of its 16 patches hidden in blocks of 2 or more; the top 2 blocks averaged.
+    "data2vec": [
+        "backbone.name=test_vit",
+        "backbone.small_stem=false",
+        "backbone.num_registers=1",
+        "+backbone.kwargs.img_size=16",
+        "+backbone.kwargs.patch_size=4",
+        "method.min_mask_block=2",
+        "method.average_top_k_layers=2",
+        "method.base_momentum=0.9",
+    ],
+    # timm's test ViT, 40% of its 16 patches hidden in blocks of 2 or more; HOG in 2 px cells (2 x 2 per patch).
+    "maskfeat": [
+        "backbone.name=test_vit",
+        "backbone.small_stem=false",
+        "+backbone.kwargs.img_size=16",
+        "+backbone.kwargs.patch_size=4",
+        "method.min_mask_block=2",
+        "method.hog_cell=2",
     ],
     # timm's test ViT on a 4 x 4 grid of 4 px patches, hidden in 8 px squares (3 of the 4, 12 patches); a linear head.
     "simmim": [
@@ -480,7 +502,7 @@ def test_unknown_method_lists_every_method():
     with pytest.raises(MissingConfigException) as err:
         compose_cfg(["method=bool"])
     builtin = [m.name for m in METHODS if m.target.__module__.startswith("solo.")]  # other tests register their own
-    assert len(builtin) == 46 and all(name in str(err.value) for name in builtin)
+    assert len(builtin) == 49 and all(name in str(err.value) for name in builtin)
 
 
 @pytest.mark.parametrize(

@@ -12,6 +12,7 @@ variant they must reject (what solo used to compute, or a likely slip). Their ex
 (tests/test_distributed.py)."""
 
 import cmath
+import copy
 import math
 import random
 
@@ -765,6 +766,150 @@ def test_simmim_encoder_never_sees_the_hidden_pixels():
         assert torch.equal(predict(changed), before) == hidden, patch
 
 
+# --- data2vec --------------------------------------------------------------------------------------------------------
+
+
+def _data2vec_code_loss(student, teacher, mask_token, images, mask, top, beta):
+    """data2vec_vision's README command (--layer_results end --post_target_layer_norm --l1_beta), through timm's own
+    ViT code: the teacher (the student's embeddings, the teacher's blocks) on the whole image, its last `top` blocks'
+    patch outputs before the final norm (timm's forward_intermediates) averaged and layer-normalised; the student
+    (timm's patch embedding, the mask token in the hidden patches' place, timm's _pos_embed, blocks and final norm);
+    smooth L1 summed over the features, times 1 / sqrt(D), summed over the hidden patches and divided by their
+    count."""
+    with torch.no_grad():
+        layers = teacher.forward_intermediates(images, indices=top, output_fmt="NLC", intermediates_only=True)
+        target = F.layer_norm(sum(layers) / top, (teacher.embed_dim,))
+    x = student.patch_embed(images)
+    x = torch.where(mask[..., None], mask_token, x)
+    x = student.norm(student.blocks(student.norm_pre(student._pos_embed(x))))[:, student.num_prefix_tokens :]
+    error = F.smooth_l1_loss(x, target, reduction="none", beta=beta).sum(-1) / math.sqrt(x.shape[-1])
+    return (error * mask).sum() / mask.sum()
+
+
+def test_data2vec_is_the_official_codes_loss_in_value_and_gradient():
+    """A 2-block ViT with a teacher whose blocks differ from the student's, 3 images hiding 3 to 9 of 16 patches:
+    solo's encode and loss against the official recipe written with timm's own forward, in value and in the
+    gradient of the mask token and of a block's weight. Rejected: the last block alone as target (no average), and
+    the paper's other normalisation (instance norm over the patches per block, then the mean)."""
+    from solo.methods.data2vec import Data2Vec, Data2VecConfig
+
+    cfg = Data2VecConfig(average_top_k_layers=2, min_mask_block=2, loss_beta=0.5)
+    method = Data2Vec(_tiny_vit(0), 32, cfg).double()
+    method.feeds_probe = False
+    with torch.no_grad():  # a teacher some way from the student, as after training
+        for p in method.target_encoder.parameters():
+            p.add_(0.3 * torch.randn(p.shape, generator=_generator(1), dtype=p.dtype))
+    g = _generator(2)
+    images = torch.randn(3, 3, 16, 16, generator=g, dtype=torch.float64)
+    mask = torch.zeros(3, 16, dtype=torch.bool)
+    mask[0, [0, 1, 4]] = True
+    mask[1, 5:11] = True
+    mask[2, [2, 3, 6, 7, 8, 9, 12, 13, 15]] = True
+    batch = {"views": [images], "mask": mask, "label": torch.zeros(3, dtype=torch.long)}
+    got = method.batch_loss(method.encode(batch), batch)["loss"]
+
+    teacher = copy.deepcopy(method.backbone)
+    teacher.blocks = copy.deepcopy(method.target_encoder.blocks)
+    want = _data2vec_code_loss(method.backbone, teacher, method.mask_token, images, mask, 2, 0.5)
+    assert got.item() == pytest.approx(want.item(), rel=1e-12)
+    weight = method.backbone.blocks[0].attn.qkv.weight
+    for a, b in zip(
+        torch.autograd.grad(got, [method.mask_token, weight]), torch.autograd.grad(want, [method.mask_token, weight])
+    ):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=0)
+
+    with torch.no_grad():
+        layers = teacher.forward_intermediates(images, indices=2, output_fmt="NLC", intermediates_only=True)
+        target = method.encode(batch)["target"]
+        last_only = F.layer_norm(layers[-1], layers[-1].shape[-1:])
+        instance = sum(F.instance_norm(layer.transpose(1, 2)).transpose(1, 2) for layer in layers) / 2
+    for wrong in (last_only, instance):
+        assert (wrong - target).abs().max() > 0.1
+
+
+# --- MaskFeat --------------------------------------------------------------------------------------------------------
+
+
+def _hog_by_hand(image, patch, cell, bins, gx_first=True):
+    """HOG of one (C, H, W) image pixel by pixel, as SlowFast's HOGLayerC: the 3 x 3 Sobel kernels [[1, 0, -1], [2, 0,
+    -2], [1, 0, -1]] (x) and its transpose (y) on the image padded by reflection; each pixel's magnitude added to bin
+    floor(atan2(gx, gy) / pi x bins) mod bins; cells of `cell` px summed, each cell's histogram divided by its L2 norm;
+    per patch, the values ordered (channel, bin, cell row, cell column)."""
+    c, h, w = image.shape
+
+    def pixel(ch, i, j):  # reflection padding: index -1 is 1, index h is h - 2
+        i = -i if i < 0 else (2 * (h - 1) - i if i >= h else i)
+        j = -j if j < 0 else (2 * (w - 1) - j if j >= w else j)
+        return float(image[ch, i, j])
+
+    sobel = [[1, 0, -1], [2, 0, -2], [1, 0, -1]]
+    hist = [[[[0.0] * bins for _ in range(w // cell)] for _ in range(h // cell)] for _ in range(c)]
+    for ch in range(c):
+        for i in range(h):
+            for j in range(w):
+                gx = sum(sobel[a][b] * pixel(ch, i + a - 1, j + b - 1) for a in range(3) for b in range(3))
+                gy = sum(sobel[b][a] * pixel(ch, i + a - 1, j + b - 1) for a in range(3) for b in range(3))
+                angle = math.atan2(gx, gy) if gx_first else math.atan2(gy, gx)
+                hist[ch][i // cell][j // cell][math.floor(angle / math.pi * bins) % bins] += math.hypot(gx, gy)
+    for ch in range(c):
+        for row in hist[ch]:
+            for k, values in enumerate(row):
+                norm = math.sqrt(sum(v * v for v in values)) or 1.0
+                row[k] = [v / norm for v in values]
+    per = patch // cell
+    return torch.tensor(
+        [
+            [
+                hist[ch][pi * per + ci][pj * per + cj][bin_]
+                for ch in range(c)
+                for bin_ in range(bins)
+                for ci in range(per)
+                for cj in range(per)
+            ]
+            for pi in range(h // patch)
+            for pj in range(w // patch)
+        ],
+        dtype=torch.float64,
+    )
+
+
+def test_maskfeat_targets_are_the_official_hog_per_patch():
+    """2 images of 8 x 8 px, 3 channels, 4 px patches in 2 px cells, 9 bins: hog_patches against the pixel-by-pixel
+    HOG above, to 1e-12. Rejected: the usual atan2(gy, gx) (signed y over x), which puts the votes in other bins."""
+    from solo.methods.maskfeat import hog_patches
+
+    images = torch.randn(2, 3, 8, 8, generator=_generator(21), dtype=torch.float64)
+    got = hog_patches(images, patch=4, cell=2, bins=9)
+    assert got.shape == (2, 4, 3 * 9 * 4)
+    for n in range(2):
+        torch.testing.assert_close(got[n], _hog_by_hand(images[n], 4, 2, 9), rtol=0, atol=1e-12)
+    swapped = _hog_by_hand(images[0], 4, 2, 9, gx_first=False)
+    assert (got[0] - swapped).abs().max() > 0.1
+
+
+def test_maskfeat_loss_is_the_squared_error_on_the_hidden_patches_hog():
+    """MaskFeat's loss on a tiny ViT: the mean over every hidden patch and HOG value of (prediction - HOG)^2, the
+    prediction the linear head on the encoder's patch tokens, the target hog_patches of the image (a changed visible
+    pixel changes the target of its patch only)."""
+    from solo.methods.maskfeat import MaskFeat, MaskFeatConfig, hog_patches
+
+    method = MaskFeat(_tiny_vit(0), 32, MaskFeatConfig(min_mask_block=2, hog_cell=2)).double()
+    method.feeds_probe = False
+    images = torch.randn(3, 3, 16, 16, generator=_generator(22), dtype=torch.float64)
+    mask = torch.zeros(3, 16, dtype=torch.bool)
+    mask[0, [1, 2]] = True
+    mask[1, 4:10] = True
+    mask[2, [0, 15]] = True
+    batch = {"views": [images], "mask": mask, "label": torch.zeros(3, dtype=torch.long)}
+    got = method.batch_loss(method.encode(batch), batch)["loss"]
+    prediction = method.predict(batch)
+    target = hog_patches(images, 4, 2)
+    want = ((prediction - target) ** 2)[mask].mean()
+    assert got.item() == pytest.approx(want.item(), rel=1e-12)
+    per_image = torch.stack([((prediction[i] - target[i]) ** 2)[mask[i]].mean() for i in range(3)]).mean()
+    assert abs(per_image.item() - want.item()) > 1e-3 * want.item()
+
+
 # --- AIM -------------------------------------------------------------------------------------------------------------
 
 
@@ -1136,6 +1281,86 @@ def test_capi_encoder_never_sees_the_hidden_pixels():
         after = encode(changed)
         assert torch.equal(after["prediction"], before["prediction"]) == is_hidden, patch
         assert not torch.equal(after["teacher"], before["teacher"])
+
+
+# --- DenseCL ---------------------------------------------------------------------------------------------------------
+
+
+def _densecl_case(seed: int = 0):
+    """A DenseCL on a narrow one-block-per-stage timm ResNet in float64 (a 3 x 3 map at 96 px), its queues full of earlier
+    unit keys, and a batch of 3 images' two views."""
+    from timm.models.resnet import BasicBlock, ResNet
+
+    from solo.methods.densecl import DenseCL, DenseCLConfig
+
+    torch.manual_seed(seed)
+    backbone = ResNet(BasicBlock, [1, 1, 1, 1], num_classes=0, stem_width=8, channels=(8, 16, 32, 32))
+    cfg = DenseCLConfig(proj_hidden_dim=32, proj_output_dim=8, queue_size=6, temperature=0.2, dense_weight=0.3)
+    method = DenseCL(backbone, 32, cfg).double()
+    for queue in method.queues:
+        queue.push(F.normalize(torch.randn(6, 8, dtype=torch.float64), dim=1))
+    views = [torch.randn(3, 3, 96, 96, dtype=torch.float64) for _ in range(2)]
+    return method, {"views": views, "label": torch.zeros(3, dtype=torch.long)}
+
+
+def _official_densecl(method, batch, match_on: str = "backbone"):
+    """WXinlong/DenseCL openselfsup/models/densecl.py's forward_train (one process), on the method's own modules: the
+    first view the query, the second the key; the backbone map (timm's forward_features), its average pool through
+    the MLP neck and the map through the 1 x 1 one, all L2-normalised; each query cell's positive the key cell whose
+    normalised backbone feature is the most similar (`match_on="dense"`: the known-wrong variant, matched on the dense
+    embeddings); the cross-entropy with the positive first, averaged over images and over cells, mixed by
+    loss_lambda. Returns the loss and the keys the code enqueues (pooled, and the dense embeddings' average pool)."""
+    (im_q, im_k), queues = batch["views"], [q.rows.clone() for q in method.queues]
+    backbone, global_head, dense_head = method.backbone, method.global_head, method.dense_head
+    teacher_backbone, teacher_global, teacher_dense = method.teacher
+
+    def embed(net, mlp, conv, images):
+        x = net.forward_features(images)
+        dense = conv(x)
+        pooled = F.normalize(mlp(x.mean(dim=(2, 3))), dim=1)
+        return pooled, F.normalize(dense.flatten(2), dim=1), F.normalize(dense.mean(dim=(2, 3)), dim=1), x
+
+    q, q_grid, _, q_b = embed(backbone, global_head, dense_head, im_q)
+    with torch.no_grad():
+        k, k_grid, k2, k_b = embed(teacher_backbone, teacher_global, teacher_dense, im_k)
+    if match_on == "backbone":
+        q_feat, k_feat = F.normalize(q_b.flatten(2), dim=1), F.normalize(k_b.flatten(2), dim=1)
+    else:
+        q_feat, k_feat = q_grid, k_grid
+    index = (q_feat.transpose(1, 2) @ k_feat).max(dim=2).indices  # (B, cells)
+    matched = torch.stack([k_grid[b][:, index[b]] for b in range(len(index))])
+    dense_pos = (q_grid * matched).sum(dim=1).reshape(-1, 1)
+    q_cells = q_grid.transpose(1, 2).reshape(-1, q_grid.shape[1])
+
+    def contrast(positive, query, queue):
+        logits = torch.cat([positive, query @ queue.T], dim=1) / method.cfg.temperature
+        return F.cross_entropy(logits, torch.zeros(len(logits), dtype=torch.long))
+
+    lam = method.cfg.dense_weight
+    single = contrast((q * k).sum(dim=1, keepdim=True), q, queues[0])
+    loss = single * (1 - lam) + contrast(dense_pos, q_cells, queues[1]) * lam
+    return loss, k, k2
+
+
+def test_densecl_is_the_official_codes_loss_in_value_and_gradient():
+    """The method's loss (its queues full) against the official forward on the same modules, in value and in the
+    gradient of the backbone's stem and of both heads; the keys it enqueues are the code's. Told apart: cells matched
+    on the dense embeddings instead of the backbone's features, and the pooled key enqueued in the dense queue."""
+    method, batch = _densecl_case()
+    want, k, k2 = _official_densecl(method, batch)
+    params = [method.backbone.conv1.weight, method.global_head[0].weight, method.dense_head[2].weight]
+    expected = torch.autograd.grad(want, params)
+    got = method(batch)["loss"]
+    assert got.item() == pytest.approx(want.item(), rel=1e-12)
+    for a, b in zip(torch.autograd.grad(got, params), expected):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-14)
+    torch.testing.assert_close(method.queues[0].rows[:3], k)  # the queue wrapped: the 3 newest rows come first
+    torch.testing.assert_close(method.queues[1].rows[:3], k2)
+    assert (method.queues[1].rows[:3] - k).abs().max() > 1e-2
+
+    method, batch = _densecl_case()
+    wrong = _official_densecl(method, batch, match_on="dense")[0]
+    assert abs(wrong.item() - want.item()) > 1e-3 * want.item()
 
 
 # --- DetCon ----------------------------------------------------------------------------------------------------------

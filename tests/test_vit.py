@@ -29,6 +29,7 @@ from solo.errors import ConfigError
 from solo.methods.ijepa import IJEPAConfig, IJEPAPredictor
 from solo.train.trainer import build_model
 from tests.test_accumulate import CASES
+from tests.test_methods import method_overrides
 from tests.test_train import TINY, compose_cfg
 
 
@@ -223,6 +224,14 @@ DINOV2 = CASES["dinov2_vit"]
         (
             [o for o in DINOV2 if "dynamic_img_size" not in o] + ["+backbone.kwargs.dynamic_img_size=false"],
             "method=dinov2 runs the smaller local crops through the ViT: set backbone.kwargs.dynamic_img_size=true",
+        ),
+        (
+            method_overrides("data2vec") + ["method.average_top_k_layers=99"],
+            r"method.average_top_k_layers=99: the backbone has \d+ blocks; average at most \d+",
+        ),
+        (
+            method_overrides("maskfeat") + ["method.hog_cell=3"],
+            "method.hog_cell=3: a HOG cell must tile the 4 px patch; choose a divisor of 4",
         ),
     ],
 )
