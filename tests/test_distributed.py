@@ -36,6 +36,9 @@ def test_every_methods_loss_is_registered_with_the_checker():
         "all4one": "all4one_feature",
         "dinov2": "ibot",  # and koleo; its class-token loss is dino's
         "lit": "clip",  # or siglip's
+        "data2vec": "ijepa",  # masked_patch_smooth_l1
+        "maskfeat": "mae",  # masked_patch_mse
+        "densecl": "mocov2plus",  # moco_queue_loss, twice
     }
     assert {own_names.get(m, m) for m in methods} | {"koleo"} <= set(BUILTIN)
     assert all(name.removesuffix("_tiled") in set(BUILTIN) for name in BUILTIN)  # a tiled loss beside its untiled one
