@@ -19,8 +19,6 @@ from solo.methods.base import register_method
 from solo.methods.masked_image import MaskTokenViT
 from solo.schema import AT_LEAST_ONE, FRACTION, ruled
 
-_SOBEL = ((1.0, 0.0, -1.0), (2.0, 0.0, -2.0), (1.0, 0.0, -1.0))
-
 
 def hog_patches(images: torch.Tensor, patch: int, cell: int, bins: int = 9) -> torch.Tensor:
     """(B, C, H, W) -> (B, N, C x bins x (patch / cell)^2): each patch's HOG as MaskFeat's code computes it. Sobel
@@ -30,12 +28,17 @@ def hog_patches(images: torch.Tensor, patch: int, cell: int, bins: int = 9) -> t
     a patch's values ordered (channel, bin, cell row, cell column), its patches row-major."""
     x = full_precision(images)
     b, c, h, w = x.shape
-    sobel = x.new_tensor(_SOBEL)
     padded = F.pad(x, (1, 1, 1, 1), mode="reflect")
-    gx = F.conv2d(padded, sobel.expand(c, 1, 3, 3), groups=c)
-    gy = F.conv2d(padded, sobel.t().expand(c, 1, 3, 3), groups=c)
+    # The code's Sobel kernels [[1, 0, -1], [2, 0, -2], [1, 0, -1]] and its transpose (cross-correlation), as slices:
+    # a kernel made on the host would be a blocking copy to the GPU in every step.
+    rows = padded[:, :, :-2] + 2 * padded[:, :, 1:-1] + padded[:, :, 2:]
+    columns = padded[..., :-2] + 2 * padded[..., 1:-1] + padded[..., 2:]
+    gx = rows[..., :-2] - rows[..., 2:]
+    gy = columns[:, :, :-2] - columns[:, :, 2:]
     orientation = torch.floor(torch.atan2(gx, gy) / math.pi * bins).long() % bins
-    votes = F.one_hot(orientation, bins).to(x.dtype) * torch.hypot(gx, gy)[..., None]  # (B, C, H, W, bins)
+    # One-hot by comparison: F.one_hot checks the indices' range on the host.
+    one_hot = orientation[..., None] == torch.arange(bins, device=x.device)
+    votes = one_hot.to(x.dtype) * torch.hypot(gx, gy)[..., None]  # (B, C, H, W, bins)
     cells = votes.unflatten(2, (h // cell, cell)).unflatten(4, (w // cell, cell)).sum((3, 5))
     cells = F.normalize(cells, dim=-1)  # (B, C, H / cell, W / cell, bins)
     per_patch = patch // cell
