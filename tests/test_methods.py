@@ -3,6 +3,7 @@ on 1 process with batch 2b as on 2 processes with batch b, a 2-process run resum
 bit-identical, and configurations a method cannot use are refused with the reason."""
 
 import shutil
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -291,9 +292,28 @@ INVARIANCE_TEST = "test_step_is_world_size_invariant_and_resumes_exactly"
 
 
 @pytest.fixture(scope="module")
-def one_process_run(tmp_path_factory):
-    """method -> the run dir of its 1 x 16 run, trained in this process once for the tests that compare with it."""
-    done = {}
+def launched_runs(request, tmp_path_factory):
+    """(1 x 16, 2 x 8): method -> run dir, for the methods of the invariance test selected, in two launches at once
+    (tests/many_runs.py). The 1-process launch takes the core that the 2-process one leaves idle while its ranks
+    wait on each other, and the 1 x 16 runs leave the worker that runs the process groups one at a time."""
+    root = tmp_path_factory.mktemp("runs")
+    methods = selected_methods(request)
+    one, two = ({m: root / world / m for m in methods} for world in ("w1", "w2"))
+    if methods:
+        with ThreadPoolExecutor(2) as launches:
+            started = [
+                launches.submit(many_runs, {d: overrides(m, 16) for m, d in one.items()}, nproc=1),
+                launches.submit(many_runs, {d: overrides(m, 8) for m, d in two.items()}, nproc=2),
+            ]
+            for launch in started:
+                launch.result()
+    return one, two
+
+
+@pytest.fixture(scope="module")
+def one_process_run(tmp_path_factory, launched_runs):
+    """method -> the run dir of its 1 x 16 run: the launched one, else trained in this process once."""
+    done = dict(launched_runs[0])
 
     def run_dir(method):
         if method not in done:
@@ -324,12 +344,9 @@ def selected_methods(request) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def two_process_runs(request, tmp_path_factory):
-    """method -> the run dir of its 2 x 8 run: the selected methods' runs in one launch."""
-    root = tmp_path_factory.mktemp("w2")
-    runs = {method: root / method for method in selected_methods(request)}
-    many_runs({d: overrides(m, 8) for m, d in runs.items()})
-    return runs
+def two_process_runs(launched_runs):
+    """method -> the run dir of its 2 x 8 run."""
+    return launched_runs[1]
 
 
 @pytest.fixture(scope="module")

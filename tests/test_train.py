@@ -71,6 +71,7 @@ def many_runs(runs: dict, nproc: int = 2) -> subprocess.CompletedProcess:
     """Pretraining runs {run_dir: overrides} one after another in one torchrun launch (tests/many_runs.py), which pays
     the processes' start (about 20 s of imports here) once, not once per run; the launch, with its output."""
     root = next(iter(runs)).parent
+    root.mkdir(parents=True, exist_ok=True)
     (root / "runs.json").write_text(json.dumps([[str(d), o] for d, o in runs.items()]))
     launcher = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", "--standalone"]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
