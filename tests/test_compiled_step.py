@@ -41,8 +41,6 @@ DINO = [o for o in SIMCLR if not o.startswith(("method.", "backbone."))] + [
 CASES = {"simclr_resnet": SIMCLR, "dino_vit_drop_path": DINO}
 
 
-@pytest.mark.slow  # 62 s: three dynamo traces of a whole step (the quick suite's slowest test, 4 min its budget)
-@pytest.mark.one_process
 @pytest.mark.parametrize("case", list(CASES))
 def test_the_step_is_one_graph(case, tmp_path):
     """torch._dynamo.explain of the step's device part: one graph, no break, for both. The known-wrong variant, the
