@@ -2,6 +2,10 @@
 
     python scripts/build_zoo.py            # train the recipes, write zoo/weights/*.safetensors and zoo/manifest.json
     python scripts/build_zoo.py --check    # retrain and re-evaluate in a temp dir; compare with the manifest; writes nothing
+    python scripts/build_zoo.py --reevaluate   # evaluate the published weights again; compare with the manifest
+
+`--only NAME ...` limits any of them to some entries. CI re-evaluates a few representative entries
+(tests/test_zoo.py); `--reevaluate` is the same check on all of them (about 8 s each).
 
 Each recipe is the exact pretraining command recorded in the manifest (2 processes; the step is world-size
 invariant, so other process counts give the same run up to float rounding). Results come from
@@ -84,6 +88,18 @@ def evaluate(pretrained: str, out: Path) -> dict:
     return json.loads((out / "summary.json").read_text())
 
 
+def compare(name: str, results: dict, published: dict, tolerance: float) -> bool:
+    """Print each result of `name` beside the manifest's; whether every top-1 is within `tolerance` of it."""
+    ok = True
+    for kind, want in published.items():
+        got = results[kind]["acc1"]
+        ok &= (close := abs(got - want["acc1"]) <= tolerance)
+        print(
+            f"  {name} {kind:<10} top-1 {got:.4f}, manifest {want['acc1']:.4f}: {'ok' if close else 'OUTSIDE'} (±{tolerance})"
+        )
+    return ok
+
+
 def build(name: str, recipe: str, work: Path, weights_dir: Path, location_root: Path) -> dict:
     run_dir = work / name
     run(
@@ -141,9 +157,20 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--check", action="store_true", help="retrain in a temp dir and compare with the manifest")
     parser.add_argument(
+        "--reevaluate", action="store_true", help="evaluate the published weights again and compare with the manifest"
+    )
+    parser.add_argument(
         "--only", nargs="*", default=list(RECIPES), choices=list(RECIPES), help="recipe names (default: all)"
     )
     args = parser.parse_args()
+    if args.reevaluate:
+        published = {e["name"]: e for e in read_manifest()}
+        failed = False
+        with tempfile.TemporaryDirectory() as tmp:
+            for name in args.only:
+                summary = evaluate(name, Path(tmp) / name)
+                failed |= not compare(name, summary, published[name]["results"], TOLERANCE["reevaluate"])
+        sys.exit(1 if failed else 0)
     if args.check:
         published = {e["name"]: e for e in read_manifest()}
         failed = False
@@ -152,13 +179,7 @@ def main() -> None:
                 entry = build(name, RECIPES[name], Path(tmp), Path(tmp) / "weights", Path(tmp))
                 same = entry["file"]["sha256"] == published[name]["file"]["sha256"]
                 print(f"{name}: weights {'bit-identical to' if same else 'differ from'} the published file")
-                for kind, r in entry["results"].items():
-                    want = published[name]["results"][kind]["acc1"]
-                    ok = abs(r["acc1"] - want) <= TOLERANCE["retrain"]
-                    failed |= not ok
-                    print(
-                        f"  {kind:<10} top-1 {r['acc1']:.4f}, manifest {want:.4f}: {'ok' if ok else 'OUTSIDE'} (±{TOLERANCE['retrain']})"
-                    )
+                failed |= not compare(name, entry["results"], published[name]["results"], TOLERANCE["retrain"])
         sys.exit(1 if failed else 0)
     entries = {e["name"]: e for e in (read_manifest() if MANIFEST.exists() else [])}
     work = REPO / "outputs" / "zoo"
