@@ -119,7 +119,9 @@ def _method_keys(method: str) -> list[str]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("method", MASKED)
+@pytest.mark.parametrize(  # CI sweeps a random-patch and a block-masked method; the others: `pytest -m exhaustive`
+    "method", [m if m in ("mae", "ijepa") else pytest.param(m, marks=pytest.mark.exhaustive) for m in MASKED]
+)
 @pytest.mark.one_process
 def test_a_masked_methods_keys_at_their_extremes_train_or_name_the_key(method, tmp_path):
     """Each scalar key of the method at 0, 1 and 100 on a 4 x 4 patch grid: a ratio of all or nothing, a block larger

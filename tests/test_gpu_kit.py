@@ -56,7 +56,7 @@ def numbers(text: str) -> list[float]:
     return [float(n.replace(",", "")) for n in re.findall(r"(?<![\w.])\d[\d,]*\.?\d*(?:e[+-]\d+)?", text)]
 
 
-@pytest.mark.processes
+@pytest.mark.slow  # 25-33 s of 2 busy cores: the quick suite keeps under 4 min without it
 def test_the_dry_run_fills_every_section(tmp_path):
     report = tmp_path / "report.md"
     proc = run_kit(report)
@@ -94,7 +94,7 @@ def leftover_processes(marker: str) -> list[str]:
     return found
 
 
-@pytest.mark.slow  # 11 s: the quick suite keeps under 4 min with the dry run itself in it
+@pytest.mark.slow  # 11 s
 def test_a_step_past_its_limit_is_stopped_and_marked(tmp_path):
     report = tmp_path / "report.md"
     proc = run_kit(report, STEP_TIMEOUT="0.5")

@@ -144,7 +144,7 @@ def process_group():
 
 def destroy_process_group() -> None:
     """Leave the process group. DDP reducers still alive then (kept by reference cycles until the next
-    garbage collection) can abort the process with gloo, so collect them first."""
-    gc.collect()
+    garbage collection) can abort the process with gloo, so collect them first (a full collection: only then)."""
     if dist.is_initialized():
+        gc.collect()
         dist.destroy_process_group()
