@@ -5,7 +5,6 @@ documented draw gives it, trains, and is exact at any world size; a random field
 import json
 import random
 import subprocess
-import sys
 
 import pytest
 import torch
@@ -17,7 +16,7 @@ from solo.data.views.masks import RandomMask
 from solo.data.views.multiview import MultiViewDataset
 from solo.data.views.transforms import ViewAugmentation, build_view_transform
 from solo.train.trainer import pretrain
-from tests.test_train import REPO, TINY, compose_cfg, metrics, weights_at_init
+from tests.test_train import REPO, TINY, compose_cfg, forked, metrics, weights_at_init
 
 TOY = [o for o in TINY if not o.startswith("method.")] + [
     "method=crop_area",
@@ -113,7 +112,7 @@ def test_the_fields_method_is_exact_on_uneven_and_empty_ranks_and_its_local_mean
     for world, runs in jobs.items():
         spec = [[str(tmp_path / f"{name}.pt"), layout, overrides] for name, layout, overrides in runs]
         (tmp_path / f"jobs-{world}.json").write_text(json.dumps(spec))
-        launcher = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={world}", "--standalone"]
+        launcher = forked(world)
         script = [str(REPO / "tests" / "step_layouts.py"), str(tmp_path / f"jobs-{world}.json"), "2"]
         env = {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO), "PATH": ""}
         proc = subprocess.run([*launcher, *script], cwd=REPO, env=env, capture_output=True, text=True, timeout=600)

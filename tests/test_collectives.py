@@ -5,18 +5,17 @@ GradCache accumulates past its wrapper."""
 
 import json
 import subprocess
-import sys
 
 import pytest
 
-from tests.test_train import REPO
+from tests.test_train import REPO, forked
 
 
 @pytest.fixture(scope="module")
 def probed(tmp_path_factory):
     """What tests/collectives_probe.py found on each of 2 ranks."""
     root = tmp_path_factory.mktemp("collectives")
-    launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--standalone"]
+    launcher = forked(2)
     script = [str(REPO / "tests" / "collectives_probe.py"), str(root / "out.json"), str(root / "runs")]
     env = {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO), "PATH": ""}
     proc = subprocess.run([*launcher, *script], cwd=REPO, env=env, capture_output=True, text=True, timeout=600)

@@ -22,7 +22,17 @@ from solo.train.trainer import build_model
 from tests.test_accumulate import VIT
 from tests.test_clip import TINY_CLIP
 from tests.test_methods import method_overrides
-from tests.test_train import REPO, TINY, compose_cfg, kill_processes_mentioning, launch, run, weights, weights_at_init
+from tests.test_train import (
+    REPO,
+    TINY,
+    compose_cfg,
+    forked,
+    kill_processes_mentioning,
+    launch,
+    run,
+    weights,
+    weights_at_init,
+)
 
 STEPS = 3
 SIMCLR = TINY + ["method=simclr", "trainer.precision=64"]  # LARS, BatchNorm in the backbone and the projector
@@ -107,7 +117,7 @@ def stepped(tmp_path_factory):
         files |= mine
         (root / f"jobs-{world}.json").write_text(json.dumps([[str(mine[n]), jobs[n][1], jobs[n][0]] for n in mine]))
         script = [str(REPO / "tests" / "step_layouts.py"), str(root / f"jobs-{world}.json"), str(STEPS)]
-        launcher = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={world}", "--standalone"]
+        launcher = forked(world)
         log = root / f"launch-{world}.log"
         with log.open("w") as out:
             launches[log] = subprocess.Popen([*launcher, *script], cwd=REPO, env=env, stdout=out, stderr=out)
@@ -116,7 +126,7 @@ def stepped(tmp_path_factory):
             assert process.wait(timeout=900) == 0, log.read_text()[-6000:]
     finally:
         for process in launches.values():
-            process.terminate()  # torchrun passes it on to its workers; nothing for a launch that has ended
+            process.terminate()  # the launcher passes it on to its ranks; nothing for a launch that has ended
     return {
         name: {k: v for k, v in torch.load(f, weights_only=True).items() if v.is_floating_point()}
         for name, f in files.items()

@@ -45,38 +45,42 @@ def compose_cfg(overrides):
         return validate_pretrain(compose("pretrain", overrides=overrides))  # as main_pretrain.py does
 
 
-def launch(overrides, run_dir, nproc=1, env=None, **popen):
+def forked(nproc: int) -> list[str]:
+    """The launcher of `nproc` ranks forked from one process that has imported the training's modules
+    (tests/forked_launch.py): for the launches whose subject is the training, not torchrun, each of whose ranks
+    would import them itself (about 7 s of CPU each here, and 3 s for torchrun's agent)."""
+    return [sys.executable, str(REPO / "tests" / "forked_launch.py"), str(nproc)]
+
+
+def launch(overrides, run_dir, nproc=1, env=None, torchrun=True, **popen):
+    """main_pretrain.py in a process of its own, or in `nproc` under torchrun (else the forked launcher)."""
     cmd = [sys.executable, "main_pretrain.py"]
     if nproc > 1:
-        cmd = [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            f"--nproc_per_node={nproc}",
-            "--standalone",
-            "main_pretrain.py",
-        ]
+        launcher = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", "--standalone"]
+        cmd = [*(launcher if torchrun else forked(nproc)), "main_pretrain.py"]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **(env or {})}
     return subprocess.Popen(cmd + overrides + [f"hydra.run.dir={run_dir}"], cwd=REPO, env=env, **popen)
 
 
 def run(overrides, run_dir, nproc=1, timeout=300):
-    proc = launch(overrides, run_dir, nproc, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    """A run to its end (its ranks forked: tests/forked_launch.py); its output."""
+    proc = launch(
+        overrides, run_dir, nproc, torchrun=False, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
     out, _ = proc.communicate(timeout=timeout)
     assert proc.returncode == 0, out
     return out
 
 
 def many_runs(runs: dict, nproc: int = 2) -> subprocess.CompletedProcess:
-    """Pretraining runs {run_dir: overrides} one after another in one torchrun launch (tests/many_runs.py), which pays
-    the processes' start (about 20 s of imports here) once, not once per run; the launch, with its output."""
+    """Pretraining runs {run_dir: overrides} one after another in one launch (tests/many_runs.py, its ranks forked),
+    which pays the processes' start (about 7 s of imports here) once, not once per run; the launch, with its output."""
     root = next(iter(runs)).parent
     root.mkdir(parents=True, exist_ok=True)
     (root / "runs.json").write_text(json.dumps([[str(d), o] for d, o in runs.items()]))
-    launcher = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", "--standalone"]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
     proc = subprocess.run(
-        [*launcher, str(REPO / "tests" / "many_runs.py"), str(root / "runs.json")],
+        [*forked(nproc), str(REPO / "tests" / "many_runs.py"), str(root / "runs.json")],
         cwd=REPO,
         env=env,
         capture_output=True,
