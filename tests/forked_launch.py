@@ -4,10 +4,12 @@ about 7 s of CPU here, which each rank of a torchrun launch pays for itself, and
 tests whose subject is the training, not the launcher; torchrun's own behaviour (its elastic restarts, its signals,
 its death) is tested under torchrun (tests/test_restarts.py, tests/test_errors.py).
 
-The ranks get the variables torchrun sets (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR and a free
-MASTER_PORT: rank 0 serves the store) and die with this process (the kernel's parent-death signal). As under torchrun,
-the first rank to fail stops the others (SIGTERM), and this process exits with status 1; SIGTERM and SIGINT sent to it
-reach every rank."""
+The ranks get the variables torchrun sets (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR, a free
+MASTER_PORT, TORCHELASTIC_USE_AGENT_STORE): this process serves the store, as torchrun's agent does, so that it
+outlives the process groups of several runs in one launch (tests/many_runs.py; rank 0's own store would close with
+its group while rank 1 may still use it). They die with this process (the kernel's parent-death signal). As under
+torchrun, the first rank to fail stops the others (SIGTERM), and this process exits with status 1; SIGTERM and SIGINT
+sent to it reach every rank."""
 
 import atexit
 import ctypes
@@ -37,6 +39,7 @@ def run_rank(rank: int, world: int, port: int, script: str, args: list[str]) -> 
         LOCAL_WORLD_SIZE=str(world),
         MASTER_ADDR="127.0.0.1",
         MASTER_PORT=str(port),
+        TORCHELASTIC_USE_AGENT_STORE="True",
     )
     sys.argv, sys.path[0] = [script, *args], os.path.dirname(os.path.abspath(script))
     code = 0
@@ -58,6 +61,7 @@ def run_rank(rank: int, world: int, port: int, script: str, args: list[str]) -> 
 def main() -> None:
     world, script, args = int(sys.argv[1]), sys.argv[2], sys.argv[3:]
     import timm  # noqa: F401
+    import torch.distributed
 
     import solo.cli  # noqa: F401  what every rank would import: paid here once
     import solo.train.trainer  # noqa: F401
@@ -70,6 +74,8 @@ def main() -> None:
         if pid == 0:
             run_rank(rank, world, port, script, args)
         ranks[pid] = rank
+    # After the forks (a store's server thread would not survive one): the ranks' clients retry until it listens.
+    store = torch.distributed.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False)  # noqa: F841
 
     def forward(signum, _frame):
         for pid in ranks:

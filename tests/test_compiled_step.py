@@ -49,7 +49,7 @@ def test_the_step_is_one_graph(case, tmp_path):
     step, batch = trainer.train_step, next(iter(trainer.source))
     explained = step.explain(batch, 0)
     assert (explained.graph_count, explained.graph_break_count) == (1, 0), explained.break_reasons
-    if case == "simclr_resnet":  # the known-wrong variant once (a trace costs seconds): the eager update
+    if case == "dino_vit_drop_path":  # the known-wrong variant once, on the cheaper trace (15 s against 35 s here)
         step.compiled = False
         assert step.explain(batch, 1).graph_break_count > 0
 

@@ -251,6 +251,7 @@ def test_image_text_invariance_and_killed_run_resumes_bit_identical(saved, tmp_p
         common + ["trainer.checkpoint_every_steps=3"],
         killed,
         nproc=2,
+        torchrun=False,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )

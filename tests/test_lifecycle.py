@@ -58,7 +58,7 @@ def test_a_method_from_its_own_file_trains_with_its_teacher_and_resumes_exactly(
     assert logged and all(r["train/teacher_sync_bn"] == 0 and r["train/student_sync_bn"] > 0 for r in logged)
 
     killed = tmp_path / "killed"
-    proc = launch(TOY, killed, nproc=2, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = launch(TOY, killed, nproc=2, torchrun=False, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 120
     while not (killed / "checkpoints" / "step-000000004").exists() and time.time() < deadline and proc.poll() is None:
         time.sleep(0.05)

@@ -269,7 +269,7 @@ def test_killed_run_on_shards_resumes_bit_identical(shards, tmp_path):
     common = shard_overrides(shards[1], tmp_path / "cache", 8, steps=16) + ["trainer.checkpoint_every_steps=3"]
     run(common, tmp_path / "straight", nproc=2)
     killed = tmp_path / "killed"
-    proc = launch(common, killed, nproc=2, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = launch(common, killed, nproc=2, torchrun=False, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 180
     while not (killed / "checkpoints" / "step-000000006").exists() and time.time() < deadline and proc.poll() is None:
         time.sleep(0.05)

@@ -227,7 +227,7 @@ def test_fsdp_accumulation_and_bf16_on_a_vit(stepped):
 
 def killed_after(overrides: list[str], run_dir, step: int, nproc: int) -> None:
     """Launch a run and kill all its processes once its checkpoint of `step` is written."""
-    proc = launch(overrides, run_dir, nproc=nproc, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = launch(overrides, run_dir, nproc=nproc, torchrun=False, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 300
     while not (run_dir / "checkpoints" / f"step-{step:09d}").exists() and time.time() < deadline:
         assert proc.poll() is None, "the run ended before the kill"

@@ -227,7 +227,7 @@ def test_resume_after_kill_is_bit_identical(tmp_path):
     run(common, tmp_path / "straight", nproc=2)
 
     killed = tmp_path / "killed"
-    proc = launch(common, killed, nproc=2, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = launch(common, killed, nproc=2, torchrun=False, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     first = killed / "checkpoints" / "step-000000003"
     deadline = time.time() + 120
     while not first.exists() and time.time() < deadline and proc.poll() is None:
@@ -411,6 +411,7 @@ def test_steady_state_steps_read_nothing_on_the_host(tmp_path):
         overrides,
         tmp_path / "run",
         nproc=2,
+        torchrun=False,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,

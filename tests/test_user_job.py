@@ -107,6 +107,7 @@ def test_photos_train_with_the_defaults_under_ddp_and_fsdp_and_resume_bit_identi
         [*hf, "trainer.strategy=fsdp", "trainer.checkpoint_every_steps=1"],
         killed,
         nproc=2,
+        torchrun=False,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
