@@ -41,17 +41,26 @@ DINO = [o for o in SIMCLR if not o.startswith(("method.", "backbone."))] + [
 CASES = {"simclr_resnet": SIMCLR, "dino_vit_drop_path": DINO}
 
 
-@pytest.mark.parametrize("case", list(CASES))
-def test_the_step_is_one_graph(case, tmp_path):
-    """torch._dynamo.explain of the step's device part: one graph, no break, for both. The known-wrong variant, the
-    eager step's update (torch's optimizer step, which breaks the graph by design), is not."""
+def _explained_step(case: str, tmp_path: Path, compiled: bool):
     trainer = Trainer(compose_cfg(CASES[case] + ["trainer.compile=step"]), tmp_path, detect(), torch.device("cpu"))
     step, batch = trainer.train_step, next(iter(trainer.source))
-    explained = step.explain(batch, 0)
+    step.compiled = compiled
+    return step.explain(batch, 0)
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_the_step_is_one_graph(case, tmp_path):
+    """torch._dynamo.explain of the step's device part: one graph, no break, for both."""
+    explained = _explained_step(case, tmp_path, compiled=True)
     assert (explained.graph_count, explained.graph_break_count) == (1, 0), explained.break_reasons
-    if case == "dino_vit_drop_path":  # the known-wrong variant once, on the cheaper trace (15 s against 35 s here)
-        step.compiled = False
-        assert step.explain(batch, 1).graph_break_count > 0
+
+
+@pytest.mark.slow  # 20 to 50 s of tracing: the quick suite keeps under 4 min without it
+@pytest.mark.one_process
+def test_the_eager_update_breaks_the_graph(tmp_path):
+    """The known-wrong variant of the test above, which shows that its check finds breaks: the eager step's update
+    (torch's optimizer step, which breaks the graph by design)."""
+    assert _explained_step("dino_vit_drop_path", tmp_path, compiled=False).graph_break_count > 0
 
 
 @pytest.mark.slow  # 35 s: six traces of a whole step
