@@ -20,7 +20,7 @@ import socket
 import sys
 import traceback
 
-PR_SET_PDEATHSIG = 1
+from solo.launch import PR_SET_PDEATHSIG
 
 
 def free_port() -> int:

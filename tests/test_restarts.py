@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from solo.distributed.checkpoint import read_checkpoint
+from tests.forked_launch import free_port
 from tests.test_one_job import _alive
 from tests.test_train import REPO, TINY, kill_processes_mentioning, launch, metrics, run, weights
 
@@ -105,15 +106,9 @@ def test_elastic_restart_after_a_worker_dies_is_exact(tmp_path, uninterrupted):
     _assert_same(uninterrupted, weights(run_dir))
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_two_nodes_on_one_machine_match_one_node(tmp_path, uninterrupted):
     run_dir = tmp_path / "two_nodes"
-    endpoint = f"127.0.0.1:{_free_port()}"
+    endpoint = f"127.0.0.1:{free_port()}"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     procs = [
         subprocess.Popen(
