@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from solo.distributed.checkpoint import read_checkpoint
-from tests.test_restarts import _free_port
+from tests.forked_launch import free_port
 from tests.test_train import REPO, TINY
 
 pytestmark = pytest.mark.slow  # a real SLURM cluster and several jobs: minutes; `pytest -m slow`
@@ -60,8 +60,8 @@ def slurm(tmp_path_factory):
     conf.write_text(
         f"""ClusterName=solotest
 SlurmctldHost={name}(127.0.0.1)
-SlurmctldPort={_free_port()}
-SlurmdPort={_free_port()}
+SlurmctldPort={free_port()}
+SlurmdPort={free_port()}
 AuthType=auth/munge
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
