@@ -2,9 +2,13 @@
 
 - each worker's torch uses one intra-op thread: 2 per worker would put 4 busy threads on 2 cores, which run slower
   than 2;
-- the tests that start process groups (marked `processes`, and every slow test not marked `one_process`) all go to
-  one worker, where they run one at a time as in a serial run: two 2-process groups at once would share 2 cores four
-  ways. A slow test marked `one_process` computes in one process (this one, or one it starts), beside the others.
+- the tests that start process groups (marked `processes`, and every slow test not marked `one_process`) go to the
+  workers module by module (an xdist group per module), so that a module's launches that its tests share (its
+  module-scoped fixtures) run once, on one worker. Two modules' process groups may run at once: their ranks wait on
+  each other much of the time (gloo blocks, it does not spin), and the other module's processes take those cores.
+  When they all went to one worker, one at a time, that worker was the slow suite's whole wall time and the 2 cores
+  were busy 146% of it (the clean-clone CI of 211c252). A slow test marked `one_process` computes in one process
+  (this one, or one it starts) and needs no module fixture: it runs on whichever worker is free.
 """
 
 import os
@@ -23,4 +27,4 @@ def pytest_collection_modifyitems(items):
     for item in items:
         slow_groups = item.get_closest_marker("slow") and not item.get_closest_marker("one_process")
         if item.get_closest_marker("processes") or slow_groups:
-            item.add_marker(pytest.mark.xdist_group("processes"))
+            item.add_marker(pytest.mark.xdist_group(f"processes-{item.module.__name__}"))

@@ -246,10 +246,10 @@ def test_main_linear_probes_the_feature_the_method_probed_unless_told(tmp_path):
     assert results[None]["linear"] != results["cls"]["linear"]
 
 
-FINETUNE_64 = [
+FINETUNE_32 = [
     "data=synthetic",
     "data.image_size=16",
-    "data.num_samples=256",
+    "data.num_samples=128",
     "data.num_workers=0",
     "data.batch_size=8",
     "linear.epochs=1",
@@ -273,10 +273,10 @@ def _main_linear(overrides, run_dir, **popen):
 @pytest.mark.slow
 @pytest.mark.one_process
 def test_finetuning_killed_and_resumed_is_bit_identical(tmp_path):
-    """main_linear.py fine-tuning (float64, 64 steps) killed after a checkpoint and run again ends with the weights of
-    the uninterrupted run, bit for bit; a run with another seed does not (so the comparison can fail)."""
+    """main_linear.py fine-tuning (float64, 2 epochs of 16 steps) killed after a checkpoint and run again ends with the
+    weights of the uninterrupted run, bit for bit; a run with another seed does not (so the comparison can fail)."""
     run(TINY + ["data.batch_size=8", "trainer.max_steps=2"], tmp_path / "pre")
-    common = [f"pretrained={tmp_path / 'pre'}", *FINETUNE_64]
+    common = [f"pretrained={tmp_path / 'pre'}", *FINETUNE_32]
     assert _main_linear(common, tmp_path / "whole").wait(timeout=600) == 0
     killed = _main_linear(common, tmp_path / "killed", stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     last = tmp_path / "killed" / "finetune" / "checkpoints" / "last"
@@ -286,7 +286,7 @@ def test_finetuning_killed_and_resumed_is_bit_identical(tmp_path):
     killed.kill()
     killed.wait()
     stopped_at = read_checkpoint(last)["step"]
-    assert 0 < stopped_at < 64, f"killed at step {stopped_at}: not mid-run"
+    assert 0 < stopped_at < 32, f"killed at step {stopped_at}: not mid-run"
     assert _main_linear(common, tmp_path / "killed").wait(timeout=600) == 0
     whole, resumed = weights(tmp_path / "whole" / "finetune"), weights(tmp_path / "killed" / "finetune")
     assert whole.keys() == resumed.keys() and all(torch.equal(whole[k], resumed[k]) for k in whole)
@@ -301,7 +301,7 @@ def test_finetuning_takes_any_optimizer_and_precision(tmp_path):
     run(TINY + ["data.batch_size=8", "trainer.max_steps=2"], tmp_path / "pre")
     overrides = [
         f"pretrained={tmp_path / 'pre'}",
-        *FINETUNE_64[:-4],
+        *FINETUNE_32[:-4],
         "finetune.epochs=1",
         "finetune.precision=bf16",
         "optim@finetune.optim=adamw",
