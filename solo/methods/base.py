@@ -68,6 +68,15 @@ def register_method(name: str, schema: type) -> Callable:
     return add
 
 
+def _takes(method: type[Method], view_sizes: list[int], dataset) -> bool:
+    """Whether `method` trains on views of these sizes (its check_data passes): for the error that names them."""
+    try:
+        method.check_data(view_sizes, dataset)
+    except ConfigError:
+        return False
+    return True
+
+
 class Method(nn.Module):
     """Subclasses implement `forward(batch) -> {"loss": scalar, "features": (n, width), "labels": (n,)}`.
 
@@ -118,10 +127,12 @@ class Method(nn.Module):
                 f"{view_sizes}: list {cls.num_views} view(s) of one size first (count: {cls.num_views})"
             )
         if local_sizes and not cls.local_crops:
-            takers = ", ".join(m.name for m in METHODS if m.target.local_crops) or "none"
+            takers = ", ".join(
+                m.name for m in METHODS if m.target.local_crops and _takes(m.target, view_sizes, dataset)
+            )
             raise ConfigError(
                 f"method={cls.name} compares {cls.num_views} view(s) of one size, but augmentation.views gives sizes "
-                f"{view_sizes}: the extra views (multi-crop) are only used by methods that take local crops ({takers})"
+                f"{view_sizes}: the extra views (multi-crop) are only used by methods that take local crops ({takers or 'none'})"
             )
         if local_sizes and max(local_sizes) >= global_sizes[0]:
             raise ConfigError(
