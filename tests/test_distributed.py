@@ -9,6 +9,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+import torch.nn.functional as F
 
 from solo.distributed import gather
 from solo.distributed.env import detect, first_host, slurm_port
@@ -16,6 +17,7 @@ from solo.errors import ConfigError
 from solo.losses import LOSSES, masked_center
 from solo.losses.check import TOLERANCE, _layouts, _reference, resolve, run_check, worker_context
 from solo.methods import METHODS
+from solo.methods.memory_banks import MomentumMemoryBank
 from tests.checker_user_losses import SPECS as USER_SPECS
 from tests.wrong_losses import WRONG, WRONG_SSL
 
@@ -126,6 +128,7 @@ WRONG_SSL_OF = {
     "fastsiam_mean_of_rank_means": "fastsiam",
     "macl_local_negatives": "macl",
     "visreg_per_rank_statistics": "visreg",
+    "pirl_mean_of_rank_means": "pirl",
 }
 
 
@@ -150,6 +153,7 @@ UNEVEN_ONLY = (
     "lejepa_mean_of_rank_means",
     "msn_mean_of_rank_means",
     "fastsiam_mean_of_rank_means",
+    "pirl_mean_of_rank_means",
 )
 
 
@@ -201,6 +205,43 @@ def test_gather_uneven_forward_and_reduce_scatter_backward():
         rows = torch.arange(offset, offset + s, dtype=torch.float64)[:, None].expand(s, 2)
         assert torch.equal(torch.from_numpy(grad), rows * weight_sum)
         offset += s
+
+
+def _memory_bank_worker(rank, world, store, index, rows, sizes, rank_local, queue):
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+    torch.manual_seed(0)  # as the trainer builds the model: the same start on every rank
+    bank = MomentumMemoryBank(8, rows.shape[1], 0.5).double()
+    mine = slice(sum(sizes[:rank]), sum(sizes[: rank + 1]))
+    if rank_local:  # the known-wrong variant: each rank moves the entries of its own rows only
+        with torch.no_grad():
+            blended = 0.5 * bank.rows[index[mine]] + 0.5 * F.normalize(rows[mine], dim=1)
+            bank.rows.index_copy_(0, index[mine], F.normalize(blended, dim=1))
+    else:
+        bank.update(index[mine], rows[mine])
+    queue.put((rank, bank.rows.numpy()))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("rank_local", [False, True])
+def test_memory_bank_holds_the_whole_batchs_update_on_uneven_and_empty_ranks(rank_local):
+    """PIRL's bank (solo.methods.memory_banks.MomentumMemoryBank) after one update from rows split [3, 0, 2] over 3
+    ranks: on every rank, the bank of one process given all 5; a bank that each rank moves with its own rows only
+    does not hold it (and differs between the ranks)."""
+    sizes, index = [3, 0, 2], torch.tensor([6, 1, 3, 0, 5])
+    rows = torch.randn(5, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    torch.manual_seed(0)
+    one = MomentumMemoryBank(8, 4, 0.5).double()
+    one.update(index, rows)
+    ctx, world = worker_context(), len(sizes)
+    queue = ctx.SimpleQueue()
+    with tempfile.TemporaryDirectory() as tmp:
+        args = (world, f"{tmp}/store", index, rows, sizes, rank_local, queue)
+        mp.start_processes(_memory_bank_worker, args=args, nprocs=world, start_method="forkserver")
+    banks = dict(queue.get() for _ in range(world))
+    for rank in range(world):
+        same = torch.allclose(torch.from_numpy(banks[rank]), one.rows, rtol=0, atol=1e-15)
+        assert same != rank_local, (rank, rank_local)
 
 
 def _masked_center_worker(rank, world, store, scores, valid, sizes, queue):

@@ -1621,3 +1621,100 @@ def test_swav_queue_joins_the_sinkhorn_as_the_authors_code():
     got = swav_loss(scores, 0.1, 0.05, 3, 2, queue, torch.ones(7, dtype=torch.bool))
     _assert_same_value_and_gradient(got, _official_swav_with_queue(scores, queue), scores, rel=1e-10)
     assert abs(swav_loss(scores, 0.1, 0.05, 3, 2).item() - got.item()) > 1e-3 * got.item()
+
+
+# --- PIRL ------------------------------------------------------------------------------------------------------------
+
+
+def _pirl_case(seed: int = 0, jigsaw_weight: float = 0.3):
+    """A PIRL on a narrow timm ResNet in float64 (its BatchNorm in eval mode, so that a tile through the backbone alone
+    gives what it gives among the batch's), a bank of 7 samples, and a batch of 3 of them: the image at 32 px and the
+    jigsaw's view at 48 (16 px tiles), with their jigsaw orders."""
+    from timm.models.resnet import BasicBlock, ResNet
+
+    from solo.methods.pirl import PIRL, PIRLConfig
+
+    torch.manual_seed(seed)
+    backbone = ResNet(BasicBlock, [1, 1, 1, 1], num_classes=0, stem_width=8, channels=(8, 16, 32, 32))
+    cfg = PIRLConfig(proj_output_dim=6, temperature=0.2, jigsaw_weight=jigsaw_weight)
+    method = PIRL(backbone, 32, cfg)
+    method.set_data(7)
+    method = method.double().eval()
+    orders = torch.stack([torch.randperm(9) for _ in range(3)])
+    views = [torch.randn(3, 3, 32, 32, dtype=torch.float64), torch.randn(3, 3, 48, 48, dtype=torch.float64)]
+    batch = {"views": views, "jigsaw": orders, "index": torch.tensor([5, 0, 3]), "label": torch.zeros(3).long()}
+    return method, batch
+
+
+def _paper_pirl(method, batch, follow_order: bool = True):
+    """The paper's Equations 4-5 with the whole bank as the negatives (VISSL's NCELossWithMemory, loss_type
+    cross_entropy, its 32,000 sampled negatives being every other entry here), sample by sample: f the image head on the
+    image's features; g the jigsaw head on the nine tile-head outputs joined, slot k holding tile order[k] (tiles
+    numbered row by row, each 16 px, through the backbone alone); each of f and g unit, scored against every unit bank
+    entry at the temperature, -log of its own entry's softmax weight; lambda g's + (1 - lambda) f's, averaged over the
+    samples. Returns the loss and the bank VISSL's update_memory leaves: normalise(0.5 entry + 0.5 unit f)."""
+    cfg, bank = method.cfg, method.bank.rows.clone()
+    image, whole = batch["views"]
+    losses, updated = [], bank.clone()
+    for i, sample in enumerate(batch["index"].tolist()):
+        f = method.image_head(method.backbone(image[i : i + 1]))[0]
+        tiles = [whole[i : i + 1, :, r * 16 : (r + 1) * 16, c * 16 : (c + 1) * 16] for r in range(3) for c in range(3)]
+        order = batch["jigsaw"][i].tolist() if follow_order else list(range(9))
+        joined = torch.cat([method.tile_head(method.backbone(tiles[k]))[0] for k in order])
+        g = method.jigsaw_head(joined)
+
+        def nce(z, positive):
+            scores = torch.stack([z / z.norm() @ entry for entry in bank]) / cfg.temperature
+            return -(scores[positive] - torch.logsumexp(scores, dim=0))
+
+        losses.append(cfg.jigsaw_weight * nce(g, sample) + (1 - cfg.jigsaw_weight) * nce(f, sample))
+        blended = 0.5 * bank[sample] + 0.5 * (f / f.norm()).detach()
+        updated[sample] = blended / blended.norm()
+    return sum(losses) / len(losses), updated
+
+
+def test_pirl_is_the_papers_loss_with_vissls_memory_in_value_and_gradient():
+    """The method's loss against the paper's, sample by sample, in value and in the gradient of the backbone's stem and
+    of the three heads; the bank it leaves is VISSL's momentum update (the step's samples' entries only). Told apart:
+    the tiles joined in the image's order instead of the jigsaw's."""
+    method, batch = _pirl_case()
+    start = method.bank.rows.clone()
+    want, bank = _paper_pirl(method, batch)
+    params = [
+        method.backbone.conv1.weight,
+        method.image_head.weight,
+        method.tile_head.weight,
+        method.jigsaw_head.weight,
+    ]
+    expected = torch.autograd.grad(want, params)
+    got = method(batch)["loss"]
+    assert got.item() == pytest.approx(want.item(), rel=1e-12)
+    for a, b in zip(torch.autograd.grad(got, params), expected):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-14)
+    torch.testing.assert_close(method.bank.rows, bank, rtol=0, atol=1e-14)
+    untouched = [1, 2, 4, 6]
+    assert torch.equal(method.bank.rows[untouched], start[untouched])
+    assert (method.bank.rows[[5, 0, 3]] - start[[5, 0, 3]]).abs().max() > 1e-2
+
+    method, batch = _pirl_case()
+    unshuffled = _paper_pirl(method, batch, follow_order=False)[0]
+    assert abs(unshuffled.item() - want.item()) > 1e-4 * want.item()
+
+
+def test_pirl_jigsaw_orders_are_permutations_drawn_per_sample():
+    from solo.methods.pirl import JigsawOrder
+
+    draws = [JigsawOrder()(torch.zeros(2, 1), 16, 16, random.Random(seed)) for seed in range(50)]
+    assert all(sorted(d.tolist()) == list(range(9)) for d in draws)
+    assert len({tuple(d.tolist()) for d in draws}) == 50
+    assert torch.equal(JigsawOrder()(torch.zeros(2, 1), 16, 16, random.Random(3)), draws[3])
+
+
+def test_pirl_refuses_views_other_than_the_image_and_the_jigsaws():
+    from solo.data import DATASETS
+    from solo.methods.pirl import PIRL
+
+    PIRL.check_data([16, 24], DATASETS["digits"])
+    for sizes in ([16], [16, 24, 8], [16, 2]):
+        with pytest.raises(ConfigError, match="method=pirl takes two views"):
+            PIRL.check_data(sizes, DATASETS["digits"])

@@ -3,7 +3,7 @@
 Used to show that the gradient checker rejects them: a check that cannot fail proves nothing. Then the
 wrong variants of the self-supervised losses (VICReg, SigLIP, DINO, SwAV, MoCo v3, BYOL, SupCon, NNCLR, W-MSE,
 VIbCReg, I-JEPA, SimMIM, AIM, DINOv3's Gram anchoring, DeepClusterV2, LeJEPA, DCL, MMCR, TiCo, DirectCLR,
-alignment-uniformity, EMP-SSL, FroSSL, SSL-EY, CAPI, MSN, PMSN, VICRegL, DetCon, FastSiam, MACL, VISReg, SwAV's queue) that popular implementations ship
+alignment-uniformity, EMP-SSL, FroSSL, SSL-EY, CAPI, MSN, PMSN, VICRegL, DetCon, FastSiam, MACL, VISReg, SwAV's queue, PIRL) that popular implementations ship
 (WRONG_SSL). At the end, two losses for the checker's error paths: one that raises
 on one rank, one that ignores its scalar.
 """
@@ -27,6 +27,7 @@ from solo.losses import (
 )
 from solo.losses.barlow_twins import _standardise
 from solo.losses.msn import CHECK_PROTOTYPES, power_law_prior, prototype_logits
+from solo.losses.regression import _checker_queue, checker_bank_index
 from solo.losses.self_distillation import _sinkhorn, checker_queue_scores, sinkhorn
 from solo.losses.tico import earlier_covariance
 from tests.checker_user_losses import siglip_terms
@@ -467,6 +468,14 @@ def fastsiam_mean_of_rank_means(z1, z2):
     return loss
 
 
+def pirl_mean_of_rank_means(z1, z2):
+    """PIRL's checker case as VISSL's NCELossWithMemory (loss_type cross_entropy) takes it: nn.CrossEntropyLoss's mean
+    over this rank's rows, which DDP averages over the ranks: the global mean only when the ranks hold as many rows."""
+    bank, _ = _checker_queue(z1)
+    index = checker_bank_index(z2)
+    return sum(F.cross_entropy(F.normalize(z, dim=1) @ bank.T / 0.07, index) for z in (z1, z2)) / 2
+
+
 def macl_local_negatives(z1, z2):
     """MACL's checker case (t0 0.1, alpha 0.5, a0 0.2) as lightly's MACLLoss computes it, without its 1e-8 in
     1 / (1 - P): this rank's views as the only negatives, the alignment this rank's mean, the loss its mean."""
@@ -794,6 +803,7 @@ WRONG_SSL = [
         "fastsiam_mean_of_rank_means",  # only wrong with uneven per-rank batches
         "macl_local_negatives",
         "visreg_per_rank_statistics",
+        "pirl_mean_of_rank_means",  # only wrong with uneven per-rank batches
     )
 ]
 

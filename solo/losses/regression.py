@@ -1,4 +1,5 @@
-"""Losses against a target branch's outputs: BYOL's and SimSiam's regression, MoCo's InfoNCE, ReSSL's relations.
+"""Losses against a target branch's outputs: BYOL's and SimSiam's regression, MoCo's InfoNCE, PIRL's memory bank,
+ReSSL's relations.
 
 The teacher's side (`z`, `k`) is detached here: it is a target, not a path for gradients. Both are
 per-sample losses, so each rank returns W/N times the sum of its samples' losses (N the global batch,
@@ -20,6 +21,7 @@ from solo.losses.contrastive import _global_rows
 __all__ = [
     "byol_loss",
     "fastsiam_loss",
+    "memory_bank_loss",
     "moco_queue_loss",
     "mocov3_loss",
     "ressl_loss",
@@ -111,6 +113,21 @@ def moco_queue_loss(
         return loss_sum * (world_size() / sum(batch_sizes(q.shape[0], q.device)))
 
 
+def memory_bank_loss(
+    z: torch.Tensor, bank: torch.Tensor, index: torch.Tensor, temperature: float | torch.Tensor
+) -> torch.Tensor:
+    """PIRL (Misra and van der Maaten, 2020) and NPID (Wu et al., 2018): InfoNCE of each row of `z` against every
+    entry of a memory bank of the training samples (`bank`, (N, d) unit rows, identical on every rank), its positive
+    being its own sample's entry (`index`, the rows' dataset indices), averaged over the global batch. z is
+    L2-normalised here; the bank is a target (detached). A per-sample loss: W/N times this rank's sum."""
+    check_positive(temperature, "temperature")
+    with torch.autocast(z.device.type, enabled=False):
+        z = F.normalize(full_precision(z), dim=1)
+        logits = z @ full_precision(bank.detach()).T / temperature
+        loss_sum = F.cross_entropy(logits, index, reduction="sum")
+        return loss_sum * (world_size() / sum(batch_sizes(z.shape[0], z.device)))
+
+
 def ressl_loss(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -155,6 +172,18 @@ def mocov3_check(z1: torch.Tensor, z2: torch.Tensor) -> torch.Tensor:
 def mocov2plus_check(z1: torch.Tensor, z2: torch.Tensor) -> torch.Tensor:
     queue, valid = _checker_queue(z1)
     return moco_queue_loss(z1, z2, queue, valid, 0.2) + moco_queue_loss(z2, z1, queue, valid, 0.2)
+
+
+@LOSSES.register("pirl")  # z1 the jigsaw's embeddings, z2 the image's, against a fixed bank of 6 samples
+def pirl_check(z1: torch.Tensor, z2: torch.Tensor) -> torch.Tensor:
+    bank, _ = _checker_queue(z1)
+    index = checker_bank_index(z2)
+    return (memory_bank_loss(z1, bank, index, 0.07) + memory_bank_loss(z2, bank, index, 0.07)) / 2
+
+
+def checker_bank_index(z: torch.Tensor) -> torch.Tensor:
+    """Each row's sample in the checker's bank of 6, from the row's own values: the same at any world size."""
+    return (z.detach()[:, 0] * 1000).abs().long() % 6
 
 
 def _checker_queue(z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -88,6 +88,26 @@ class MemoryBank(nn.Module):
         self.filled[index] = True
 
 
+class MomentumMemoryBank(nn.Module):
+    """Every training sample's running average of its embeddings, by dataset index, as unit rows (NPID's and PIRL's
+    memory), identical on every rank. It starts as random unit rows (the same on every rank: drawn from torch's
+    generator while the model is built, before the ranks' streams part). `update` gathers every rank's indices and
+    rows and moves each entry to normalise(momentum * entry + (1 - momentum) * row), so the bank is what one process on
+    the whole batch would hold; a bank updated with each rank's own rows would differ at every world size. A buffer,
+    hence in checkpoints; updated in `batch_loss`, after the loss, so once per optimizer step under accumulation."""
+
+    def __init__(self, num_samples: int, dim: int, momentum: float):
+        super().__init__()
+        self.momentum = momentum
+        self.register_buffer("rows", F.normalize(torch.rand(num_samples, dim) * 2 - 1, dim=1))
+
+    @torch.no_grad()
+    def update(self, index: torch.Tensor, rows: torch.Tensor) -> None:
+        index, rows = gather(index), F.normalize(gather(rows.detach()), dim=1).to(self.rows.dtype)
+        blended = self.momentum * self.rows[index] + (1 - self.momentum) * rows
+        self.rows.index_copy_(0, index, F.normalize(blended, dim=1))
+
+
 @torch.no_grad()
 def kmeans(points: torch.Tensor, k: int, iterations: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Spherical k-means of the unit rows `points` (identical on every rank): (k unit centroids, each point's cluster).
