@@ -1718,3 +1718,23 @@ def test_pirl_refuses_views_other_than_the_image_and_the_jigsaws():
     for sizes in ([16], [16, 24, 8], [16, 2]):
         with pytest.raises(ConfigError, match="method=pirl takes two views"):
             PIRL.check_data(sizes, DATASETS["digits"])
+
+
+def test_pirl_backbone_keeps_the_images_running_statistics_not_the_tiles():
+    """A training step leaves the backbone's BatchNorm running statistics (what it evaluates with) where the images
+    alone take them: the tiles normalise with their own batch statistics and move no running statistic. The
+    known-wrong variant, the tiles through the backbone as the images are (VISSL's trunk), moves them further."""
+    from solo.methods.pirl import jigsaw_tiles
+
+    method, batch = _pirl_case()
+    method.train()
+    images_only, both = copy.deepcopy(method.backbone), copy.deepcopy(method.backbone)
+    images_only(batch["views"][0])
+    both(batch["views"][0])
+    both(jigsaw_tiles(batch["views"][1], batch["jigsaw"]))
+    method(batch)
+    got = dict(method.backbone.named_buffers())
+    for name, want in images_only.named_buffers():
+        assert torch.equal(got[name], want), name
+    moved = [n for n, b in both.named_buffers() if n.endswith("running_mean") and not torch.equal(got[n], b)]
+    assert moved, "the tiles' statistics would have left the running means where the images leave them"

@@ -48,6 +48,21 @@ def row_groups(module: nn.Module, count: int):
             _put_back(m, groups)
 
 
+@contextmanager
+def running_stats_kept(module: nn.Module):
+    """Inside it, the BatchNorms of `module` normalise with their input's statistics as in any training call, and
+    leave their running statistics and counts as they were: for inputs that must not shape the statistics the module
+    evaluates with (PIRL's jigsaw tiles, besides its images). An attribute of each, set and put back, as row_groups'."""
+    norms = [m for m in module.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.track_running_stats]
+    for m in norms:
+        m.track_running_stats = False
+    try:
+        yield
+    finally:
+        for m in norms:
+            m.track_running_stats = True
+
+
 def row_groups_replayed(block: nn.Module) -> tuple:
     """Two context managers for activation checkpointing (torch.utils.checkpoint's `context_fn`): the first records
     the row groups of `block`'s BatchNorms as its forward runs, the second sets them again for the forward run again
