@@ -250,11 +250,14 @@ SAFE_TO_CHANGE = (
 
 
 def changed_keys(trained: dict, now: dict) -> list[tuple[str, object, object]]:
-    """(key, trained value, new value) for every training-relevant key whose value differs; keys that only
-    one side has (added by a newer solo) are not compared."""
+    """(key, trained value, new value) for every training-relevant key whose value differs. Keys that only one side
+    has are not compared (a newer solo adds keys), except under a free-form `kwargs` mapping (a backbone's), where a
+    key given or dropped changes the model: its missing side reads None."""
     old, new = _flatten(trained), _flatten(now)
     safe = tuple(SAFE_TO_CHANGE) + tuple(k + "." for k in SAFE_TO_CHANGE)
-    return [(k, old[k], new[k]) for k in sorted(old.keys() & new.keys()) if old[k] != new[k] and not k.startswith(safe)]
+    keys = (old.keys() & new.keys()) | {k for k in old.keys() ^ new.keys() if ".kwargs." in k}
+    changed = [(k, old.get(k), new.get(k)) for k in sorted(keys)]
+    return [(k, a, b) for k, a, b in changed if a != b and not k.startswith(safe)]
 
 
 def _flatten(value, key: str = "") -> dict:

@@ -45,6 +45,11 @@ def test_rerun_with_other_hyperparameters_is_refused_and_config_kept(tmp_path):
     ):
         pretrain(compose_cfg(SHORT + ["optim.lr=1.0", "method.temperature=0.5"]), tmp_path)
     assert (tmp_path / "config.yaml").read_text() == before
+    # A backbone keyword given now and not then: refused by its name, before the checkpoint's tensors are read.
+    with pytest.raises(
+        CheckpointError, match=r"another configuration \(backbone.kwargs.channels: None -> \[32, 48, 48, 64\]\)"
+    ):
+        pretrain(compose_cfg(SHORT + ["+backbone.kwargs.channels=[32,48,48,64]"]), tmp_path)
     # What is safe to change resumes: a longer run, other logging.
     pretrain(compose_cfg(SHORT + ["trainer.max_steps=6", "trainer.log_every_steps=2"]), tmp_path)
     assert [m["step"] for m in metrics(tmp_path) if "train/loss" in m] == [1, 2, 3, 4, 6]

@@ -451,7 +451,14 @@ class Trainer:
                 f"{last.parent}, or set trainer.resume=never with a new hydra.run.dir"
             ) from None
         check_resumable(state, self.cfg, self.source.global_batch, self.run_dir)
-        self.step = self.checkpointer.restore(last, state)
+        try:
+            self.step = self.checkpointer.restore(last, state)
+        except Exception as e:  # e.g. tensors of other shapes: torch's reason is its message's last line
+            reason = (str(e).strip().splitlines() or [type(e).__name__])[-1]
+            raise CheckpointError(
+                f"cannot restore {last} into this run's model ({reason}): resume it with the values in "
+                f"{self.run_dir / 'config.yaml'}, or start a new run in another directory (hydra.run.dir=...)"
+            ) from None
         data = state["data"]
         self.say(f"resuming from {last} at step {self.step} (epoch {data['epoch']}, batch {data['batch_in_epoch']})")
         return True
