@@ -129,6 +129,7 @@ WRONG_SSL_OF = {
     "macl_local_negatives": "macl",
     "visreg_per_rank_statistics": "visreg",
     "pirl_mean_of_rank_means": "pirl",
+    "co2_mean_of_rank_means": "co2",
 }
 
 
@@ -154,6 +155,7 @@ UNEVEN_ONLY = (
     "msn_mean_of_rank_means",
     "fastsiam_mean_of_rank_means",
     "pirl_mean_of_rank_means",
+    "co2_mean_of_rank_means",
 )
 
 

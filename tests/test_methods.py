@@ -59,8 +59,9 @@ METHOD = {
         "method.queue_size=32",
         "method.queue_start_epochs=0.25",
     ],
-    # A queue of 64 that the 6 steps of 16 keys wrap (96 pushed): negatives from the queue, not the batch.
-    "mocov2plus": HEADS + ["method.queue_size=64", "method.base_momentum=0.9"],
+    # A queue of 64 that the 6 steps of 16 keys wrap (96 pushed): negatives from the queue, not the batch; CO2's
+    # consistency on the same negatives.
+    "mocov2plus": HEADS + ["method.queue_size=64", "method.base_momentum=0.9", "method.co2_weight=1.0"],
     # Queues of 32 (two global batches) that the 6 steps' 96 keys wrap; the momentum encoder moving fast enough to tell.
     "densecl": HEADS + ["method.queue_size=32", "method.momentum=0.9"],
     "supervised": ["method.num_classes=10", "augmentation=supervised"],  # one view: main_linear.py's fine-tuning

@@ -6,8 +6,8 @@ SsnL/align_uniform, facebookresearch/dinov3's GramLoss; EMP-SSL's, FroSSL's and 
 tsb0601/EMP-SSL, OFSkean/FroSSL and jameschapman19/SSL-EY; SimMIM's against microsoft/SimMIM's models/simmim.py, AIM's
 against the paper's next-patch objective after the prefix, CAPI's against the paper's Sinkhorn-Knopp targets and
 cross-entropies; MSN's against facebookresearch/msn's loss, PMSN's against lightly's prior matching; FastSiam's
-against lightly's example loop, MACL's against lightly's MACLLoss and VISReg's against the paper's equations as
-lightly's VISRegLoss computes them), each with a
+against lightly's example loop, MACL's against lightly's MACLLoss, VISReg's against the paper's equations as
+lightly's VISRegLoss computes them and CO2's against lightly's CO2Regularizer), each with a
 variant they must reject (what solo used to compute, or a likely slip). Their exactness under DDP is the checker's
 (tests/test_distributed.py)."""
 
@@ -28,6 +28,7 @@ from solo.losses import (
     capi_clustering,
     capi_loss,
     capi_sinkhorn,
+    co2_loss,
     dcl_loss,
     deepcluster_loss,
     detcon_loss,
@@ -1738,3 +1739,55 @@ def test_pirl_backbone_keeps_the_images_running_statistics_not_the_tiles():
         assert torch.equal(got[name], want), name
     moved = [n for n, b in both.named_buffers() if n.endswith("running_mean") and not torch.equal(got[n], b)]
     assert moved, "the tiles' statistics would have left the running means where the images leave them"
+
+
+def _lightly_co2(q, k, negatives, temperature):
+    """lightly's CO2Regularizer (lightly/loss/regularizer/co2.py) with its memory bank's negatives, sample by sample:
+    log-softmaxes of [q.k, q.n_j] and [k.q, k.n_j] at the temperature (unit rows), KLDivLoss(batchmean) both ways,
+    halved (alpha 1). lightly returns it as a new tensor, without gradient; this one keeps q's (k is MoCo's key)."""
+    losses = []
+    for i in range(len(q)):
+        u, v = F.normalize(q[i], dim=0), F.normalize(k[i].detach(), dim=0)
+        log_p = (torch.stack([u @ v] + [u @ n for n in negatives]) / temperature).log_softmax(dim=0)
+        log_r = (torch.stack([v @ u] + [v @ n for n in negatives]) / temperature).log_softmax(dim=0)
+        losses.append(((log_p.exp() * (log_p - log_r)).sum() + (log_r.exp() * (log_r - log_p)).sum()) / 2)
+    return torch.stack(losses).mean()
+
+
+def test_co2_is_lightlys_regulariser_in_value_and_with_the_querys_gradient():
+    """Over the filled rows of a queue (4 of 6): value and q's gradient against lightly's form. Told apart: one KL
+    direction only, and both softmaxes over the negatives alone (without the positive's logit)."""
+    q, k = _views(4, 2, n=5, d=6)
+    queue = F.normalize(torch.randn(6, 6, generator=_generator(5), dtype=torch.float64), dim=1)
+    valid = torch.tensor([True, True, False, True, True, False])
+    got = co2_loss(q, k, queue, valid, 0.05)
+    _assert_same_value_and_gradient(got, _lightly_co2(q, k, queue[valid], 0.05), (q,))
+    assert co2_loss(q, k, queue, torch.zeros(6, dtype=torch.bool), 0.05).item() == 0  # nothing to be consistent on
+    u, v = F.normalize(q.detach(), dim=1), F.normalize(k, dim=1)
+    log_p, log_r = (u @ queue[valid].T / 0.05).log_softmax(dim=1), (v @ queue[valid].T / 0.05).log_softmax(dim=1)
+    negatives_only = ((log_p.exp() - log_r.exp()) * (log_p - log_r)).sum(dim=1).mean() / 2
+    log_p = (torch.cat([(u * v).sum(1, keepdim=True), u @ queue[valid].T], 1) / 0.05).log_softmax(dim=1)
+    log_r = (torch.cat([(u * v).sum(1, keepdim=True), v @ queue[valid].T], 1) / 0.05).log_softmax(dim=1)
+    one_way = (log_p.exp() * (log_p - log_r)).sum(dim=1).mean()
+    for wrong in (negatives_only, one_way):
+        assert abs(wrong.item() - got.item()) > 1e-3 * got.item()
+
+
+def test_mocov2plus_adds_co2_times_its_weight_to_each_directions_loss():
+    """MoCo v2+ with co2_weight 0.7: its loss minus the same step's without CO2 is 0.7 times the mean over the two
+    directions of lightly's CO2 (each view's prediction against the other view's key and that view's queue), in value
+    and in the predictions' gradient."""
+    from solo.methods.mocov2plus import MoCoV2Plus, MoCoV2PlusConfig
+
+    p1, p2, t1, t2 = _views(6, 4, n=5, d=4)
+    losses = {}
+    for weight in (0.0, 0.7):
+        cfg = MoCoV2PlusConfig(proj_hidden_dim=4, proj_output_dim=4, queue_size=8, co2_weight=weight)
+        method = MoCoV2Plus(torch.nn.Identity(), 4, cfg).double()
+        for queue, seed in zip(method.queues, (7, 8)):
+            queue.push(F.normalize(torch.randn(6, 4, generator=_generator(seed), dtype=torch.float64), dim=1))
+        losses[weight] = method.pair_loss(p1, p2, t1, t2)
+    rows = [F.normalize(torch.randn(6, 4, generator=_generator(s), dtype=torch.float64), dim=1) for s in (7, 8)]
+    co2 = (_lightly_co2(p1, t2, rows[1], 0.05) + _lightly_co2(p2, t1, rows[0], 0.05)) / 2
+    _assert_same_value_and_gradient(losses[0.7] - losses[0.0], 0.7 * co2, (p1, p2))
+

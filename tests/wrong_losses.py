@@ -476,6 +476,22 @@ def pirl_mean_of_rank_means(z1, z2):
     return sum(F.cross_entropy(F.normalize(z, dim=1) @ bank.T / 0.07, index) for z in (z1, z2)) / 2
 
 
+def co2_mean_of_rank_means(z1, z2):
+    """CO2's checker case as lightly's CO2Regularizer takes it: KLDivLoss(reduction="batchmean") over this rank's rows,
+    which DDP averages over the ranks: the global mean only when the ranks hold as many rows."""
+    queue, valid = _checker_queue(z1)
+    negatives = queue[valid]
+    loss = 0.0
+    for q, k in ((z1, z2), (z2, z1)):
+        u, v = F.normalize(q, dim=1), F.normalize(k.detach(), dim=1)
+        positive = (u * v).sum(dim=1, keepdim=True)
+        log_p = (torch.cat([positive, u @ negatives.T], 1) / 0.1).log_softmax(dim=1)
+        log_r = (torch.cat([positive, v @ negatives.T], 1) / 0.1).log_softmax(dim=1)
+        kl = F.kl_div(log_p, log_r, reduction="batchmean", log_target=True)
+        loss = loss + (kl + F.kl_div(log_r, log_p, reduction="batchmean", log_target=True)) / 2
+    return loss
+
+
 def macl_local_negatives(z1, z2):
     """MACL's checker case (t0 0.1, alpha 0.5, a0 0.2) as lightly's MACLLoss computes it, without its 1e-8 in
     1 / (1 - P): this rank's views as the only negatives, the alignment this rank's mean, the loss its mean."""
@@ -804,6 +820,7 @@ WRONG_SSL = [
         "macl_local_negatives",
         "visreg_per_rank_statistics",
         "pirl_mean_of_rank_means",  # only wrong with uneven per-rank batches
+        "co2_mean_of_rank_means",  # only wrong with uneven per-rank batches
     )
 ]
 

@@ -1,5 +1,5 @@
-"""Losses against a target branch's outputs: BYOL's and SimSiam's regression, MoCo's InfoNCE, PIRL's memory bank,
-ReSSL's relations.
+"""Losses against a target branch's outputs: BYOL's and SimSiam's regression, MoCo's InfoNCE and CO2's consistency,
+PIRL's memory bank, ReSSL's relations.
 
 The teacher's side (`z`, `k`) is detached here: it is a target, not a path for gradients. Both are
 per-sample losses, so each rank returns W/N times the sum of its samples' losses (N the global batch,
@@ -20,6 +20,7 @@ from solo.losses.contrastive import _global_rows
 
 __all__ = [
     "byol_loss",
+    "co2_loss",
     "fastsiam_loss",
     "memory_bank_loss",
     "moco_queue_loss",
@@ -113,6 +114,28 @@ def moco_queue_loss(
         return loss_sum * (world_size() / sum(batch_sizes(q.shape[0], q.device)))
 
 
+def co2_loss(
+    q: torch.Tensor, k: torch.Tensor, queue: torch.Tensor, valid: torch.Tensor, temperature: float | torch.Tensor
+) -> torch.Tensor:
+    """CO2 (Wei, Wang, Shen and Yuille, 2021): the symmetric Kullback-Leibler divergence, halved, between the query's
+    and its positive key's similarity distributions over [the positive, the `valid` rows of `queue`] at `temperature`
+    (softmaxes of [q.k, q.n_j] and [k.q, k.n_j]), averaged over the global batch: the key's similarities to the
+    negatives are a soft label for the query's. q and k are L2-normalised here, k detached (the teacher's); the queue's
+    rows are taken as they are. A per-sample term: W/N times this rank's sum, as moco_queue_loss."""
+    check_pair(q, k, "q", "k")
+    check_positive(temperature, "temperature")
+    with torch.autocast(q.device.type, enabled=False):
+        q, k, t = _unit_queries_and_keys(q, k, temperature)
+        queue = full_precision(queue.detach())
+        positive = torch.linalg.vecdot(q, k)[:, None]
+        columns = torch.cat([valid.new_ones(1), valid])
+        log_p = F.log_softmax(torch.cat([positive, q @ queue.T], dim=1).masked_fill(~columns, float("-inf")) / t, 1)
+        log_r = F.log_softmax(torch.cat([positive, k @ queue.T], dim=1).masked_fill(~columns, float("-inf")) / t, 1)
+        # KL(p||r) + KL(r||p) = sum (p - r)(log p - log r); the rows not yet filled count 0 (and pass no NaN back).
+        terms = (log_p.exp() - log_r.exp()) * torch.where(columns, log_p - log_r, 0.0)
+        return terms.sum() / 2 * (world_size() / sum(batch_sizes(q.shape[0], q.device)))
+
+
 def memory_bank_loss(
     z: torch.Tensor, bank: torch.Tensor, index: torch.Tensor, temperature: float | torch.Tensor
 ) -> torch.Tensor:
@@ -172,6 +195,12 @@ def mocov3_check(z1: torch.Tensor, z2: torch.Tensor) -> torch.Tensor:
 def mocov2plus_check(z1: torch.Tensor, z2: torch.Tensor) -> torch.Tensor:
     queue, valid = _checker_queue(z1)
     return moco_queue_loss(z1, z2, queue, valid, 0.2) + moco_queue_loss(z2, z1, queue, valid, 0.2)
+
+
+@LOSSES.register("co2")  # MoCo v2+'s option: the queue's negatives as the consistency's unlabelled entries
+def co2_check(z1: torch.Tensor, z2: torch.Tensor) -> torch.Tensor:
+    queue, valid = _checker_queue(z1)
+    return co2_loss(z1, z2, queue, valid, 0.1) + co2_loss(z2, z1, queue, valid, 0.1)
 
 
 @LOSSES.register("pirl")  # z1 the jigsaw's embeddings, z2 the image's, against a fixed bank of 6 samples

@@ -1,5 +1,5 @@
 """MoCo v2+ (Chen, Fan, Girshick and He, 2020; solo-learn's symmetric "v2+"): a momentum teacher's keys, and a queue
-of earlier steps' keys as the negatives, one queue per view."""
+of earlier steps' keys as the negatives, one queue per view; optionally CO2's consistency term (Wei et al., 2021)."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ from dataclasses import dataclass
 import torch.nn as nn
 import torch.nn.functional as F
 
-from solo.losses import moco_queue_loss
+from solo.losses import co2_loss, moco_queue_loss
 from solo.methods.base import MomentumTwoViewMethod, register_method
 from solo.methods.memory_banks import GlobalQueue, check_queue_size
-from solo.schema import AT_LEAST_ONE, POSITIVE, PROBABILITY, ruled
+from solo.schema import AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, PROBABILITY, ruled
 
 
 @dataclass
@@ -23,6 +23,8 @@ class MoCoV2PlusConfig:
     temperature: float = ruled(0.2, POSITIVE)
     base_momentum: float = ruled(0.99, PROBABILITY)  # the teacher's share in its EMA update, at the start
     final_momentum: float = ruled(1.0, PROBABILITY)  # ... and at the end (cosine schedule)
+    co2_weight: float = ruled(0.0, NON_NEGATIVE)  # CO2's alpha: 0 leaves MoCo v2+ as it is
+    co2_temperature: float = ruled(0.05, POSITIVE)  # CO2's softmaxes' temperature (lightly's default)
 
 
 @register_method("mocov2plus", schema=MoCoV2PlusConfig)
@@ -36,6 +38,7 @@ class MoCoV2Plus(MomentumTwoViewMethod):
         super().__init__(backbone, feature_dim, projector, nn.Identity(), cfg.base_momentum, cfg.final_momentum)
         self.queues = nn.ModuleList([GlobalQueue(cfg.queue_size, d) for _ in range(2)])
         self.temperature = cfg.temperature
+        self.co2_weight, self.co2_temperature = cfg.co2_weight, cfg.co2_temperature
 
     @classmethod
     def check_config(cls, cfg) -> None:
@@ -49,6 +52,11 @@ class MoCoV2Plus(MomentumTwoViewMethod):
             moco_queue_loss(p1, k2, rows[1], valid[1], self.temperature)
             + moco_queue_loss(p2, k1, rows[0], valid[0], self.temperature)
         ) / 2
+        if self.co2_weight:
+            consistency = co2_loss(p1, k2, rows[1], valid[1], self.co2_temperature) + co2_loss(
+                p2, k1, rows[0], valid[0], self.co2_temperature
+            )
+            loss = loss + self.co2_weight * consistency / 2
         self.queues[0].push(k1)
         self.queues[1].push(k2)
         return loss
