@@ -130,6 +130,7 @@ WRONG_SSL_OF = {
     "visreg_per_rank_statistics": "visreg",
     "pirl_mean_of_rank_means": "pirl",
     "co2_mean_of_rank_means": "co2",
+    "vcreg_per_rank_statistics": "vcreg",
 }
 
 

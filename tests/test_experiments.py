@@ -969,6 +969,26 @@ EXPECTED = {
         "trainer.max_epochs": 800,
         "views": [(0.4, 0.4, 0.4, 0.2, 1.0, 0.2, 0.0, 0.0, 0.08), (0.4, 0.4, 0.4, 0.2, 1.0, 0.2, 0.0, 0.0, 0.6)],
     },
+    # VCReg: cross-entropy plus each block's variance and covariance terms (alpha 0.16, beta 0.01); torchvision's
+    # ResNet-50 schedule (SGD lr 0.1 per 256, wd 1e-4, 90 epochs), one supervised view (crops 0.08-1, flips).
+    "vcreg_imagenet": {
+        **_IMAGENET,
+        "method.name": "vcreg",
+        "method.num_classes": 0,
+        "method.var_weight": 0.16,
+        "method.cov_weight": 0.01,
+        "data.batch_size": 32,
+        "optim.name": "sgd",
+        "optim.lr": 0.1,
+        "optim.lr_scaling": "linear",
+        "optim.momentum": 0.9,
+        "optim.weight_decay": 1e-4,
+        "optim.warmup_epochs": 0.0,
+        "optim.final_lr": 0.0,
+        "trainer.max_epochs": 90,
+        "views": [(0.4, 0.4, 0.2, 0.1, 0.0, 0.0, 0.0, 0.0, 0.08)],
+        "geometry": [(None, 1, 1.0, 0.5)],
+    },
     # LightlyTrain's distillation (lightly-train _methods/distillationv2): DINOv2 ViT-B/14 teacher, MSE, one Linear
     # layer, LARS lr 1.5 x batch/256, weight decay 1e-6, clipping 1.0, cosine to 1/1000; DistillationV2Transform's view
     "distill_imagenet": {

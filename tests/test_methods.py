@@ -65,6 +65,8 @@ METHOD = {
     # Queues of 32 (two global batches) that the 6 steps' 96 keys wrap; the momentum encoder moving fast enough to tell.
     "densecl": HEADS + ["method.queue_size=32", "method.momentum=0.9"],
     "supervised": ["method.num_classes=10", "augmentation=supervised"],  # one view: main_linear.py's fine-tuning
+    # The test ResNet's four stages, every position of each a row of its variance and covariance terms.
+    "vcreg": ["method.num_classes=10"],
     "simsiam": HEADS + ["method.pred_hidden_dim=8"],
     # Four views of one size: each view's target the mean of the other three's projections.
     "fastsiam": HEADS + ["method.pred_hidden_dim=8"],
@@ -523,7 +525,7 @@ def test_unknown_method_lists_every_method():
     with pytest.raises(MissingConfigException) as err:
         compose_cfg(["method=bool"])
     builtin = [m.name for m in METHODS if m.target.__module__.startswith("solo.")]  # other tests register their own
-    assert len(builtin) == 50 and all(name in str(err.value) for name in builtin)
+    assert len(builtin) == 51 and all(name in str(err.value) for name in builtin)
 
 
 @pytest.mark.parametrize(

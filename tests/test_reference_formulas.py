@@ -7,7 +7,8 @@ tsb0601/EMP-SSL, OFSkean/FroSSL and jameschapman19/SSL-EY; SimMIM's against micr
 against the paper's next-patch objective after the prefix, CAPI's against the paper's Sinkhorn-Knopp targets and
 cross-entropies; MSN's against facebookresearch/msn's loss, PMSN's against lightly's prior matching; FastSiam's
 against lightly's example loop, MACL's against lightly's MACLLoss, VISReg's against the paper's equations as
-lightly's VISRegLoss computes them and CO2's against lightly's CO2Regularizer), each with a
+lightly's VISRegLoss computes them, CO2's against lightly's CO2Regularizer and VCReg's against the paper's terms
+on every block's output), each with a
 variant they must reject (what solo used to compute, or a likely slip). Their exactness under DDP is the checker's
 (tests/test_distributed.py)."""
 
@@ -49,6 +50,7 @@ from solo.losses import (
     ssl_ey_loss,
     swav_loss,
     tico_loss,
+    vcreg_loss,
     vibcreg_loss,
     vicreg_loss,
     vicregl_loss,
@@ -1791,3 +1793,74 @@ def test_mocov2plus_adds_co2_times_its_weight_to_each_directions_loss():
     co2 = (_lightly_co2(p1, t2, rows[1], 0.05) + _lightly_co2(p2, t1, rows[0], 0.05)) / 2
     _assert_same_value_and_gradient(losses[0.7] - losses[0.0], 0.7 * co2, (p1, p2))
 
+
+def _paper_vcreg(h, alpha, beta, eps=1e-4):
+    """VCReg's terms of one representation (rows, features), feature by feature and pair by pair: alpha times the
+    mean over features of max(0, 1 - sqrt(var_j + eps)) (unbiased variances) plus beta times the mean over the
+    d(d - 1) ordered pairs j != k of their squared covariance."""
+    n, d = h.shape
+    mean = h.mean(dim=0)
+    cov = [[((h[:, j] - mean[j]) * (h[:, k] - mean[k])).sum() / (n - 1) for k in range(d)] for j in range(d)]
+    hinge = sum(F.relu(1 - torch.sqrt(cov[j][j] + eps)) for j in range(d)) / d
+    pairs = sum(cov[j][k] ** 2 for j in range(d) for k in range(d) if j != k) / (d * (d - 1))
+    return alpha * hinge + beta * pairs
+
+
+def test_vcreg_loss_is_the_papers_variance_and_covariance_terms_in_value_and_gradient():
+    """Told apart: stable-pretraining's VCRegLoss normalisation (the hinge halved, the covariances summed over d:
+    VICReg's), which weighs a wide layer's covariances d - 1 times more."""
+    (h,) = _views(9, 1, n=7, d=5)
+    h2 = (h * 0.4).detach().requires_grad_()  # standard deviations below 1: the hinge active
+    for x in (h, h2):
+        got, want = vcreg_loss(x, 0.7, 0.3), _paper_vcreg(x, 0.7, 0.3)
+        _assert_same_value_and_gradient(got, want, (x,))
+    centred = h2.detach() - h2.detach().mean(dim=0)
+    cov = centred.T @ centred / 6
+    hinge = F.relu(1 - torch.sqrt(torch.diagonal(cov) + 1e-4)).mean()
+    stable_pretraining = 0.7 * hinge / 2 + 0.3 * (cov - torch.diag(torch.diagonal(cov))).pow(2).sum() / 5
+    assert abs(stable_pretraining.item() - vcreg_loss(h2, 0.7, 0.3).item()) > 1e-2 * vcreg_loss(h2, 0.7, 0.3).item()
+
+
+@pytest.mark.parametrize("backbone_name", ["resnet", "vit"])
+def test_vcreg_is_cross_entropy_plus_each_blocks_terms_in_value_and_gradient(backbone_name):
+    """The method's loss against one written by hand: the backbone run block by block (a ResNet's stem and four stages;
+    a ViT's patch embedding, class token and blocks), each block's output regularised with every position or token a
+    row, plus the head's cross-entropy on the pooled features; value and gradient of the first and last blocks and the
+    head. Told apart: the last block's output alone (the representation, not every block's)."""
+    from timm.models.resnet import BasicBlock, ResNet
+    from timm.models.vision_transformer import VisionTransformer
+
+    from solo.methods.vcreg import VCReg, VCRegConfig
+
+    torch.manual_seed(3)
+    if backbone_name == "resnet":
+        backbone = ResNet(BasicBlock, [1, 1, 1, 1], num_classes=0, stem_width=8, channels=(8, 16, 32, 32)).eval()
+        images, width = torch.randn(4, 3, 64, 64, dtype=torch.float64), 32
+    else:
+        backbone = VisionTransformer(img_size=16, patch_size=4, embed_dim=16, depth=2, num_heads=2, num_classes=0)
+        images, width = torch.randn(4, 3, 16, 16, dtype=torch.float64), 16
+    method = VCReg(backbone, width, VCRegConfig(num_classes=3, var_weight=0.5, cov_weight=2.0)).double()
+    labels = torch.tensor([0, 2, 1, 2])
+    if backbone_name == "resnet":
+        x = backbone.maxpool(backbone.act1(backbone.bn1(backbone.conv1(images))))
+        outputs = []
+        for stage in (backbone.layer1, backbone.layer2, backbone.layer3, backbone.layer4):
+            x = stage(x)
+            outputs.append(x.permute(0, 2, 3, 1).reshape(-1, x.shape[1]))
+        pooled = x.mean(dim=(2, 3))
+        first, last = backbone.conv1.weight, backbone.layer4[0].conv2.weight
+    else:
+        x = backbone._pos_embed(backbone.patch_embed(images))
+        outputs = []
+        for block in backbone.blocks:
+            x = block(x)
+            outputs.append(x.reshape(-1, x.shape[-1]))
+        pooled = backbone.norm(x)[:, 0]
+        first, last = backbone.patch_embed.proj.weight, backbone.blocks[-1].mlp.fc2.weight
+    cross_entropy = F.cross_entropy(method.head(pooled), labels)
+    want = cross_entropy + sum(_paper_vcreg(o, 0.5, 2.0) for o in outputs)
+    params = (first, last, method.head.weight)
+    got = method({"views": [images], "label": labels})["loss"]
+    _assert_same_value_and_gradient(got, want, params, rel=1e-10)
+    last_only = cross_entropy + _paper_vcreg(outputs[-1], 0.5, 2.0)
+    assert abs(last_only.item() - got.item()) > 1e-3 * got.item()

@@ -492,6 +492,20 @@ def co2_mean_of_rank_means(z1, z2):
     return loss
 
 
+def vcreg_per_rank_statistics(z1, z2):
+    """VCReg's checker case with each rank's own means, variances and covariances, as a regulariser computed on the
+    batch a GPU holds (the layer of Algomancer/VCReg, a loss without a gather) does; DDP averages the ranks' values."""
+
+    def terms(h, alpha, beta):
+        centred = h - h.mean(dim=0)
+        cov = centred.T @ centred / (len(h) - 1)
+        d = h.shape[1]
+        hinge = F.relu(1 - torch.sqrt(torch.diagonal(cov) + 1e-4)).mean()
+        return alpha * hinge + beta * (cov - torch.diag(torch.diagonal(cov))).pow(2).sum() / (d * (d - 1))
+
+    return terms(z1 * 0.3, 1.0, 1.0) + terms(z2, 0.5, 2.0)
+
+
 def macl_local_negatives(z1, z2):
     """MACL's checker case (t0 0.1, alpha 0.5, a0 0.2) as lightly's MACLLoss computes it, without its 1e-8 in
     1 / (1 - P): this rank's views as the only negatives, the alignment this rank's mean, the loss its mean."""
@@ -821,6 +835,7 @@ WRONG_SSL = [
         "visreg_per_rank_statistics",
         "pirl_mean_of_rank_means",  # only wrong with uneven per-rank batches
         "co2_mean_of_rank_means",  # only wrong with uneven per-rank batches
+        "vcreg_per_rank_statistics",
     )
 ]
 

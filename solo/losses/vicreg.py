@@ -1,4 +1,5 @@
-"""VICReg's variance-invariance-covariance loss, and VIbCReg's, with global-batch statistics."""
+"""VICReg's variance-invariance-covariance loss, VIbCReg's, and VCReg's variance-covariance regulariser, with
+global-batch statistics."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from solo.dtypes import full_precision
 from solo.losses._checks import check_non_negative, check_pair
 from solo.losses.checked import LOSSES
 
-__all__ = ["vibcreg_loss", "vicreg_loss"]
+__all__ = ["vcreg_loss", "vibcreg_loss", "vicreg_loss"]
 
 STD_EPS = 1e-4
 
@@ -30,12 +31,18 @@ def _global_size_and_invariance(z1: torch.Tensor, z2: torch.Tensor, loss: str) -
     return n, (z1 - z2).pow(2).sum() * (world_size() / (n * z1.shape[1]))
 
 
-def _variance_and_covariance(z: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """One branch's hinge on the standard deviations and its off-diagonal covariance term, over the
-    global batch of `n` samples (unbiased: / (n - 1)), through differentiable all-reduces."""
+def _global_covariance(z: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The covariance matrix of the global batch of `n` rows (unbiased: / (n - 1)), through differentiable
+    all-reduces, and its diagonal."""
     centred = z - all_reduce(z.sum(dim=0)) / n
     cov = all_reduce(centred.T @ centred) / (n - 1)
-    variance = torch.diagonal(cov)
+    return cov, torch.diagonal(cov)
+
+
+def _variance_and_covariance(z: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """One branch's hinge on the standard deviations and its off-diagonal covariance term, over the
+    global batch of `n` samples."""
+    cov, variance = _global_covariance(z, n)
     std_term = F.relu(1 - torch.sqrt(variance + STD_EPS)).mean()
     cov_term = (cov - torch.diag(variance)).pow(2).sum() / z.shape[1]
     return std_term, cov_term
@@ -62,6 +69,28 @@ def vicreg_loss(
         std1, cov1 = _variance_and_covariance(z1, n)
         std2, cov2 = _variance_and_covariance(z2, n)
         return sim_coeff * invariance + std_coeff * (std1 + std2) / 2 + cov_coeff * (cov1 + cov2)
+
+
+def vcreg_loss(h: torch.Tensor, var_weight: float, cov_weight: float) -> torch.Tensor:
+    """VCReg (Zhu, Evtimova, Chen, Shwartz-Ziv and LeCun, 2024) on one representation `h` (rows, features): var_weight
+    times the mean over features of relu(1 - sqrt(var + 1e-4)), plus cov_weight times the mean of the squared
+    off-diagonal covariances (the sum over the d(d - 1) entries, divided by their number, so that layers of any width
+    weigh alike). Variances and covariances are the global batch's (all rows of every rank, N - 1 denominators), as in
+    vicreg_loss: whole on every rank, through all-reduces whose backward sums."""
+    if h.dim() != 2 or not h.is_floating_point():
+        raise ValueError(
+            f"vcreg_loss takes a 2-D (rows, features) floating-point tensor, got {h.dtype} {tuple(h.shape)}"
+        )
+    check_non_negative(var_weight, "var_weight")
+    check_non_negative(cov_weight, "cov_weight")
+    n, d = sum(batch_sizes(h.shape[0], h.device)), h.shape[1]
+    if n < 2 or d < 2:
+        raise ValueError(f"vcreg_loss needs at least 2 rows and 2 features over the global batch, got {n} x {d}")
+    with torch.autocast(h.device.type, enabled=False):
+        cov, variance = _global_covariance(full_precision(h), n)
+        std_term = F.relu(1 - torch.sqrt(variance + STD_EPS)).mean()
+        cov_term = (cov - torch.diag(variance)).pow(2).sum() / (d * (d - 1))
+        return var_weight * std_term + cov_weight * cov_term
 
 
 def _variance_and_normalised_covariance(z: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -100,3 +129,8 @@ def vicreg_check(z1: torch.Tensor, z2: torch.Tensor) -> torch.Tensor:
 @LOSSES.register("vibcreg")
 def vibcreg_check(z1: torch.Tensor, z2: torch.Tensor) -> torch.Tensor:
     return vibcreg_loss(z1, z2)
+
+
+@LOSSES.register("vcreg")
+def vcreg_check(z1: torch.Tensor, z2: torch.Tensor) -> torch.Tensor:
+    return vcreg_loss(z1 * 0.3, 1.0, 1.0) + vcreg_loss(z2, 0.5, 2.0)  # z1 * 0.3: the hinge active

@@ -6,18 +6,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch.nn as nn
-from omegaconf import MISSING
 
 from solo.errors import ConfigError
 from solo.losses import supervised_loss
 from solo.methods.base import Method, register_method
-from solo.schema import AT_LEAST_ONE, ruled
+from solo.schema import NON_NEGATIVE, ruled
 
 
 @dataclass
 class SupervisedConfig:
     name: str = "supervised"
-    num_classes: int = ruled(MISSING, AT_LEAST_ONE)  # the data's classes (main_linear.py sets it)
+    # 0: the train split's classes (the trainer sets it from the data; main_linear.py's fine-tuning does too)
+    num_classes: int = ruled(0, NON_NEGATIVE)
 
 
 @register_method("supervised", schema=SupervisedConfig)
@@ -25,20 +25,22 @@ class Supervised(Method):
     """Cross-entropy of a linear head on one view, averaged over the global batch (solo.losses.supervised_loss).
     Validated by its own head: `val/acc1`, `val/acc5`."""
 
-    augmentations = {"digits": "digits", "natural": "supervised"}
+    augmentations = {"digits": "supervised_digits", "natural": "supervised"}
 
     num_views = 1
     needs_labels = True
 
     def __init__(self, backbone, feature_dim: int, cfg: SupervisedConfig):
         super().__init__(backbone, feature_dim)
+        if cfg.num_classes < 1:  # 0 is resolved by the trainer, from the data, before the method is built
+            raise ConfigError(f"method.num_classes={cfg.num_classes}: the head needs the number of classes")
         self.head = nn.Linear(feature_dim, cfg.num_classes)
 
     @classmethod
     def check_data(cls, view_sizes: list[int], dataset) -> None:
         if not dataset.images:
             raise ConfigError(
-                f"method=supervised trains on labelled images; data={dataset.name} holds image-text pairs only"
+                f"method={cls.name} trains on labelled images; data={dataset.name} holds image-text pairs only"
             )
         super().check_data(view_sizes, dataset)
 

@@ -205,6 +205,9 @@ class Trainer:
                 f"method={method.name} learns from the labels, and data={d.name}'s train split has "
                 "none: give it labelled data (class folders, a label column)"
             )
+        if self.cfg.method.get("num_classes") == 0:  # a classifier's head, sized by the data unless set
+            self.cfg.method.num_classes = splits.num_classes
+            self.say(f"method.num_classes={splits.num_classes}: the train split's classes (a number chooses)")
         return splits
 
     def _build_data(self, splits: Splits) -> DataSource:
