@@ -8,6 +8,7 @@ absolute correlation between two different features."""
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
@@ -43,5 +44,7 @@ def block_statistics(source: str) -> list[str]:
 
 
 if __name__ == "__main__":
-    for source in sys.argv[1:]:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("sources", nargs="+", help="zoo entries or run directories")
+    for source in parser.parse_args().sources:
         print(source, "|", " | ".join(block_statistics(source)))
