@@ -52,11 +52,17 @@ CASES = {  # a LayerNorm image tower (timm's ViT), with SimCLR's BatchNorm proje
     + VIT
     + ONE_STEP
     + ["method=swav", "augmentation=digits", "method.num_prototypes=16", "method.freeze_prototypes_epochs=0"],
-    # A global queue, pushed once per optimizer step with the whole batch's keys: 3 steps, so it is read too.
+    # A global queue, pushed once per optimizer step with the whole batch's keys: 3 steps, so it is read too (by CO2's
+    # consistency as well).
     "mocov2plus_vit": [o for o in TINY if not o.startswith("backbone")]
     + VIT
     + [o for o in ONE_STEP if "max_steps" not in o]
-    + ["trainer.max_steps=3", "method=mocov2plus", "method.queue_size=64"],
+    + ["trainer.max_steps=3", "method=mocov2plus", "method.queue_size=64", "method.co2_weight=1.0"],
+    # Every block's output an encoding of its own: VCReg's statistics over the whole batch's tokens, in batch_loss.
+    "vcreg_vit": [o for o in TINY if not o.startswith(("backbone", "method"))]
+    + VIT
+    + ONE_STEP
+    + ["method=vcreg", "method.num_classes=10"],
     # A memory bank and k-means at the epoch's end (4 steps of 16): steps 5 and 6 learn the clusters.
     "deepclusterv2_vit": [o for o in TINY if not o.startswith("backbone")]
     + VIT
