@@ -2,6 +2,7 @@ import pytest
 import torch
 
 from solo.backbones import create_backbone
+from solo.errors import ConfigError
 
 
 def _features(model, x):
@@ -45,6 +46,14 @@ def test_unknown_name_suggests_close_matches():
 def test_non_resnet_torchvision_rejected():
     with pytest.raises(ValueError, match="torchvision.resnet50"):
         create_backbone("torchvision.vgg16")
+
+
+@pytest.mark.parametrize("name", ["test_vit", "torchvision.resnet18"])
+def test_a_keyword_the_model_does_not_take_names_the_key_and_how_to_drop_it(name):
+    """resnet18_half's kwargs.channels left over when backbone.name picks another model: one line, not timm's or
+    torchvision's TypeError."""
+    with pytest.raises(ConfigError, match=r"backbone.kwargs.channels: .* takes no keyword 'channels'.*~backbone"):
+        create_backbone(name, channels=[32, 64, 128, 256])
 
 
 def test_small_stem_on_vit_rejected():

@@ -7,6 +7,7 @@ a ``torchvision.`` prefix.
 """
 
 import difflib
+import re
 from dataclasses import dataclass, field
 from typing import Any, Dict
 
@@ -141,8 +142,8 @@ def _timm_or_torchvision(cfg) -> tuple[torch.nn.Module, int]:
             **({"reg_tokens": registers} if registers else {}),
             **cfg.get("kwargs", {}),
         )
-    except TypeError as error:  # timm's other models take no reg_tokens
-        if registers and "reg_tokens" in str(error):
+    except ConfigError as error:  # timm's other models take no reg_tokens
+        if registers and "'reg_tokens'" in str(error):
             raise not_a_vit from None
         raise
     if registers and not is_vit(model):
@@ -223,13 +224,28 @@ def has_resnet_stem(name: str) -> bool:
     return pretrained is not None and str(pretrained.first_conv).split(".")[0] == "conv1"
 
 
+# The model keywords that a setting of its own passes (the others come from backbone.kwargs).
+KEYWORD_SETTINGS = {"drop_path_rate": "backbone.drop_path_rate", "reg_tokens": "backbone.num_registers"}
+
+
 def _with_weights(pretrained: bool, name: str, build):
-    """`build()`, with a failure to fetch or read pretrained weights (no network, no cache) as one ConfigError."""
-    if not pretrained:
-        return build()
+    """`build()`, with a keyword the model does not take (backbone.kwargs) and a failure to fetch or read pretrained
+    weights (no network, no cache) each as one ConfigError."""
     try:
         return build()
+    except TypeError as e:
+        keyword = re.search(r"unexpected keyword argument '(\w+)'", str(e))
+        if keyword is None:
+            raise
+        key = KEYWORD_SETTINGS.get(keyword[1], f"backbone.kwargs.{keyword[1]}")
+        remedy = f"unset {key}" if keyword[1] in KEYWORD_SETTINGS else f"drop the key with ~{key}"
+        raise ConfigError(
+            f"{key}: {name} takes no keyword {keyword[1]!r} (a method's default backbone, e.g. resnet18_half, may set "
+            f"it); choose the whole backbone with backbone=<option>, or {remedy}"
+        ) from None
     except Exception as e:  # the hubs raise many kinds: connection, missing file, missing cache entry
+        if not pretrained:
+            raise
         raise ConfigError(
             f"backbone.pretrained=true: cannot load the pretrained weights of {name} ({type(e).__name__}: "
             f"{str(e).splitlines()[0][:200]}); set backbone.pretrained=false, or put the weights in the hub's cache"
