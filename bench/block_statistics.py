@@ -17,7 +17,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import solo.zoo  # noqa: E402
-from solo.backbones import blocks_of  # noqa: E402
+from solo.backbones import blocks_of, pooled_and_block_outputs  # noqa: E402
 from solo.data.sources.images import DigitsDataset  # noqa: E402
 from solo.methods.vcreg import block_rows  # noqa: E402
 
@@ -27,11 +27,7 @@ def block_statistics(source: str) -> list[str]:
     model, transform = solo.zoo.load(source).eval(), solo.zoo.eval_transform(source)
     data = DigitsDataset("val", 16)
     images = torch.stack([transform(data[i][0]) for i in range(len(data))])
-    outputs = []
-    hooks = [block.register_forward_hook(lambda module, args, out: outputs.append(out)) for block in blocks_of(model)]
-    model(images)
-    for hook in hooks:
-        hook.remove()
+    _, outputs = pooled_and_block_outputs(model, images, blocks_of(model))
     rows = []
     for output in outputs:
         cov = torch.cov(block_rows(output).double().T)

@@ -89,6 +89,21 @@ def pooled_and_map(backbone: nn.Module, images: torch.Tensor) -> tuple[torch.Ten
     return pooled, maps[0]
 
 
+def pooled_and_block_outputs(
+    backbone: nn.Module, images: torch.Tensor, blocks: list[nn.Module]
+) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """`backbone(images)` and the output of each of `blocks` (solo.backbones.blocks_of's, in the order they ran), read
+    by hooks around the backbone's own forward, as pooled_and_map reads the map."""
+    outputs = []
+    hooks = [block.register_forward_hook(lambda module, args, out: outputs.append(out)) for block in blocks]
+    try:
+        pooled = backbone(images)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return pooled, outputs
+
+
 # Where backbones keep their blocks: timm ViTs, EfficientNets and ConvNeXts, Swin, nn.TransformerEncoder, open_clip.
 BLOCK_LISTS = ("blocks", "stages", "layers", "resblocks")
 # ResNets (torchvision's and timm's) keep their stages as layer1 ... layer4.

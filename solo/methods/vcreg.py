@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
-from solo.backbones import blocks_of
+from solo.backbones import blocks_of, pooled_and_block_outputs
 from solo.errors import ConfigError
 from solo.losses import vcreg_loss
 from solo.methods.base import register_method
@@ -45,13 +45,7 @@ class VCReg(Supervised):
         self.var_weight, self.cov_weight = cfg.var_weight, cfg.cov_weight
 
     def encode(self, batch: dict) -> dict:
-        outputs = []
-        hooks = [b.register_forward_hook(lambda module, args, out: outputs.append(out)) for b in self.blocks]
-        try:
-            features = self.backbone(batch["views"][0])
-        finally:
-            for hook in hooks:
-                hook.remove()
+        features, outputs = pooled_and_block_outputs(self.backbone, batch["views"][0], self.blocks)
         last = outputs[-1].shape[1 if outputs[-1].dim() == 4 else -1]
         if last != self.feature_dim:  # e.g. a Swin's channels-last stages: their last axis is the features
             raise ConfigError(

@@ -205,9 +205,6 @@ class Trainer:
                 f"method={method.name} learns from the labels, and data={d.name}'s train split has "
                 "none: give it labelled data (class folders, a label column)"
             )
-        if self.cfg.method.get("num_classes") == 0:  # a classifier's head, sized by the data unless set
-            self.cfg.method.num_classes = splits.num_classes
-            self.say(f"method.num_classes={splits.num_classes}: the train split's classes (a number chooses)")
         return splits
 
     def _build_data(self, splits: Splits) -> DataSource:
@@ -305,8 +302,12 @@ class Trainer:
         return Checkpointer(checkpoints, sharded, generators, components, info)
 
     def _build_model(self, splits, backbone: nn.Module | None) -> PretrainModel:
-        """The model, built alike on every rank, on the device in the run's precision, with its per-sample draws."""
+        """The model, built alike on every rank (a classifier's head sized by the data's classes unless set), on the
+        device in the run's precision, with its per-sample draws."""
         t, device = self.t, self.device
+        if self.cfg.method.get("num_classes") == 0:  # a classifier's head, sized by the data unless set
+            self.cfg.method.num_classes = splits.num_classes
+            self.say(f"method.num_classes={splits.num_classes}: the train split's classes (a number chooses)")
         model = build_model(self.cfg, splits.num_classes if t.probe else None, backbone)
         model.method.set_data(len(splits.train))
         # From here each rank draws its own stream, so that randomness left rank-local never repeats another rank's
