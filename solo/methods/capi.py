@@ -27,7 +27,7 @@ from solo.distributed import all_reduce, world_size
 from solo.errors import ConfigError
 from solo.losses import capi_clustering, capi_loss
 from solo.methods.base import cosine_momentum, register_method, with_group_settings
-from solo.methods.masked_image import TargetEncoderViT
+from solo.methods.masked_image import CrossAttentionBlock, TargetEncoderViT
 from solo.schema import AT_LEAST_ONE, DECAY, FRACTION, POSITIVE, PROBABILITY, ruled
 
 
@@ -47,30 +47,6 @@ class CAPIConfig:
     prediction_subsampling: float = ruled(0.05, DECAY)  # the share of the hidden patches predicted
     base_momentum: float = ruled(0.999, PROBABILITY)  # the teacher's share in its EMA update, at the start
     final_momentum: float = ruled(1.0, PROBABILITY)
-
-
-class CrossAttentionBlock(nn.Module):
-    """CAPI's predictor block: the queries attend to the context only (not to each other), then an MLP; pre-norm
-    residuals round both. Each query is predicted independently of the others."""
-
-    def __init__(self, width: int, heads: int):
-        super().__init__()
-        from timm.layers import Mlp  # here: timm's import slows every process's start
-
-        if width % heads:
-            raise ConfigError(f"method.predictor_heads={heads}: the width {width} must be a multiple of the heads")
-        self.heads = heads
-        self.norm1, self.norm2 = nn.LayerNorm(width, eps=1e-6), nn.LayerNorm(width, eps=1e-6)
-        self.query, self.key_value = nn.Linear(width, width), nn.Linear(width, 2 * width)
-        self.project = nn.Linear(width, width)
-        self.mlp = Mlp(width, 4 * width)
-
-    def forward(self, x: torch.Tensor, context: torch.Tensor) -> torch.Tensor:
-        heads = self.heads
-        q = self.query(self.norm1(x)).unflatten(-1, (heads, -1)).transpose(1, 2)
-        k, v = self.key_value(context).unflatten(-1, (2, heads, -1)).permute(2, 0, 3, 1, 4)
-        x = x + self.project(F.scaled_dot_product_attention(q, k, v).transpose(1, 2).flatten(2))
-        return x + self.mlp(self.norm2(x))
 
 
 class CAPIPredictor(nn.Module):
@@ -157,6 +133,10 @@ class CAPI(TargetEncoderViT):
             )
         self.visible = num_patches(backbone) - generator.hidden
         width = backbone.embed_dim
+        if width % cfg.predictor_heads:
+            raise ConfigError(
+                f"method.predictor_heads={cfg.predictor_heads}: the width {width} must be a multiple of the heads"
+            )
         self.predictor = CAPIPredictor(width, cfg.predictor_depth, cfg.predictor_heads, grid_shape(backbone))
         self.head = PrototypeHead(width, cfg.num_prototypes)
         self.clustering = OnlineClustering(width, cfg.num_prototypes)

@@ -12,6 +12,7 @@ from typing import ClassVar
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 from solo.backbones.vit import (
     BlockOutputs,
@@ -136,6 +137,29 @@ class TargetEncoderViT(MaskedViT, Method):
 
     def metrics(self) -> dict[str, torch.Tensor]:
         return {"train/teacher_momentum": torch.tensor(self.momentum)}
+
+
+class CrossAttentionBlock(nn.Module):
+    """A decoder block whose queries attend to a context only (not to each other), then an MLP; pre-norm residuals
+    round both, so each query is predicted independently of the others (CAPI's predictor, CrossMAE's decoder). The
+    context, of `context_width` (the queries' by default), is taken as it is: callers normalise it."""
+
+    def __init__(self, width: int, heads: int, context_width: int | None = None):
+        super().__init__()
+        from timm.layers import Mlp  # here: timm's import slows every process's start
+
+        self.heads = heads
+        self.norm1, self.norm2 = nn.LayerNorm(width, eps=1e-6), nn.LayerNorm(width, eps=1e-6)
+        self.query, self.key_value = nn.Linear(width, width), nn.Linear(context_width or width, 2 * width)
+        self.project = nn.Linear(width, width)
+        self.mlp = Mlp(width, 4 * width)
+
+    def forward(self, x: torch.Tensor, context: torch.Tensor) -> torch.Tensor:
+        heads = self.heads
+        q = self.query(self.norm1(x)).unflatten(-1, (heads, -1)).transpose(1, 2)
+        k, v = self.key_value(context).unflatten(-1, (2, heads, -1)).permute(2, 0, 3, 1, 4)
+        x = x + self.project(F.scaled_dot_product_attention(q, k, v).transpose(1, 2).flatten(2))
+        return x + self.mlp(self.norm2(x))
 
 
 def check_transformer_width(cfg, width_key: str, heads_key: str) -> None:
