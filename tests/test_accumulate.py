@@ -68,6 +68,20 @@ CASES = {  # a LayerNorm image tower (timm's ViT), with SimCLR's BatchNorm proje
     + VIT
     + [o for o in ONE_STEP if "max_steps" not in o]
     + ["trainer.max_steps=6", "method=deepclusterv2", "method.num_prototypes=[4,6]", "method.kmeans_iterations=3"],
+    # Groups moved by the whole batch's embeddings within the step, a queue, and a regrouping with the teacher reset
+    # after step 2 (4 steps of 16).
+    "smog_vit": [o for o in TINY if not o.startswith("backbone")]
+    + VIT
+    + [o for o in ONE_STEP if "max_steps" not in o]
+    + [
+        "trainer.max_steps=4",
+        "method=smog",
+        "method.pred_hidden_dim=32",
+        "method.num_groups=4",
+        "method.queue_size=32",
+        "method.regroup_every=2",
+        "method.kmeans_iterations=3",
+    ],
     # Per-sample masks, split with the batch; the loss a mean over the masked patches of the whole batch.
     "mae_vit": [o for o in TINY if not o.startswith(("backbone", "method"))]
     + VIT
@@ -138,7 +152,9 @@ def moved(run_dir, overrides) -> tuple[dict, float]:
 @pytest.mark.parametrize(
     "case",
     [
-        pytest.param(c, marks=pytest.mark.slow) if c in ("deepclusterv2_vit", "simmim_vit", "aim_vit") else c
+        pytest.param(c, marks=pytest.mark.slow)
+        if c in ("deepclusterv2_vit", "smog_vit", "simmim_vit", "aim_vit")
+        else c
         for c in sorted(CASES)
     ],
 )

@@ -40,6 +40,7 @@ def test_every_methods_loss_is_registered_with_the_checker():
         "lit": "clip",  # or siglip's
         "data2vec": "ijepa",  # masked_patch_smooth_l1
         "maskfeat": "mae",  # masked_patch_mse
+        "crossmae": "mae",  # masked_patch_mse over the predicted patches
         "densecl": "mocov2plus",  # moco_queue_loss, twice
     }
     assert {own_names.get(m, m) for m in methods} | {"koleo"} <= set(BUILTIN)
@@ -131,6 +132,7 @@ WRONG_SSL_OF = {
     "pirl_mean_of_rank_means": "pirl",
     "co2_mean_of_rank_means": "co2",
     "vcreg_per_rank_statistics": "vcreg",
+    "smog_per_rank_groups": "smog",
 }
 
 

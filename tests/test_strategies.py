@@ -48,6 +48,9 @@ CASES = {method: method_overrides(method) for method in BUILT_IN} | {
     "clip": TINY_CLIP + ["trainer.precision=64"],
     "deepclusterv2": method_overrides("deepclusterv2") + ["data.num_samples=24"],
     "wmse": method_overrides("wmse") + ["method.whitening_size=12"],  # one sub-batch, the whole of the 12 rows
+    # Regrouping (k-means reads the host) after step 2, so that step 3, which tests/test_host_reads.py counts, is a
+    # plain step of moving groups and queue.
+    "smog": method_overrides("smog") + ["method.regroup_every=2"],
 }
 # Stochastic depth in the ViT of MAE and DINOv2 (its student: the teacher has none); and the known-wrong variant,
 # timm's DropPath drawing from torch's generator (tests/shared_generator_drop_path.py).

@@ -3,7 +3,7 @@
 Used to show that the gradient checker rejects them: a check that cannot fail proves nothing. Then the
 wrong variants of the self-supervised losses (VICReg, SigLIP, DINO, SwAV, MoCo v3, BYOL, SupCon, NNCLR, W-MSE,
 VIbCReg, I-JEPA, SimMIM, AIM, DINOv3's Gram anchoring, DeepClusterV2, LeJEPA, DCL, MMCR, TiCo, DirectCLR,
-alignment-uniformity, EMP-SSL, FroSSL, SSL-EY, CAPI, MSN, PMSN, VICRegL, DetCon, FastSiam, MACL, VISReg, SwAV's queue, PIRL) that popular implementations ship
+alignment-uniformity, EMP-SSL, FroSSL, SSL-EY, CAPI, MSN, PMSN, VICRegL, DetCon, FastSiam, MACL, VISReg, SwAV's queue, PIRL, CO2, VCReg, SMoG) that popular implementations ship
 (WRONG_SSL). At the end, two losses for the checker's error paths: one that raises
 on one rank, one that ignores its scalar.
 """
@@ -22,13 +22,14 @@ from solo.losses import (
     lejepa_loss,
     nt_xent_loss,
     random_directions,
+    smog_loss,
     vicregl_loss,
     whiten,
 )
 from solo.losses.barlow_twins import _standardise
 from solo.losses.msn import CHECK_PROTOTYPES, power_law_prior, prototype_logits
 from solo.losses.regression import _checker_queue, checker_bank_index
-from solo.losses.self_distillation import _sinkhorn, checker_queue_scores, sinkhorn
+from solo.losses.self_distillation import _sinkhorn, checker_groups, checker_queue_scores, sinkhorn
 from solo.losses.tico import earlier_covariance
 from tests.checker_user_losses import siglip_terms
 
@@ -492,6 +493,20 @@ def co2_mean_of_rank_means(z1, z2):
     return loss
 
 
+def smog_per_rank_groups(z1, z2):
+    """SMoG's checker case with the groups moved by this rank's rows only, as lightly's SMoGPrototypes
+    (get_updated_group_features: the mean of the rows a process holds) does under DDP; the ranks then hold other
+    groups, and the mean over ranks of their losses is not the global batch's."""
+    groups = checker_groups(z1)
+    assigned = [(F.normalize(z.detach(), dim=1) @ F.normalize(groups, dim=1).T).argmax(dim=1) for z in (z1, z2)]
+    rows = torch.cat([z1, z2]).detach()
+    chosen = (F.normalize(rows, dim=1) @ F.normalize(groups, dim=1).T).argmax(dim=1)
+    counts = torch.bincount(chosen, minlength=len(groups)).to(rows.dtype)[:, None]
+    means = torch.zeros_like(groups).index_add_(0, chosen, rows) / counts.clamp_min(1)
+    moved = torch.where(counts > 0, 0.5 * groups + 0.5 * means, groups)
+    return smog_loss(z1, moved, assigned[1], 0.1) + smog_loss(z2, moved, assigned[0], 0.1)
+
+
 def vcreg_per_rank_statistics(z1, z2):
     """VCReg's checker case with each rank's own means, variances and covariances, as a regulariser computed on the
     batch a GPU holds (the layer of Algomancer/VCReg, a loss without a gather) does; DDP averages the ranks' values."""
@@ -836,6 +851,7 @@ WRONG_SSL = [
         "pirl_mean_of_rank_means",  # only wrong with uneven per-rank batches
         "co2_mean_of_rank_means",  # only wrong with uneven per-rank batches
         "vcreg_per_rank_statistics",
+        "smog_per_rank_groups",
     )
 ]
 

@@ -28,7 +28,9 @@ __all__ = [
     "gram_loss",
     "ibot_patch_loss",
     "masked_center",
+    "momentum_groups",
     "sinkhorn",
+    "smog_loss",
     "swav_loss",
 ]
 
@@ -278,6 +280,41 @@ def swav_loss(
         return _cross_view_loss(targets, log_probs, n_total)
 
 
+# --- SMoG ---------------------------------------------------------------------------------------------
+
+
+@torch.no_grad()
+def momentum_groups(groups: torch.Tensor, rows: torch.Tensor, beta: float) -> torch.Tensor:
+    """SMoG's synchronous momentum grouping (Pang et al., 2022): each of the (K, d) `groups` that some row of `rows`
+    chooses (the highest cosine similarity) in the GLOBAL batch moves to beta * group + (1 - beta) * the mean of the
+    rows that chose it; the others stay. The per-group sums and counts are all-reduced (device tensors, no host read),
+    so every rank returns what one process on the whole batch would; updated from each rank's own rows, the groups
+    would differ at every world size. No gradient: the groups are state, not a path into the encoder."""
+    dtype = groups.dtype
+    groups, rows = full_precision(groups), full_precision(rows.detach())
+    chosen = (F.normalize(rows, dim=1) @ F.normalize(groups, dim=1).T).argmax(dim=1)
+    sums = all_reduce(torch.zeros_like(groups).index_add_(0, chosen, rows))
+    # Counted by index_add, not bincount: bincount's length depends on the values, a host read.
+    ones = torch.ones_like(chosen, dtype=groups.dtype)
+    counts = all_reduce(torch.zeros(len(groups), dtype=groups.dtype, device=groups.device).index_add_(0, chosen, ones))
+    counts = counts[:, None]
+    moved = beta * groups + (1 - beta) * sums / counts.clamp_min(1)
+    return torch.where(counts > 0, moved, groups).to(dtype)
+
+
+def smog_loss(
+    predictions: torch.Tensor, groups: torch.Tensor, assignments: torch.Tensor, temperature: float
+) -> torch.Tensor:
+    """SMoG's group-level contrast: the global-batch mean of the cross-entropy of the cosine similarities between each
+    row of `predictions` (n, d) and the `groups` (K, d, no gradient), divided by `temperature`, against the row's
+    group in `assignments` (n,: the other view's teacher embedding's nearest group). W / N times this rank's sum."""
+    check_positive(temperature, "temperature")
+    with torch.autocast(predictions.device.type, enabled=False):
+        logits = F.normalize(full_precision(predictions), dim=1) @ F.normalize(full_precision(groups.detach()), dim=1).T
+        total = F.cross_entropy(logits / temperature, assignments, reduction="sum")
+        return total * (world_size() / sum(batch_sizes(len(predictions), predictions.device)))
+
+
 # Cases for the gradient checker (python -m solo.losses.check).
 
 CHECK_CENTER = (0.3, -0.2, 0.1, 0.5)  # a non-zero start, so that the checked centre update matters
@@ -300,6 +337,21 @@ def deepcluster_loss(scores: list[torch.Tensor], assignments: list[torch.Tensor]
         )
         assigned = all_reduce(torch.stack([(a != -1).sum() for a in assignments]).to(torch.float64)).clamp_min(1)
         return (sums / assigned.to(sums.dtype)).sum() * (world_size() / len(scores))
+
+
+def checker_groups(like: torch.Tensor) -> torch.Tensor:
+    """SMoG's checker case's groups: 5 fixed rows of `like`'s width and dtype."""
+    return torch.linspace(-1.0, 1.0, 5 * like.shape[1], dtype=like.dtype).reshape(5, -1).mul(7).sin()
+
+
+@LOSSES.register("smog")
+def smog_check(z1: torch.Tensor, z2: torch.Tensor) -> torch.Tensor:
+    # Each tower's rows assigned to the fixed groups' nearest; the groups moved by both towers' rows (global), then
+    # each tower predicts the other's groups.
+    groups = checker_groups(z1)
+    assigned = [(F.normalize(z.detach(), dim=1) @ F.normalize(groups, dim=1).T).argmax(dim=1) for z in (z1, z2)]
+    moved = momentum_groups(groups, torch.cat([z1, z2]), beta=0.5)
+    return smog_loss(z1, moved, assigned[1], 0.1) + smog_loss(z2, moved, assigned[0], 0.1)
 
 
 @LOSSES.register("dino")
