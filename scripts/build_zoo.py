@@ -31,7 +31,7 @@ sys.path.insert(0, str(REPO))
 from solo.zoo.manifest import MANIFEST, read_manifest, validate_entry  # noqa: E402
 from solo.zoo.weights import read_training_checkpoint, save_weights, sha256_file  # noqa: E402
 
-NEW_METHODS = "mocov2plus densecl ressl nnclr nnbyol nnsiam simsiam all4one wmse vibcreg deepclusterv2 dcl lejepa mmcr tico directclr align_uniform emp_ssl frossl ssl_ey vicregl detcon fastsiam macl visreg pirl vcreg"
+NEW_METHODS = "mocov2plus densecl ressl nnclr nnbyol nnsiam simsiam all4one wmse vibcreg deepclusterv2 dcl lejepa mmcr tico directclr align_uniform emp_ssl frossl ssl_ey vicregl detcon fastsiam macl visreg pirl vcreg smog"
 RECIPES = {
     "simclr-digits-resnet18half": "method=simclr backbone=resnet18_half",
     "barlow_twins-digits-resnet18half": "method=barlow_twins backbone=resnet18_half",
@@ -58,6 +58,7 @@ RECIPES = {
     "ijepa-digits-vittiny6": "method=ijepa method.loss=mse",
     "data2vec-digits-vittiny6": "method=data2vec",
     "simmim-digits-vittiny6": "method=simmim",
+    "crossmae-digits-vittiny6": "method=crossmae",
     "maskfeat-digits-vittiny6": "method=maskfeat",
     "aim-digits-vittiny6": "method=aim",
     "msn-digits-vittiny6": "method=msn",

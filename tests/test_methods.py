@@ -67,6 +67,17 @@ METHOD = {
     "supervised": ["method.num_classes=10", "augmentation=supervised"],  # one view: main_linear.py's fine-tuning
     # The test ResNet's four stages, every position of each a row of its variance and covariance terms.
     "vcreg": ["method.num_classes=10"],
+    # The groups re-clustered by k-means from a queue of 32 and the teacher reset after step 3 (RESUMED: from there).
+    "smog": HEADS
+    + [
+        "method.pred_hidden_dim=32",
+        "method.num_groups=8",
+        "method.queue_size=32",
+        "method.regroup_every=3",
+        "method.kmeans_iterations=3",
+        "method.base_momentum=0.9",
+        "method.final_momentum=0.9",
+    ],
     "simsiam": HEADS + ["method.pred_hidden_dim=8"],
     # Four views of one size: each view's target the mean of the other three's projections.
     "fastsiam": HEADS + ["method.pred_hidden_dim=8"],
@@ -184,6 +195,18 @@ METHOD = {
         "method.decoder_depth=1",
         "method.decoder_heads=2",
     ],
+    # timm's test ViT on a 4 x 4 grid of 4 px patches: 12 hidden, 4 of them predicted; a one-block decoder reading
+    # the mix of the input and every block's output.
+    "crossmae": [
+        "backbone.name=test_vit",
+        "backbone.small_stem=false",
+        "+backbone.kwargs.img_size=16",
+        "+backbone.kwargs.patch_size=4",
+        "method.predict_ratio=0.25",
+        "method.decoder_embed_dim=16",
+        "method.decoder_depth=1",
+        "method.decoder_heads=2",
+    ],
     # timm's test ViT on a 4 x 4 grid of 4 px patches with a register: per-sample context and 4 target blocks; a
     # one-block predictor.
     "ijepa": [
@@ -291,7 +314,7 @@ def overrides(method: str, batch: int) -> list[str]:
 # teacher saved with the weights (distill; LiT's locked tower is loaded and saved the same way), a running covariance
 # of the global batch (TiCo); and VICReg for the rest, whose state (weights, BatchNorm buffers, optimizer, data
 # position, random state) is the trainer's alike.
-RESUMED = set("vicreg mocov2plus dino nnclr deepclusterv2 mae dinov2 ibot ijepa distill tico".split())
+RESUMED = set("vicreg mocov2plus dino nnclr deepclusterv2 mae dinov2 ibot ijepa distill tico smog".split())
 
 
 INVARIANCE_TEST = "test_step_is_world_size_invariant_and_resumes_exactly"
@@ -525,7 +548,7 @@ def test_unknown_method_lists_every_method():
     with pytest.raises(MissingConfigException) as err:
         compose_cfg(["method=bool"])
     builtin = [m.name for m in METHODS if m.target.__module__.startswith("solo.")]  # other tests register their own
-    assert len(builtin) == 51 and all(name in str(err.value) for name in builtin)
+    assert len(builtin) == 53 and all(name in str(err.value) for name in builtin)
 
 
 @pytest.mark.parametrize(

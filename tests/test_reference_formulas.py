@@ -44,9 +44,11 @@ from solo.losses import (
     masked_patch_mse,
     masked_patch_smooth_l1,
     mmcr_loss,
+    momentum_groups,
     next_patch_mse,
     nt_xent_loss,
     random_directions,
+    smog_loss,
     ssl_ey_loss,
     swav_loss,
     tico_loss,
@@ -1864,3 +1866,205 @@ def test_vcreg_is_cross_entropy_plus_each_blocks_terms_in_value_and_gradient(bac
     _assert_same_value_and_gradient(got, want, params, rel=1e-10)
     last_only = cross_entropy + _paper_vcreg(outputs[-1], 0.5, 2.0)
     assert abs(last_only.item() - got.item()) > 1e-3 * got.item()
+
+
+def _lightly_smog_step(x0_encoded, x0_predicted, x1_encoded, groups, beta, temperature):
+    """lightly's SMoG step (SMoGPrototypes in lightly/models/modules/heads.py, driven as in examples/pytorch/smog.py):
+    assign_groups(x1_encoded), each row's group of highest cosine; get_updated_group_features(x0_encoded), group by
+    group, beta * group + (1 - beta) * the mean of the x0 rows that chose it; cross-entropy of x0_predicted's cosines
+    to the moved groups over the temperature. The moved groups detached (solo's convention, on SMoG's page: lightly's
+    carry a gradient into x0_encoded)."""
+
+    def assign(x, g):
+        return torch.argmax(F.normalize(x, dim=1) @ F.normalize(g, dim=1).T, dim=-1)
+
+    assignments, chosen, moved = assign(x1_encoded, groups), assign(x0_encoded, groups), groups.clone()
+    for group in torch.unique(chosen):
+        moved[group] = beta * groups[group] + (1 - beta) * x0_encoded[chosen == group].mean(dim=0)
+    moved = moved.detach()
+    logits = F.normalize(x0_predicted, dim=1) @ F.normalize(moved, dim=1).T / temperature
+    return F.cross_entropy(logits, assignments), moved
+
+
+def test_smog_is_lightlys_group_step_in_value_and_gradient():
+    """The moved groups and the loss against lightly's step; a group no row chose stays. Told apart: the prediction
+    classified among the groups before they move (SMoG's update is synchronous: within the step)."""
+    encoded, predicted, teacher = _views(9, 3, n=12, d=5)
+    groups = F.normalize(torch.randn(8, 5, generator=_generator(3), dtype=torch.float64), dim=1)
+    want, want_moved = _lightly_smog_step(encoded, predicted, teacher, groups, 0.9, 0.1)
+    moved = momentum_groups(groups, encoded, 0.9)
+    torch.testing.assert_close(moved, want_moved, rtol=1e-12, atol=1e-12)
+    assert (moved == groups).all(dim=1).any(), "some group no row chose, which stays"
+    assigned = (F.normalize(teacher, dim=1) @ groups.T).argmax(dim=1)
+    got = smog_loss(predicted, moved, assigned, 0.1)
+    _assert_same_value_and_gradient(got, want, (predicted,))
+    before = smog_loss(predicted, groups, assigned, 0.1)
+    assert abs(before.item() - got.item()) > 1e-3 * got.item()
+
+
+def _spherical_kmeans(points, k, iterations, seed):
+    """k-means on unit rows, point by point: k distinct points drawn with `seed` as the start; each point to its
+    centroid of highest cosine; each centroid the normalised sum of its points (kept when it has none)."""
+    centroids = points[torch.randperm(len(points), generator=_generator(seed))[:k]].clone()
+    for _ in range(iterations):
+        assigned = [int(torch.argmax(torch.stack([p @ c for c in centroids]))) for p in points]
+        for c in range(k):
+            mine = [p for p, a in zip(points, assigned) if a == c]
+            if mine:
+                centroids[c] = F.normalize(torch.stack(mine).sum(dim=0), dim=0)
+    return centroids
+
+
+def test_smog_method_moves_the_groups_with_both_views_and_regroups_its_queue():
+    """SMoG's step on two views' features (an identity backbone): the mean over both directions of each prediction
+    against the other view's teacher group, the groups moved by both views' unit online embeddings (lightly's step
+    above, both views at once), the first view's embeddings queued. After step regroup_every, the groups are spherical
+    k-means of the queue and the teacher is a copy of the student."""
+    from solo.methods.smog import SMoG, SMoGConfig
+
+    cfg = SMoGConfig(
+        proj_hidden_dim=8, proj_output_dim=4, pred_hidden_dim=8, num_groups=3, queue_size=12, regroup_every=2,
+        kmeans_iterations=4, group_momentum=0.8, temperature=0.2,
+    )  # fmt: skip
+    method = SMoG(torch.nn.Identity(), 4, cfg).double()
+    f1, f2 = _views(12, 2, n=6, d=4)
+    groups = method.groups.clone()
+    out = method.batch_loss({"features": [f1, f2], "teacher": [f1.detach(), f2.detach()]}, {"label": torch.zeros(6)})
+    z1, z2 = method.projector(f1), method.projector(f2)
+    p1, p2 = method.predictor(z1), method.predictor(z2)
+    with torch.no_grad():
+        t1, t2 = method.teacher[1](f1), method.teacher[1](f2)
+    unit = F.normalize(torch.cat([z1, z2]), dim=1)
+    loss1, moved = _lightly_smog_step(unit, p1, t2, groups, 0.8, 0.2)
+    loss2, _ = _lightly_smog_step(unit, p2, t1, groups, 0.8, 0.2)
+    _assert_same_value_and_gradient(out["loss"], (loss1 + loss2) / 2, (f1, f2))
+    torch.testing.assert_close(method.groups, moved, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(method.queue.rows[:6], F.normalize(z1, dim=1).detach())
+    f3, f4 = _views(13, 2, n=6, d=4)
+    method.batch_loss({"features": [f3, f4], "teacher": [f3, f4]}, {"label": torch.zeros(6)})
+    for p in method.parameters():
+        if p.requires_grad:
+            p.data.add_(0.01)  # an optimizer step: the student leaves its teacher
+    method.prepare_step(1, 10)
+    method.after_optimizer_step()
+    torch.testing.assert_close(method.groups, _spherical_kmeans(method.queue.rows, 3, 4, seed=2))
+    student = [*method.backbone.parameters(), *method.projector.parameters()]
+    assert all(torch.equal(t, s) for t, s in zip(method.teacher.parameters(), student))
+
+
+# --- CrossMAE --------------------------------------------------------------------------------------------------------
+
+
+def _crossmae_case():
+    """A CrossMAE on the tiny ViT (2 blocks, 4 x 4 patches), its decoder 2 blocks of width 16, and 2 images whose masks
+    hide 12 patches and predict 5 of them."""
+    from solo.methods.crossmae import CrossMAE, CrossMAEConfig
+
+    cfg = CrossMAEConfig(
+        mask_ratio=0.75, predict_ratio=0.3125, decoder_embed_dim=16, decoder_depth=2, decoder_heads=2
+    )  # fmt: skip
+    method = CrossMAE(_tiny_vit(7), 32, cfg).double()
+    method.feeds_probe = False
+    g = _generator(33)
+    images = torch.randn(2, 3, 16, 16, generator=g, dtype=torch.float64)
+    hidden = torch.zeros(2, 16, dtype=torch.bool)
+    predicted = torch.zeros(2, 16, dtype=torch.bool)
+    for i in range(2):
+        order = torch.randperm(16, generator=g)
+        hidden[i, order[:12]] = True
+        predicted[i, order[:5]] = True
+    return method, {"views": [images], "mask": torch.stack([hidden, predicted], dim=1), "label": torch.zeros(2)}
+
+
+def _official_crossmae_loss(method, batch):
+    """TonyLianLong/CrossMAE models_cross.py with --weight_fm --use_input --norm_pix_loss, written out per image: the
+    encoder's input (class token, then the visible patches' embeddings plus positions, in order) and each block's
+    output; for decoder block i, the maps weighted by row i of the wfm matrix, LayerNormed (dec_norms[i]); each
+    predicted patch's query, the mask token plus its sine-cosine position, through pre-norm cross-attention (softmax
+    of q k^T / sqrt(head dim) per head) and the MLP; decoder_norm, decoder_pred; the mean squared error against the
+    patch's pixels standardised with the unbiased variance + 1e-6, over every predicted patch."""
+    vit, decoder = method.backbone, method.decoder
+    images, masks = batch["views"][0], batch["mask"]
+    errors = []
+    for image, hidden, predicted in zip(images, masks[:, 0], masks[:, 1]):
+        patches = vit.patch_embed(image[None])[0] + vit.pos_embed[0, 1:]
+        x = torch.cat([vit.cls_token[0] + vit.pos_embed[0, :1], patches[~hidden]])
+        maps = [x]
+        for block in vit.blocks:
+            x = block(x[None])[0]
+            maps.append(x)
+        pixels = patchify(image[None], 4)[0]
+        for at in predicted.nonzero().flatten():
+            q = decoder.mask_token + decoder.positions.double()[at]
+            for i, block in enumerate(decoder.blocks):
+                mixed = sum(decoder.mix.weight[i, k] * maps[k] for k in range(len(maps)))
+                context = decoder.context_norms[i](mixed)
+                heads, width = block.heads, q.shape[0]
+                query = block.query(block.norm1(q)).reshape(heads, -1)
+                key, value = block.key_value(context).reshape(len(context), 2, heads, -1).unbind(1)
+                attended = []
+                for h in range(heads):
+                    weights = torch.softmax(key[:, h] @ query[h] / math.sqrt(width // heads), dim=0)
+                    attended.append(weights @ value[:, h])
+                q = q + block.project(torch.cat(attended))
+                q = q + block.mlp.fc2(F.gelu(block.mlp.fc1(block.norm2(q))))
+            out = decoder.predict(decoder.norm(q))
+            target = pixels[at]
+            target = (target - target.mean()) / (target.var() + 1e-6) ** 0.5
+            errors.append(((out - target) ** 2).mean())
+    return torch.stack(errors).mean()
+
+
+def test_crossmae_is_the_official_decoder_and_loss_in_value_and_gradient():
+    """Against the official model written out query by query. Told apart: the same decoder reading only the last
+    block's output (MAE's single context, no weighted feature maps)."""
+    method, batch = _crossmae_case()
+    got = method(batch)["loss"]
+    want = _official_crossmae_loss(method, batch)
+    params = [method.decoder.mix.weight, method.backbone.blocks[0].attn.qkv.weight, method.decoder.mask_token]
+    _assert_same_value_and_gradient(got, want, params, rel=1e-10)
+    with torch.no_grad():
+        method.decoder.mix.weight.copy_(torch.tensor([[0.0, 0.0, 1.0]] * 2))
+        last_only = method(batch)["loss"]
+        method.decoder.mix.weight.copy_(torch.ones(2, 3) / 3)
+        mixed = method(batch)["loss"]
+    assert abs(last_only.item() - mixed.item()) > 1e-3 * mixed.item()
+
+
+def test_crossmae_queries_see_the_visible_patches_only_and_not_each_other():
+    """A predicted patch's output depends on the visible pixels, on neither the hidden pixels nor which other patches
+    are predicted (no self-attention among the queries); the loss reads the predicted patches' pixels only."""
+    method, batch = _crossmae_case()
+    images, masks = batch["views"][0], batch["mask"]
+
+    def with_pixels(patch, delta=1.0):
+        changed = images.clone()
+        row, col = divmod(patch, 4)
+        changed[:, :, 4 * row : 4 * row + 4, 4 * col : 4 * col + 4] += delta
+        return changed
+
+    before = method.encode(batch)
+    visible = int((~masks[0, 0]).nonzero()[0])
+    hidden_not_predicted = int((masks[0, 0] & ~masks[0, 1]).nonzero()[0])
+    assert not torch.equal(
+        method.encode({**batch, "views": [with_pixels(visible)]})["prediction"], before["prediction"]
+    )
+    after = method.encode({**batch, "views": [with_pixels(hidden_not_predicted)]})
+    assert torch.equal(after["prediction"], before["prediction"])
+    assert method(batch)["loss"] == method({**batch, "views": [with_pixels(hidden_not_predicted)]})["loss"]
+    fewer = masks.clone()
+    first = before["predict_at"][:, :1]
+    fewer[:, 1] = False
+    fewer[:, 1].scatter_(1, first, True)
+    alone = method.encode({**batch, "mask": fewer})
+    torch.testing.assert_close(alone["prediction"][:, 0], before["prediction"][:, 0], rtol=1e-12, atol=1e-12)
+
+
+def test_crossmae_masks_predict_a_share_of_all_patches_among_the_hidden():
+    from solo.data.views.masks import PredictedRandomMask
+
+    generator = PredictedRandomMask(196, 0.75, 0.25)
+    for seed in range(5):
+        hidden, predicted = generator(random.Random(seed))
+        assert int(hidden.sum()) == 147 and int(predicted.sum()) == 49
+        assert not (predicted & ~hidden).any()

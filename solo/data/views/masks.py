@@ -37,6 +37,33 @@ class RandomMask:
 
 
 @dataclass(frozen=True)
+class PredictedRandomMask:
+    """CrossMAE's masking: MAE's (`round(ratio * num_patches)` patches hidden, chosen uniformly), and
+    `round(predict_ratio * num_patches)` of the hidden ones, chosen uniformly, reconstructed (the official code's
+    kept_mask_ratio, a share of all the patches). Every sample hides and predicts as many, so a batch's patches stack.
+    Returns (2, num_patches): row 0 the hidden patches, row 1 the predicted ones."""
+
+    num_patches: int
+    ratio: float
+    predict_ratio: float
+
+    @property
+    def hidden(self) -> int:
+        return round(self.ratio * self.num_patches)
+
+    @property
+    def predicted(self) -> int:
+        return round(self.predict_ratio * self.num_patches)
+
+    def __call__(self, rng=random) -> torch.Tensor:
+        hidden = rng.sample(range(self.num_patches), self.hidden)
+        mask = torch.zeros(2, self.num_patches, dtype=torch.bool)
+        mask[0, hidden] = True
+        mask[1, rng.sample(hidden, self.predicted)] = True
+        return mask
+
+
+@dataclass(frozen=True)
 class CoarseRandomMask:
     """SimMIM's masking: the grid of patches cut into cells of `scale` x `scale` patches (SimMIM's mask patches, e.g.
     32 px over 16 px patches: scale 2), and `ceil(ratio * cells)` cells hidden, chosen uniformly (its
