@@ -2053,7 +2053,7 @@ def test_crossmae_queries_see_the_visible_patches_only_and_not_each_other():
     assert torch.equal(after["prediction"], before["prediction"])
     assert method(batch)["loss"] == method({**batch, "views": [with_pixels(hidden_not_predicted)]})["loss"]
     fewer = masks.clone()
-    first = before["predict_at"][:, :1]
+    first = method.predicted_positions(masks)[:, :1]
     fewer[:, 1] = False
     fewer[:, 1].scatter_(1, first, True)
     alone = method.encode({**batch, "mask": fewer})

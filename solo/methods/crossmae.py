@@ -11,22 +11,19 @@ import torch
 import torch.nn as nn
 
 from solo.backbones.vit import (
-    check_vit,
     embed_patches,
     first_positions,
     grid_shape,
     num_patches,
-    patch_size,
-    patchify,
     prefix_tokens,
     sincos_positions,
     take,
 )
 from solo.data.views.masks import PredictedRandomMask
 from solo.errors import ConfigError
-from solo.losses import masked_patch_mse, normalised_patches
-from solo.methods.base import Method, register_method
-from solo.methods.masked_image import CrossAttentionBlock, MaskedViT, check_transformer_width
+from solo.losses import masked_patch_mse
+from solo.methods.base import register_method
+from solo.methods.masked_image import CrossAttentionBlock, PixelReconstruction, check_transformer_width
 from solo.schema import AT_LEAST_ONE, FRACTION, ruled
 
 
@@ -77,23 +74,21 @@ class CrossMAEDecoder(nn.Module):
 
 
 @register_method("crossmae", schema=CrossMAEConfig)
-class CrossMAE(MaskedViT, Method):
+class CrossMAE(PixelReconstruction):
     """One view per image and its masks (solo.data.views.masks.PredictedRandomMask, drawn per sample: the hidden
     patches and the predicted ones among them). The encoder runs on the visible patches and keeps every block's
     output; the decoder predicts the pixels at the predicted positions. The loss is the mean squared error over every
     predicted patch of the global batch (solo.losses.masked_patch_mse), on MAE's normalised pixels by default."""
 
-    num_views = 1
     augmentations = {"digits": "one_view_digits", "natural": "mae"}
 
     def __init__(self, backbone, feature_dim: int, cfg: CrossMAEConfig):
         super().__init__(backbone, feature_dim)
-        check_vit(backbone, self.name)
         # The official encoder has no final norm while pretraining (the decoder reads the blocks' raw outputs): the
         # ViT's stays the identity it starts as, for the probes and for fine-tuning, and takes no gradient.
         backbone.norm.requires_grad_(False)
         self.cfg = cfg
-        self.patch = patch_size(backbone)
+        self.normalise_targets = cfg.norm_pix_loss
         masks = self.mask_generator()
         if masks.hidden >= num_patches(backbone) or not 1 <= masks.predicted <= masks.hidden:
             raise ConfigError(
@@ -112,6 +107,10 @@ class CrossMAE(MaskedViT, Method):
     def mask_generator(self) -> PredictedRandomMask:
         return PredictedRandomMask(num_patches(self.backbone), self.cfg.mask_ratio, self.cfg.predict_ratio)
 
+    def predicted_positions(self, masks: torch.Tensor) -> torch.Tensor:
+        """(B, predicted): each image's predicted positions, in order, from its masks (B, 2, patches)."""
+        return first_positions(masks[:, 1], self.predicted)
+
     def feature_maps(self, images: torch.Tensor, visible_at: torch.Tensor) -> list[torch.Tensor]:
         """The encoder's input (prefix and visible tokens) and each block's output, before the final norm."""
         vit = self.backbone
@@ -122,18 +121,14 @@ class CrossMAE(MaskedViT, Method):
             maps.append(x)
         return maps
 
-    def encode(self, batch: dict) -> dict:
+    def predict(self, batch: dict) -> torch.Tensor:
         images, masks = batch["views"][0], batch["mask"]  # masks: (B, 2, patches), hidden then predicted
         visible_at = first_positions(~masks[:, 0], self.visible)
-        predict_at = first_positions(masks[:, 1], self.predicted)
-        prediction = self.decoder(self.feature_maps(images, visible_at), predict_at)
-        return {"prediction": prediction, "predict_at": predict_at} | self.probe_features(batch)
+        return self.decoder(self.feature_maps(images, visible_at), self.predicted_positions(masks))
 
-    def batch_loss(self, encoded: dict, batch: dict) -> dict:
-        target = patchify(batch["views"][0], self.patch)
-        if self.cfg.norm_pix_loss:
-            target = normalised_patches(target)
-        target = take(target, encoded["predict_at"])
-        every = torch.ones(target.shape[:2], dtype=torch.bool, device=target.device)
-        loss = masked_patch_mse(encoded["prediction"], target, every)
-        return {"loss": loss, "features": encoded.get("features"), "labels": batch["label"]}
+    def pixel_loss(self, prediction: torch.Tensor, target: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        # The predictions are the predicted positions', in order: every one of them counts.
+        target = take(target, self.predicted_positions(mask))
+        return masked_patch_mse(
+            prediction, target, torch.ones(target.shape[:2], dtype=torch.bool, device=target.device)
+        )

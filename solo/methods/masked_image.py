@@ -1,7 +1,7 @@
 """What the masked-image methods share. `MaskedViT` (MAE, SimMIM, AIM, MSN, I-JEPA, CAPI, DINOv2): a patch mask per
 sample, drawn in the data workers (`mask_generator`: `batch["mask"]`), and an online probe on each whole image through
 the evaluation transform (`batch["probe_image"]`), since the views it trains on are masked. `PixelReconstruction`
-(MAE, SimMIM, AIM, MaskFeat): one view per image whose patches' pixels (or a target computed from them) are predicted
+(MAE, CrossMAE, SimMIM, AIM, MaskFeat): one view per image whose patches' pixels (or a target computed from them) are predicted
 where the mask says. `TargetEncoderViT`
 (I-JEPA, CAPI, data2vec): one view per image whose targets come from a target encoder, an EMA of the backbone."""
 
