@@ -20,7 +20,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from solo.backbones import BACKBONES, SMALL_IMAGES, has_resnet_stem
+from solo.backbones import BACKBONES, SMALL_IMAGES, choose_patch_size, configured_patch_size, has_resnet_stem
 from solo.data import DATASETS, data_id, view_sizes
 from solo.data.views.transforms import ViewAugmentation
 from solo.distributed.env import detect
@@ -320,8 +320,9 @@ RECIPE_IMAGE_SIZE = 224
 
 def choose_for_the_data(cfg: DictConfig) -> list[str]:
     """Resolve, in place, the defaults that follow the data: augmentation=auto (the method's recipe for the digits, or
-    its natural-image one, the paper's views at data.image_size) and backbone.small_stem=auto (small for images of at
-    most SMALL_IMAGES px on a ResNet stem). Returns a line per choice saying what was chosen and why."""
+    its natural-image one, the paper's views at data.image_size), backbone.small_stem=auto (small for images of at
+    most SMALL_IMAGES px on a ResNet stem), backbone.kwargs.patch_size=auto (solo.backbones.choose_patch_size) and
+    the method's own (Method.choose_for_the_data). Returns a line per choice saying what was chosen and why."""
     said = []
     method, d = METHODS[cfg.method.name].target, cfg.data
     if not cfg.augmentation.views and cfg.augmentation.name != "auto":
@@ -349,7 +350,10 @@ def choose_for_the_data(cfg: DictConfig) -> list[str]:
                 f"backbone.small_stem={str(small).lower()}: data.image_size={d.image_size} is {size} {SMALL_IMAGES} px "
                 "(backbone.small_stem=auto; true or false chooses)"
             )
-    return said
+    patch = choose_patch_size(cfg.backbone, d.image_size)
+    if patch:
+        said.append(patch)
+    return said + method.choose_for_the_data(cfg)
 
 
 def recipe_views(name: str, image_size: int | None, local_crops: bool) -> DictConfig:
@@ -380,16 +384,9 @@ def validate_linear(cfg: DictConfig) -> DictConfig:
     return typed(cfg, LinearEvalConfig, ("data", "logger", "finetune.optim"))
 
 
-def patch_size(backbone: DictConfig) -> int | None:
-    """The patch side of a ViT-style backbone: backbone.kwargs.patch_size, else the `patch<N>` in timm's name."""
-    given = (backbone.get("kwargs") or {}).get("patch_size")
-    named = re.search(r"patch(\d+)", str(backbone.name))
-    return int(given) if given is not None else int(named.group(1)) if named else None
-
-
 def _check_patch_grid(cfg: DictConfig) -> None:
     """Every view, and the evaluation images, must tile into the backbone's patches (timm refuses mid-run)."""
-    patch = patch_size(cfg.backbone)
+    patch = configured_patch_size(cfg.backbone)
     if patch is None or (cfg.backbone.get("kwargs") or {}).get("dynamic_img_pad"):
         return
     sizes = [("data.image_size", cfg.data.image_size)] + [

@@ -43,6 +43,8 @@ PROBABILITY = Rule("must be in [0, 1]", lambda v: 0 <= v <= 1)
 MOMENTUM = Rule("must be in [0, 1)", lambda v: 0 <= v < 1)
 DECAY = Rule("must be in (0, 1]", lambda v: 0 < v <= 1)  # a factor per layer: 1 leaves the rates as they are
 FRACTION = Rule("must be in (0, 1)", lambda v: 0 < v < 1)  # e.g. a share of patches to mask: neither none nor all
+# A size in px that follows the data unless given (a method's choose_for_the_data resolves auto before anything is built)
+AUTO_OR_AT_LEAST_ONE = Rule("must be auto or >= 1", lambda v: v == "auto" or (isinstance(v, int) and v >= 1))
 # A loss's tile (solo.losses.tiled): none (the whole logit matrix), auto (from a memory budget), or a count.
 TILE = Rule(
     "must be none, auto or a positive number of candidates per tile",

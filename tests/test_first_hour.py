@@ -12,6 +12,7 @@ from omegaconf import OmegaConf
 from PIL import Image
 
 import solo.zoo
+from solo.backbones import build_backbone
 from solo.data.sources.huggingface import load_splits
 from solo.distributed.checkpoint import read_checkpoint
 from solo.errors import CheckpointError, ConfigError
@@ -282,6 +283,30 @@ def test_defaults_follow_the_data_and_an_explicit_setting_wins():
     assert compose_cfg(["backbone.small_stem=false"]).backbone.small_stem is False
     written = compose_cfg([*folder, "augmentation.views=[{crop_scale:[0.5,1.0]},{crop_scale:[0.5,1.0]}]"])
     assert [tuple(v.crop_scale) for v in written.augmentation.views] == [(0.5, 1.0)] * 2
+
+
+def test_a_vits_patches_and_the_pixel_sizes_of_its_methods_follow_the_data():
+    """The masked-image methods' ViT takes 4 px patches on the 16 px digits (a 4 x 4 grid) and 16 px ones on 224 px
+    photos (14 x 14, not 56 x 56); SimMIM's mask squares are the paper's 32 px at 224 px and one patch on the digits,
+    MaskFeat's HOG cells half a patch (the paper's 8 px); an explicit value wins; the backbone is built with them."""
+    photos = ["data=imagefolder", "data.root=/photos", "data.image_size=224"]
+
+    def sizes(cfg):
+        return cfg.backbone.kwargs.patch_size, cfg.method.get("mask_patch_size"), cfg.method.get("hog_cell")
+
+    assert sizes(compose_cfg(["method=simmim"])) == (4, 4, None)
+    assert sizes(compose_cfg(["method=simmim", *photos])) == (16, 32, None)
+    assert sizes(compose_cfg(["method=simmim", *photos[:2], "data.image_size=96"])) == (16, 16, None)  # 13.7 px: 1
+    assert sizes(compose_cfg(["method=maskfeat"])) == (4, None, 2)
+    assert sizes(compose_cfg(["method=maskfeat", *photos])) == (16, None, 8)
+    chosen = ["backbone.kwargs.patch_size=8", "method.hog_cell=4"]
+    assert sizes(compose_cfg(["method=maskfeat", *photos, *chosen])) == (8, None, 4)
+    # The name's patch where there is one: a ViT-S/8 keeps its 8 px patches on large images.
+    assert compose_cfg(["method=mae", *photos, "backbone.name=vit_small_patch8_224"]).backbone.kwargs.patch_size == 8
+    backbone, _ = build_backbone(compose_cfg(["method=mae", *photos]).backbone)
+    assert backbone.patch_embed.grid_size == (14, 14)
+    with pytest.raises(ValueError, match="patch_size=auto follows data.image_size"):
+        build_backbone({"name": "vit_tiny_patch16_224", "small_stem": False, "kwargs": {"patch_size": "auto"}})
 
 
 def test_saved_activations_are_counted_once_without_the_weights():

@@ -37,6 +37,9 @@ class BackboneConfig:
 # Images up to this side (CIFAR's 32 px, STL's 96 px resized to 64, the digits) keep their resolution through a small
 # ResNet stem; larger ones (ImageNet-like, 224 px) take the standard stride-4 stem.
 SMALL_IMAGES = 64
+# A ViT's patch side for such small images (backbone.kwargs.patch_size=auto): a 4 x 4 grid on the 16 px digits, 8 x 8
+# on CIFAR; larger images take the patch in the model's name (timm's `patch<N>`), else ViT-B/16's 16 px.
+SMALL_IMAGE_PATCH = 4
 SMALL_STEM = Rule("must be true, false or auto", lambda v: v in (True, False, "auto"))
 
 
@@ -130,6 +133,32 @@ def register_backbone(name: str, *, schema: type = BackboneConfig):
     return BACKBONES.register(name, schema=schema)
 
 
+def configured_patch_size(cfg) -> int | None:
+    """The patch side of a ViT-style `backbone` config: kwargs.patch_size, else the `patch<N>` in timm's name."""
+    given = (cfg.get("kwargs") or {}).get("patch_size")
+    return int(given) if given is not None else _named_patch(cfg.get("name"))
+
+
+def _named_patch(name) -> int | None:
+    named = re.search(r"patch(\d+)", str(name))
+    return int(named.group(1)) if named else None
+
+
+def choose_patch_size(cfg, image_size: int) -> str | None:
+    """Resolve backbone.kwargs.patch_size=auto, in place, for images of `image_size` px (SMALL_IMAGE_PATCH for images
+    of at most SMALL_IMAGES px, else the name's patch or 16); the line that says so, or None when it is not auto."""
+    kwargs = cfg.get("kwargs") or {}
+    if kwargs.get("patch_size") != "auto":
+        return None
+    small = image_size <= SMALL_IMAGES
+    kwargs["patch_size"] = SMALL_IMAGE_PATCH if small else _named_patch(cfg.get("name")) or 16
+    why = f"at most {SMALL_IMAGES} px" if small else f"over {SMALL_IMAGES} px"
+    return (
+        f"backbone.kwargs.patch_size={kwargs['patch_size']}: data.image_size={image_size} is {why} "
+        "(backbone.kwargs.patch_size=auto; a number chooses)"
+    )
+
+
 def build_backbone(cfg) -> tuple[torch.nn.Module, int]:
     """The backbone of a `backbone` config (a mapping with `name`) and its feature width; its stochastic depth and
     dropout drawn per sample (solo.backbones.stochastic)."""
@@ -141,6 +170,10 @@ def build_backbone(cfg) -> tuple[torch.nn.Module, int]:
 def _timm_or_torchvision(cfg) -> tuple[torch.nn.Module, int]:
     if cfg.get("small_stem") == "auto":
         raise ValueError("backbone.small_stem=auto follows data.image_size: solo.config.validate_pretrain resolves it")
+    if (cfg.get("kwargs") or {}).get("patch_size") == "auto":
+        raise ValueError(
+            "backbone.kwargs.patch_size=auto follows data.image_size: solo.config.validate_pretrain resolves it"
+        )
     registers = cfg.get("num_registers", 0)
     not_a_vit = ConfigError(
         f"backbone.num_registers={registers}: register tokens are a Vision Transformer's, and backbone.name="

@@ -147,6 +147,12 @@ class Method(nn.Module):
         with check_data before anything is built (CLIP: open_clip's towers and the data's image size)."""
 
     @classmethod
+    def choose_for_the_data(cls, cfg) -> list[str]:
+        """Resolve, in place, this method's settings that follow the data (`auto` in cfg.method), given the whole
+        config with the backbone's own already resolved; a line per choice, saying what was chosen and why."""
+        return []
+
+    @classmethod
     def builds_own_backbone(cls, cfg) -> bool:
         """Whether the method builds its image encoder itself from its config `cfg` (the `method` group), so the
         `backbone` group's is not built (CLIP and SigLIP with open_clip's towers)."""

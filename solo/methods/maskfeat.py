@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 
+from solo.backbones import configured_patch_size
 from solo.backbones.vit import grid_shape, patch_size
 from solo.data.views.masks import BEiTMask
 from solo.dtypes import full_precision
@@ -17,7 +19,7 @@ from solo.errors import ConfigError
 from solo.losses import masked_patch_mse
 from solo.methods.base import register_method
 from solo.methods.masked_image import MaskTokenViT
-from solo.schema import AT_LEAST_ONE, FRACTION, ruled
+from solo.schema import AT_LEAST_ONE, AUTO_OR_AT_LEAST_ONE, FRACTION, ruled
 
 
 def hog_patches(images: torch.Tensor, patch: int, cell: int, bins: int = 9) -> torch.Tensor:
@@ -52,7 +54,9 @@ class MaskFeatConfig:
     name: str = "maskfeat"
     mask_ratio: float = ruled(0.4, FRACTION)  # the share of each image's patches hidden (AUG.MASK_RATIO)
     min_mask_block: int = ruled(16, AT_LEAST_ONE)  # patches per masked block, at least (BEiT's block-wise masking)
-    hog_cell: int = ruled(8, AT_LEAST_ONE)  # px: the side of a HOG cell, which must divide the patch
+    # px: the side of a HOG cell, which must divide the patch; auto: half the patch (the paper's 8 px cells in 16 px
+    # patches; 2 px in the digits' 4 px ones)
+    hog_cell: Any = ruled("auto", AUTO_OR_AT_LEAST_ONE)
     hog_bins: int = ruled(9, AT_LEAST_ONE)  # orientation bins over 180 degrees
 
 
@@ -64,6 +68,17 @@ class MaskFeat(MaskTokenViT):
     patch of the global batch (solo.losses.masked_patch_mse; the code's F.mse_loss over its GPU's hidden patches)."""
 
     augmentations = {"digits": "one_view_digits", "natural": "maskfeat"}
+
+    @classmethod
+    def choose_for_the_data(cls, cfg) -> list[str]:
+        if cfg.method.hog_cell != "auto":
+            return []
+        patch = configured_patch_size(cfg.backbone)
+        cfg.method.hog_cell = max(1, patch // 2)
+        return [
+            f"method.hog_cell={cfg.method.hog_cell}: 2 x 2 cells per {patch} px patch, as the paper's 8 px cells in "
+            "16 px patches (method.hog_cell=auto; a number chooses)"
+        ]
 
     def __init__(self, backbone, feature_dim: int, cfg: MaskFeatConfig):
         patch = patch_size(backbone)

@@ -5,23 +5,30 @@ pixels only."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
+from solo.backbones import configured_patch_size
 from solo.backbones.vit import grid_shape, patch_size
 from solo.data.views.masks import CoarseRandomMask
 from solo.errors import ConfigError
 from solo.losses import masked_patch_l1
 from solo.methods.base import register_method
 from solo.methods.masked_image import MaskTokenViT
-from solo.schema import AT_LEAST_ONE, FRACTION, ruled
+from solo.schema import AUTO_OR_AT_LEAST_ONE, FRACTION, ruled
 
 
 @dataclass
 class SimMIMConfig:
     name: str = "simmim"
     mask_ratio: float = ruled(0.6, FRACTION)  # the share of each image's mask patches hidden (rounded up)
-    mask_patch_size: int = ruled(32, AT_LEAST_ONE)  # px: the side of the squares hidden, a multiple of the patch size
+    # px: the side of the squares hidden, a multiple of the patch size; auto: the paper's 32 px of 224 scaled to
+    # data.image_size, in whole patches (one 4 px patch on the 16 px digits)
+    mask_patch_size: Any = ruled("auto", AUTO_OR_AT_LEAST_ONE)
+
+
+PAPER_MASK_SQUARE, PAPER_IMAGE_SIZE = 32, 224
 
 
 @register_method("simmim", schema=SimMIMConfig)
@@ -36,6 +43,18 @@ class SimMIM(MaskTokenViT):
     (docs/methods/simmim.md)."""
 
     augmentations = {"digits": "one_view_digits", "natural": "simmim"}
+
+    @classmethod
+    def choose_for_the_data(cls, cfg) -> list[str]:
+        if cfg.method.mask_patch_size != "auto":
+            return []
+        patch, size = configured_patch_size(cfg.backbone), cfg.data.image_size
+        cfg.method.mask_patch_size = max(1, round(size * PAPER_MASK_SQUARE / PAPER_IMAGE_SIZE / patch)) * patch
+        return [
+            f"method.mask_patch_size={cfg.method.mask_patch_size}: the paper's {PAPER_MASK_SQUARE} px squares at "
+            f"{PAPER_IMAGE_SIZE} px, scaled to data.image_size={size} in whole {patch} px patches "
+            "(method.mask_patch_size=auto; a number chooses)"
+        ]
 
     def __init__(self, backbone, feature_dim: int, cfg: SimMIMConfig):
         patch = patch_size(backbone)
