@@ -72,10 +72,25 @@ VIT_FP32 = [o for o in TINY if not o.startswith("backbone")] + VIT + ["method=si
 VIT_FP64 = VIT_FP32 + ["trainer.precision=64"]
 
 
-def layout_jobs() -> dict[str, tuple[list[str], list[int]]]:
-    """Every stepped run the tests below compare, by name: (overrides, rows per rank)."""
+# CI's cases of the FSDP test (the others: `pytest -m exhaustive`): a method of each kind of parameters and state that
+# FSDP's shards meet. Those at W = 3; two towers and a logit scale (CLIP), a locked one (LiT), a frozen pretrained
+# teacher (distill); a trainable parameter inside the backbone left frozen (CrossMAE's last norm); an EMA teacher with a
+# queue (MoCo v2+) and with dense queues (DenseCL), a support set (NNCLR), prototypes frozen at first (SwAV), a memory
+# bank and k-means (DeepClusterV2), groups moved by the batch (SMoG), a running covariance (TiCo), whitening in
+# sub-batches (W-MSE); an expander (VICReg), a target encoder with a predictor (I-JEPA) and a mask token (MaskFeat).
+FSDP_KINDS = FSDP_AT_THREE + tuple(
+    "clip lit distill crossmae mocov2plus densecl nnclr swav deepclusterv2 smog tico wmse vicreg ijepa maskfeat".split()
+)
+assert set(FSDP_KINDS) <= set(CASES), set(FSDP_KINDS) - set(CASES)
+FSDP_TEST = "test_fsdp_step_equals_one_process_with_uneven_and_empty_ranks"
+
+
+def layout_jobs(methods) -> dict[str, tuple[list[str], list[int]]]:
+    """Every stepped run the tests below compare, by name: (overrides, rows per rank); the FSDP test's for `methods`."""
     jobs = {}
     for method, overrides in CASES.items():
+        if method not in methods:
+            continue
         checkpointed = overrides + ["trainer.strategy=fsdp", "trainer.activation_checkpointing=true"]
         jobs[f"{method}/one"] = (overrides, [12])
         jobs[f"{method}/fsdp-0-12"] = (checkpointed, [0, 12])
@@ -105,13 +120,14 @@ def layout_jobs() -> dict[str, tuple[list[str], list[int]]]:
 
 
 @pytest.fixture(scope="module")
-def stepped(tmp_path_factory):
+def stepped(request, tmp_path_factory):
     """name -> the whole weights after STEPS steps of that job (tests/step_layouts.py), with the global batch split
     over the ranks as its layout says: the jobs of each world size in one launch, the 3 launches at once (a rank with
     no rows leaves its core mostly idle, which the other launches take: 197 s against 282 s one after another, 49
     methods on 2 cores)."""
     root = tmp_path_factory.mktemp("layouts")
-    jobs, files, launches = layout_jobs(), {}, {}
+    methods = {item.callspec.params["method"] for item in request.session.items if item.originalname == FSDP_TEST}
+    jobs, files, launches = layout_jobs(methods | {"clip"}), {}, {}  # CLIP's one-process run: its DDP test's too
     env = {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO), "PATH": ""}
     for world in sorted({len(layout) for _, layout in jobs.values()}):
         mine = {
@@ -142,7 +158,9 @@ def worst_difference(a: dict, b: dict) -> tuple[float, str]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("method", sorted(CASES))
+@pytest.mark.parametrize(
+    "method", [m if m in FSDP_KINDS else pytest.param(m, marks=pytest.mark.exhaustive) for m in sorted(CASES)]
+)
 def test_fsdp_step_equals_one_process_with_uneven_and_empty_ranks(method, stepped):
     """3 float64 steps on 12 rows: FSDP with activation checkpointing at W = 2 on [0, 12] and, for FSDP_AT_THREE, at
     W = 3 on [8, 0, 4] and without checkpointing on [9, 3] == 1 process, to 1e-10 of how far the weights moved; a LARS

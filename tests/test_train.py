@@ -274,15 +274,16 @@ def test_a_checkpoint_file_of_solo_0_2_resumes_bit_identical(tmp_path):
 @pytest.mark.slow
 @pytest.mark.one_process
 def test_default_run_learns(tmp_path):
-    """A short digits run: the online probe beats chance by far, and the outputs are all there."""
-    cfg = compose_cfg(["trainer.max_epochs=2", "data.batch_size=64", "trainer.progress_bar=false"])
+    """A smoke run of the default, one epoch: the online probe beats chance by far, and the outputs are all there.
+    (How far the default learns is a measurement: the zoo's simclr entry, `python scripts/build_zoo.py --check`.)"""
+    cfg = compose_cfg(["trainer.max_epochs=1", "data.batch_size=64", "trainer.progress_bar=false"])
     final = pretrain(cfg, tmp_path)
-    assert final["val/acc1"] >= 0.5  # chance is 0.1
+    assert final["val/acc1"] >= 0.3  # chance is 0.1; 0.536 on 2026-12-04 (2 epochs read 0.5 or more, at twice the time)
     assert (tmp_path / "config.yaml").exists() and (tmp_path / "checkpoints" / "last").exists()
     rows = metrics(tmp_path)
     train_rows = [r for r in rows if "train/loss" in r]
     assert train_rows and all({"step", "epoch", "train/loss", "lr", "train/img_per_s"} <= r.keys() for r in train_rows)
-    assert [r["epoch"] for r in rows if "val/acc1" in r] == [0, 1]
+    assert [r["epoch"] for r in rows if "val/acc1" in r] == [0]
 
 
 def test_nonfinite_loss_stops_and_keeps_last_good_checkpoint(tmp_path):
