@@ -3,6 +3,7 @@
 
     python bench/launches.py                                  # ResNet-50 and ViT-S/16 (drop path 0.1), batch 8 and 64
     python bench/launches.py --models resnet50 --batches 8 --by-part
+    python bench/launches.py --models resnet50 --methods byol dino swav   # each method's loop, against SimCLR's
 
 On a GPU the host's launches bound a step whose kernels are short (docs/performance.md, the GPU rows). Counting them
 needs no GPU: torch's profiler records every aten operation the step dispatches on the CPU, in one steady-state step
@@ -53,6 +54,7 @@ from data import make_images  # noqa: E402  (bench/data.py)
 from throughput import Setup, bare_step, solo_trainer  # noqa: E402  (bench/throughput.py)
 
 from solo.distributed.env import detect  # noqa: E402
+from solo.errors import SoloError  # noqa: E402
 from solo.train.trainer import MetricsWindow  # noqa: E402
 
 
@@ -176,10 +178,12 @@ def solo_count(
     precision: str = "32",
     device: str = "cpu",
     more: tuple[str, ...] = (),
+    method: str = "simclr",
 ) -> Count:
     """Trainer._fit's loop body on a step that does not log (the probe on, the views made on the device)."""
     overrides = [
-        "method=simclr",
+        f"method={method}",
+        "backbone=resnet18",  # the plain group, named: no method's digits backbone (resnet18_half, vit_tiny_6)
         "optim=sgd",
         f"backbone.name={model.backbone}",
         *(f"+backbone.kwargs.{k}={v}" for k, v in model.kwargs.items() if k != "drop_path_rate"),
@@ -226,10 +230,18 @@ def main() -> None:
     parser.add_argument("--batches", type=int, nargs="+", default=[8, 64])
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--by-part", action="store_true", help="solo's leaf operations by part of the loop")
+    parser.add_argument(
+        "--methods",
+        nargs="+",
+        help="count solo's loop for these methods instead (their own heads, losses and views; no bare loop): its "
+        "count at each batch, against SimCLR's, and how it grows with the batch",
+    )
     args = parser.parse_args()
     torch.manual_seed(0)
     images = image_folder(max(256, 2 * max(args.batches) * (args.warmup + 2)))
     print(f"aten operations per steady-state step on the CPU, 64 px, torch {torch.__version__}")
+    if args.methods:
+        return methods_table(args, images)
     print("| model | batch | loop | leaf ops | kernels | top-level ops | solo / this loop: leaf ops | kernels |")
     print("|---|---|---|---|---|---|---|---|")
     for model in args.models:
@@ -252,6 +264,31 @@ def main() -> None:
         if high > low:
             growth = solo_leaves[high] / solo_leaves[low]
             print(f"| {model} | {high} / {low} | solo | {growth:.2f} | | | | |", flush=True)
+
+
+def methods_table(args, images: Path) -> None:
+    """solo's leaf operations (and kernels) for each of `args.methods` on each model and batch: against SimCLR's at
+    the same batch, and the largest batch's count against the smallest's (1.00: nothing per sample)."""
+    low, high = min(args.batches), max(args.batches)
+    print(
+        f"| model | method | leaf ops, batch {low} | batch {high} | {high} / {low} | kernels, batch {high} | / SimCLR's |"
+    )
+    print("|---|---|---|---|---|---|---|")
+    for model in args.models:
+        job = MODELS[model]
+        simclr = solo_count(job, high, args.warmup, images).leaves
+        for method in args.methods:
+            try:
+                counts = {batch: solo_count(job, batch, args.warmup, images, method=method) for batch in (low, high)}
+            except SoloError as error:  # a method this model or the image folder cannot feed (MAE on a ResNet, CLIP)
+                print(f"| {model} | {method} | {error} | | | | |", flush=True)
+                continue
+            c_low, c_high = counts[low], counts[high]
+            print(
+                f"| {model} | {method} | {c_low.leaves:,} | {c_high.leaves:,} | {c_high.leaves / c_low.leaves:.2f} "
+                f"| {c_high.kernels:,} | {c_high.leaves / simclr:.2f} |",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":
