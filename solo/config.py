@@ -314,8 +314,9 @@ def validate_pretrain(cfg: DictConfig) -> DictConfig:
 
 
 CONFIGS = Path(__file__).parent / "configs"
-# The image side that the papers' recipes (their multi-crop local crop sizes) were written for.
-RECIPE_IMAGE_SIZE = 224
+# The image side that the papers' recipes (their multi-crop local crop sizes) were written for, and the multiple of
+# pixels that their sizes scaled to another side are rounded to (a ViT's: its patch).
+RECIPE_IMAGE_SIZE, RECIPE_MULTIPLE = 224, 8
 
 
 def choose_for_the_data(cfg: DictConfig) -> list[str]:
@@ -325,6 +326,9 @@ def choose_for_the_data(cfg: DictConfig) -> list[str]:
     the method's own (Method.choose_for_the_data). Returns a line per choice saying what was chosen and why."""
     said = []
     method, d = METHODS[cfg.method.name].target, cfg.data
+    patch_line = choose_patch_size(cfg.backbone, d.image_size)  # first: the recipe's crops tile into the patches
+    if patch_line:
+        said.append(patch_line)
     if not cfg.augmentation.views and cfg.augmentation.name != "auto":
         options = sorted(p.stem for p in (CONFIGS / "augmentation").glob("*.yaml"))
         raise ConfigError(
@@ -334,7 +338,9 @@ def choose_for_the_data(cfg: DictConfig) -> list[str]:
     if not cfg.augmentation.views:
         kind = "digits" if d.name == "digits" else "natural"
         recipe = method.augmentations[kind]
-        cfg.augmentation = recipe_views(recipe, None if kind == "digits" else d.image_size, method.local_crops)
+        size = None if kind == "digits" else d.image_size
+        multiple = configured_patch_size(cfg.backbone) or RECIPE_MULTIPLE
+        cfg.augmentation = recipe_views(recipe, size, method.local_crops, multiple)
         said.append(
             f"augmentation={recipe}: method={method.name}'s recipe for "
             + ("the digits" if kind == "digits" else f"natural images (data={d.name}), at {d.image_size} px")
@@ -350,25 +356,23 @@ def choose_for_the_data(cfg: DictConfig) -> list[str]:
                 f"backbone.small_stem={str(small).lower()}: data.image_size={d.image_size} is {size} {SMALL_IMAGES} px "
                 "(backbone.small_stem=auto; true or false chooses)"
             )
-    patch = choose_patch_size(cfg.backbone, d.image_size)
-    if patch:
-        said.append(patch)
     return said + method.choose_for_the_data(cfg)
 
 
-def recipe_views(name: str, image_size: int | None, local_crops: bool) -> DictConfig:
+def recipe_views(name: str, image_size: int | None, local_crops: bool, multiple: int = 8) -> DictConfig:
     """The augmentation option `name` (its YAML), typed, without its local crops (views of a fixed `size`) unless
     `local_crops`; with `image_size`, those crops' sizes (written for RECIPE_IMAGE_SIZE px) scaled to it, in multiples
-    of 8 px."""
+    of `multiple` px (a ViT's patch, whose grid they must tile; else 8)."""
     recipe = OmegaConf.merge(
         OmegaConf.structured(AugmentationConfig), OmegaConf.load(CONFIGS / "augmentation" / f"{name}.yaml")
     )
     if not local_crops:  # DeepClusterV2 takes the global crops of SwAV's multi-crop, as it compares two views
         recipe.views = [view for view in recipe.views if view.size is None]
-    if image_size is not None and image_size != RECIPE_IMAGE_SIZE:
+    if image_size is not None:
         for view in recipe.views:
             if view.size is not None:
-                view.size = max(8, round(view.size * image_size / RECIPE_IMAGE_SIZE / 8) * 8)
+                scaled = view.size * image_size / RECIPE_IMAGE_SIZE
+                view.size = max(multiple, round(scaled / multiple) * multiple)
     return recipe
 
 

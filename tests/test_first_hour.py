@@ -288,7 +288,8 @@ def test_defaults_follow_the_data_and_an_explicit_setting_wins():
 def test_a_vits_patches_and_the_pixel_sizes_of_its_methods_follow_the_data():
     """The masked-image methods' ViT takes 4 px patches on the 16 px digits (a 4 x 4 grid) and 16 px ones on 224 px
     photos (14 x 14, not 56 x 56); SimMIM's mask squares are the paper's 32 px at 224 px and one patch on the digits,
-    MaskFeat's HOG cells half a patch (the paper's 8 px); an explicit value wins; the backbone is built with them."""
+    MaskFeat's HOG cells half a patch (the paper's 8 px), multi-crop's local crops whole patches; an explicit value
+    wins; the backbone is built with them."""
     photos = ["data=imagefolder", "data.root=/photos", "data.image_size=224"]
 
     def sizes(cfg):
@@ -303,6 +304,15 @@ def test_a_vits_patches_and_the_pixel_sizes_of_its_methods_follow_the_data():
     assert sizes(compose_cfg(["method=maskfeat", *photos, *chosen])) == (8, None, 4)
     # The name's patch where there is one: a ViT-S/8 keeps its 8 px patches on large images.
     assert compose_cfg(["method=mae", *photos, "backbone.name=vit_small_patch8_224"]).backbone.kwargs.patch_size == 8
+
+    # Multi-crop's local crops, scaled to the image, tile into the patches: DINOv2's 96 px of 224 at 64 px are 27.4 px,
+    # two 16 px patches (they were 24 px, which the patch grid check refused); at 224 px a 14 px patch takes 98 px.
+    def local_crops(*more):
+        return [v.size for v in compose_cfg(["method=dinov2", *photos, *more]).augmentation.views][2:]
+
+    assert local_crops("data.image_size=64", "backbone.kwargs.patch_size=16") == [32]
+    assert local_crops("backbone.name=vit_small_patch14_dinov2") == [98]
+    assert local_crops() == [96]
     backbone, _ = build_backbone(compose_cfg(["method=mae", *photos]).backbone)
     assert backbone.patch_embed.grid_size == (14, 14)
     with pytest.raises(ValueError, match="patch_size=auto follows data.image_size"):
