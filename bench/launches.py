@@ -55,6 +55,7 @@ from throughput import Setup, bare_step, solo_trainer  # noqa: E402  (bench/thro
 
 from solo.distributed.env import detect  # noqa: E402
 from solo.errors import SoloError  # noqa: E402
+from solo.methods import METHODS  # noqa: E402
 from solo.train.trainer import MetricsWindow  # noqa: E402
 
 
@@ -266,6 +267,10 @@ def main() -> None:
             print(f"| {model} | {high} / {low} | solo | {growth:.2f} | | | | |", flush=True)
 
 
+def is_vit_job(model: Model) -> bool:
+    return model.backbone.startswith("vit")
+
+
 def methods_table(args, images: Path) -> None:
     """solo's leaf operations (and kernels) for each of `args.methods` on each model and batch: against SimCLR's at
     the same batch, and the largest batch's count against the smallest's (1.00: nothing per sample)."""
@@ -278,8 +283,14 @@ def methods_table(args, images: Path) -> None:
         job = MODELS[model]
         simclr = solo_count(job, high, args.warmup, images).leaves
         for method in args.methods:
+            # Multi-crop's smaller crops through a ViT: timm resizes its position embeddings to each
+            more = (
+                ("+backbone.kwargs.dynamic_img_size=true",)
+                if is_vit_job(job) and METHODS[method].target.local_crops
+                else ()
+            )
             try:
-                counts = {batch: solo_count(job, batch, args.warmup, images, method=method) for batch in (low, high)}
+                counts = {b: solo_count(job, b, args.warmup, images, more=more, method=method) for b in (low, high)}
             except SoloError as error:  # a method this model or the image folder cannot feed (MAE on a ResNet, CLIP)
                 print(f"| {model} | {method} | {error} | | | | |", flush=True)
                 continue
