@@ -280,11 +280,12 @@ class Sizes:
 @pytest.mark.parametrize("resize", [False, True])
 def test_the_probe_image_is_what_validation_reads_in_the_workers_and_on_the_device(resize):
     """Each sample through the evaluation transform, as an EvalDataset gives it, whatever the training views: the
-    digits (already the model's size) and images of several sizes (resized and centre-cropped)."""
+    digits (already the model's size) and images of several sizes (resized and centre-cropped; on the device those of
+    one size in one call: the first and last here, one image at two epochs)."""
     base = Sizes() if resize else DigitsDataset("train", 16)
     evaluation = build_eval_transform(16, (0.3,) * 3, (0.2,) * 3, resize=resize)
     recipe = ViewRecipe(ViewAugmentation(crop_scale=[0.2, 0.5]), 16, (0.3,) * 3, (0.2,) * 3)
-    keys = [(1, 0), (1, 5), (1, 3)]
+    keys = [(1, 0), (1, 5), (1, 3), (2, 0)]
     expected = torch.stack([EvalDataset(base, evaluation)[i]["image"] for _, i in keys])
     workers = MultiViewDataset(base, [recipe], seed=0, probe_transform=evaluation).__getitems__(keys)
     assert torch.equal(torch.stack([s["probe_image"] for s in workers]), expected)

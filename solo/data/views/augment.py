@@ -433,7 +433,7 @@ class DeviceViews:
     """`data.augment_on=device`: turns a raw batch (uint8 images, each view's parameters; see
     MultiViewDataset(raw=True)) into its views on the training device, the whole batch at once (`make_views`'
     whole-batch way); with `probe_transform` (the evaluation transform), also each image as validation sees it,
-    `"probe_image"`."""
+    `"probe_image"` (probe_images)."""
 
     def __init__(self, recipes: Sequence[ViewRecipe], pairs: bool, probe_transform: Callable | None = None):
         self.recipes, self.pairs, self.probe_transform = list(recipes), pairs, probe_transform
@@ -449,12 +449,25 @@ class DeviceViews:
             batch["image"] = views[0]
         else:
             batch["views"] = views
-        if self.probe_transform is not None:  # images of one size in one call, of several sizes one by one
-            probe = self.probe_transform
-            batch["probe_image"] = (
-                torch.stack([probe(im) for im in images]) if isinstance(images, list) else probe(images)
-            )
+        if self.probe_transform is not None:
+            batch["probe_image"] = probe_images(self.probe_transform, images)
         return batch
+
+
+def probe_images(transform: Callable, images) -> torch.Tensor:
+    """`transform` (the evaluation transform) of each image, (B, 3, size, size): the images of one size in one call,
+    so that a batch of one size (a tensor, or decoded JPEGs of one size) costs the same launches at any batch size;
+    each size a call of its own (ImageNet's images: about one per image)."""
+    if isinstance(images, torch.Tensor):
+        return transform(images)
+    groups: dict[tuple, list[int]] = {}
+    for i, image in enumerate(images):
+        groups.setdefault(tuple(image.shape), []).append(i)
+    if len(groups) == 1:
+        return transform(torch.stack(images))
+    made = {tuple(rows): transform(torch.stack([images[i] for i in rows])) for rows in groups.values()}
+    order = torch.tensor([i for rows in made for i in rows], device=images[0].device).argsort()
+    return torch.cat(list(made.values()))[order]
 
 
 def decode(images: list[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
