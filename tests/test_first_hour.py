@@ -300,6 +300,9 @@ def test_a_vits_patches_and_the_pixel_sizes_of_its_methods_follow_the_data():
     assert sizes(compose_cfg(["method=simmim", *photos[:2], "data.image_size=96"])) == (16, 16, None)  # 13.7 px: 1
     assert sizes(compose_cfg(["method=maskfeat"])) == (4, None, 2)
     assert sizes(compose_cfg(["method=maskfeat", *photos])) == (16, None, 8)
+    # Sizes that tile whatever the patch: 7 px patches at 224 px (a 32 x 32 grid) take 28 px squares, 1 px cells.
+    assert sizes(compose_cfg(["method=simmim", *photos, "backbone.kwargs.patch_size=7"])) == (7, 28, None)
+    assert sizes(compose_cfg(["method=maskfeat", *photos, "backbone.kwargs.patch_size=7"])) == (7, None, 1)
     chosen = ["backbone.kwargs.patch_size=8", "method.hog_cell=4"]
     assert sizes(compose_cfg(["method=maskfeat", *photos, *chosen])) == (8, None, 4)
     # The name's patch where there is one: a ViT-S/8 keeps its 8 px patches on large images.

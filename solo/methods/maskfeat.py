@@ -74,7 +74,7 @@ class MaskFeat(MaskTokenViT):
         if cfg.method.hog_cell != "auto":
             return []
         patch = configured_patch_size(cfg.backbone)
-        cfg.method.hog_cell = max(1, patch // 2)
+        cfg.method.hog_cell = max(c for c in range(1, max(1, patch // 2) + 1) if patch % c == 0)  # must tile it
         return [
             f"method.hog_cell={cfg.method.hog_cell}: 2 x 2 cells per {patch} px patch, as the paper's 8 px cells in "
             "16 px patches (method.hog_cell=auto; a number chooses)"

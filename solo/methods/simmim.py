@@ -49,7 +49,10 @@ class SimMIM(MaskTokenViT):
         if cfg.method.mask_patch_size != "auto":
             return []
         patch, size = configured_patch_size(cfg.backbone), cfg.data.image_size
-        cfg.method.mask_patch_size = max(1, round(size * PAPER_MASK_SQUARE / PAPER_IMAGE_SIZE / patch)) * patch
+        wanted, grid = size * PAPER_MASK_SQUARE / PAPER_IMAGE_SIZE / patch, max(1, size // patch)
+        # the squares must tile the grid: the divisor of its side nearest to the paper's scaled square
+        cells = min((k for k in range(1, grid + 1) if grid % k == 0), key=lambda k: abs(k - wanted))
+        cfg.method.mask_patch_size = cells * patch
         return [
             f"method.mask_patch_size={cfg.method.mask_patch_size}: the paper's {PAPER_MASK_SQUARE} px squares at "
             f"{PAPER_IMAGE_SIZE} px, scaled to data.image_size={size} in whole {patch} px patches "
