@@ -359,7 +359,7 @@ def choose_for_the_data(cfg: DictConfig) -> list[str]:
     return said + method.choose_for_the_data(cfg)
 
 
-def recipe_views(name: str, image_size: int | None, local_crops: bool, multiple: int = 8) -> DictConfig:
+def recipe_views(name: str, image_size: int | None, local_crops: bool, multiple: int = RECIPE_MULTIPLE) -> DictConfig:
     """The augmentation option `name` (its YAML), typed, without its local crops (views of a fixed `size`) unless
     `local_crops`; with `image_size`, those crops' sizes (written for RECIPE_IMAGE_SIZE px) scaled to it, in multiples
     of `multiple` px (a ViT's patch, whose grid they must tile; else 8)."""
