@@ -34,7 +34,9 @@ TEXT = ["data=digits", "method.embed_dim=16", "method.text.width=16", "method.te
 METHOD = {
     "byol": HEADS + ["method.pred_hidden_dim=32", "method.base_momentum=0.9"],
     "mocov3": HEADS + ["method.pred_hidden_dim=32", "method.base_momentum=0.9"],
-    "vicreg": HEADS,
+    # KoLeo (method.koleo_weight) on the backbone's features, in a method of each two-view base (and MoCo v2+'s CO2):
+    # its nearest neighbours are sought in the global batch.
+    "vicreg": HEADS + ["method.koleo_weight=0.1"],
     "siglip": TEXT,
     # The digits CLIP zoo entry's image tower, locked (its BatchNorm on its running statistics), a tiny text tower.
     "lit": TEXT,
@@ -61,7 +63,8 @@ METHOD = {
     ],
     # A queue of 64 that the 6 steps of 16 keys wrap (96 pushed): negatives from the queue, not the batch; CO2's
     # consistency on the same negatives.
-    "mocov2plus": HEADS + ["method.queue_size=64", "method.base_momentum=0.9", "method.co2_weight=1.0"],
+    "mocov2plus": HEADS
+    + ["method.queue_size=64", "method.base_momentum=0.9", "method.co2_weight=1.0", "method.koleo_weight=0.1"],
     # Queues of 32 (two global batches) that the 6 steps' 96 keys wrap; the momentum encoder moving fast enough to tell.
     "densecl": HEADS + ["method.queue_size=32", "method.momentum=0.9"],
     "supervised": ["method.num_classes=10", "augmentation=supervised"],  # one view: main_linear.py's fine-tuning
@@ -87,7 +90,7 @@ METHOD = {
     "visreg": HEADS + ["augmentation=digits_four_views", "method.num_slices=16"],
     # Support sets of 64 that 6 steps of 16 wrap, as MoCo v2+'s queue.
     "nnsiam": HEADS + ["method.pred_hidden_dim=8", "method.queue_size=64"],
-    "nnclr": HEADS + ["method.pred_hidden_dim=32", "method.queue_size=64"],
+    "nnclr": HEADS + ["method.pred_hidden_dim=32", "method.queue_size=64", "method.koleo_weight=0.1"],
     "nnbyol": HEADS + ["method.pred_hidden_dim=32", "method.queue_size=64", "method.base_momentum=0.9"],
     "ressl": HEADS + ["method.queue_size=64", "method.base_momentum=0.9"],
     "supcon": HEADS,
@@ -623,6 +626,37 @@ def test_byol_targets_are_the_teachers_and_take_no_gradient():
     torch.testing.assert_close(out["loss"], expected, rtol=1e-12, atol=1e-12)
     out["loss"].backward()
     assert all(q.grad is None for q in byol.teacher.parameters())
+
+
+def hand_koleo(x: torch.Tensor) -> torch.Tensor:
+    """KoLeo by its formula: -mean over rows of log(the distance to the nearest other row), rows unit-normalised."""
+    x = x / x.norm(dim=1, keepdim=True)
+    distances = torch.cdist(x, x) + torch.diag(torch.full((len(x),), float("inf"), dtype=x.dtype))
+    return -distances.min(dim=1).values.log().mean()
+
+
+@pytest.mark.parametrize("method", ["simclr", "vicreg", "byol", "simsiam", "fastsiam", "supcon", "dino"])
+def test_koleo_adds_its_weight_times_koleo_of_each_views_backbone_features(method):
+    """method.koleo_weight=w (a method of each two-view base, one of more views, one with labels and multi-crop's
+    DINO, on its global crops): the loss is the method's own plus w x the sum over the views of KoLeo's formula on the
+    backbone's features of that view; w = 0 leaves the method as it was."""
+    from solo.backbones import create_backbone
+    from solo.methods import build_method
+
+    g = torch.Generator().manual_seed(0)
+    views = [
+        torch.randn(6, 3, 16, 16, generator=g, dtype=torch.float64) for _ in range(4 if method == "fastsiam" else 2)
+    ]
+    batch = {"views": views, "label": torch.arange(6) % 3}
+    losses = {}
+    for weight in (0.0, 0.25):
+        torch.manual_seed(0)
+        backbone, width = create_backbone("test_resnet", small_stem=True, pretrained=False)
+        cfg = compose_cfg(BASE + [f"method={method}", *METHOD.get(method, HEADS), f"method.koleo_weight={weight}"])
+        out = build_method(cfg.method, backbone, width).double()(batch)
+        losses[weight] = out["loss"]
+    spread = sum(hand_koleo(f) for f in out["features"].chunk(len(views)))
+    torch.testing.assert_close(losses[0.25] - losses[0.0], 0.25 * spread, rtol=1e-6, atol=1e-9)
 
 
 def test_more_prototypes_than_samples_are_refused(tmp_path):

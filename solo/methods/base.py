@@ -47,9 +47,10 @@ from solo.backbones.stochastic import without_randomness
 from solo.data.views.batch_spec import BatchSpec
 from solo.distributed.batchnorm import normalises_row_groups, row_groups
 from solo.errors import ConfigError
+from solo.losses import koleo_loss
 from solo.optim import param_groups
 from solo.registry import Registry
-from solo.schema import AT_LEAST_ONE, ruled
+from solo.schema import AT_LEAST_ONE, NON_NEGATIVE, ruled
 
 METHODS = Registry("method", "method", group="method")
 
@@ -102,6 +103,9 @@ class Method(nn.Module):
     # The augmentation recipes (options of the `augmentation` group) that augmentation=auto, the default, chooses: one
     # for the embedded digits, one for any other data (natural images: the paper's views at data.image_size).
     augmentations: ClassVar[dict[str, str]] = {"digits": "digits", "natural": "simclr"}
+
+    # KoLeo's weight (KoLeoOption): a method whose config has the key sets it, and view_outputs adds the term
+    koleo_weight: float = 0.0
 
     def __init__(self, backbone: nn.Module, feature_dim: int):
         super().__init__()
@@ -175,6 +179,13 @@ class Method(nn.Module):
     def param_groups(self, weight_decay: float, exclude_bias_and_norm: bool) -> list[dict]:
         """The optimizer's groups over the trained parameters (teachers excluded by having no gradient)."""
         return param_groups(self, weight_decay, exclude_bias_and_norm=exclude_bias_and_norm)
+
+    def view_outputs(self, loss: torch.Tensor, features: list[torch.Tensor], batch: dict) -> dict:
+        """forward's outputs for `loss` and each view's backbone `features`: the features for the probe, each view with
+        its sample's label, and, with `koleo_weight`, KoLeo on each view's features added to the loss (KoLeoOption)."""
+        if self.koleo_weight:
+            loss = loss + self.koleo_weight * sum(koleo_loss(f) for f in features)
+        return {"loss": loss, "features": torch.cat(features), "labels": batch["label"].repeat(len(features))}
 
     def encode(self, batch: dict) -> dict:
         """The per-sample part of forward (the encoders), as a dict of (batch, ...) tensors or lists of them.
@@ -294,6 +305,16 @@ def mlp(dims: list[int], *, last_bn: bool = False, activation: type[nn.Module] =
     return nn.Sequential(*layers)
 
 
+@dataclass
+class KoLeoOption:
+    """DINOv2's KoLeo regulariser (Sablayrolles et al., 2019) as an option of a method of views: `koleo_weight` times
+    the sum over the views of KoLeo on the backbone's features (DINOv2's class tokens; pooled features of a CNN), each
+    row's nearest neighbour sought in the global batch (solo.losses.koleo_loss). 0, the default, leaves the method as
+    its paper has it."""
+
+    koleo_weight: float = ruled(0.0, NON_NEGATIVE)
+
+
 class TwoViewMethod(Method):
     """Two views through the backbone and `self.projector`; subclasses give `loss(z1, z2)`."""
 
@@ -307,11 +328,11 @@ class TwoViewMethod(Method):
     def batch_loss(self, encoded: dict, batch: dict) -> dict:
         f1, f2 = encoded["features"]
         loss = self.loss(*encode_views(self.projector, [f1, f2]))  # each view's BatchNorm statistics, in one call
-        return {"loss": loss, "features": torch.cat([f1, f2]), "labels": batch["label"].repeat(2)}
+        return self.view_outputs(loss, [f1, f2], batch)
 
 
 @dataclass
-class ExpanderConfig:
+class ExpanderConfig(KoLeoOption):
     """The projector ("expander") of Barlow Twins and VICReg: two hidden BatchNorm layers, then the output."""
 
     name: str = ""
@@ -325,6 +346,7 @@ class ExpanderMethod(TwoViewMethod):
     def __init__(self, backbone: nn.Module, feature_dim: int, cfg: ExpanderConfig):
         super().__init__(backbone, feature_dim)
         self.projector = mlp([feature_dim, cfg.proj_hidden_dim, cfg.proj_hidden_dim, cfg.proj_output_dim])
+        self.koleo_weight = cfg.koleo_weight
 
 
 class MomentumTwoViewMethod(Method):
@@ -365,11 +387,7 @@ class MomentumTwoViewMethod(Method):
         p1, p2 = encode_views(nn.Sequential(self.projector, self.predictor), [f1, f2])
         with torch.no_grad():
             t1, t2 = encode_views(self.teacher[1], encoded["teacher"])
-        return {
-            "loss": self.pair_loss(p1, p2, t1, t2),
-            "features": torch.cat([f1, f2]),
-            "labels": batch["label"].repeat(2),
-        }
+        return self.view_outputs(self.pair_loss(p1, p2, t1, t2), [f1, f2], batch)
 
     def pair_loss(self, p1: torch.Tensor, p2: torch.Tensor, t1: torch.Tensor, t2: torch.Tensor) -> torch.Tensor:
         """The loss of the student's predictions `p1`, `p2` against the teacher's outputs `t1`, `t2` of the two views
@@ -407,8 +425,7 @@ class SiameseMethod(Method):
         f1, f2 = encoded["features"]
         z1, z2 = encode_views(self.projector, [f1, f2])
         p1, p2 = encode_views(self.predictor, [z1, z2])
-        loss = self.pair_loss(p1, p2, z1, z2)
-        return {"loss": loss, "features": torch.cat([f1, f2]), "labels": batch["label"].repeat(2)}
+        return self.view_outputs(self.pair_loss(p1, p2, z1, z2), [f1, f2], batch)
 
 
 def with_group_settings(groups: list[dict], params, **settings) -> list[dict]:

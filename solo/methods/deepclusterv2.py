@@ -11,13 +11,13 @@ import torch.nn.functional as F
 
 from solo.errors import ConfigError, DataError
 from solo.losses import deepcluster_loss
-from solo.methods.base import Method, encode_views, mlp, register_method
+from solo.methods.base import KoLeoOption, Method, encode_views, mlp, register_method
 from solo.methods.memory_banks import MemoryBank, kmeans
 from solo.schema import AT_LEAST_ONE, POSITIVE, ruled
 
 
 @dataclass
-class DeepClusterV2Config:
+class DeepClusterV2Config(KoLeoOption):
     name: str = "deepclusterv2"
     proj_hidden_dim: int = ruled(2048, AT_LEAST_ONE)
     proj_output_dim: int = ruled(128, AT_LEAST_ONE)
@@ -37,6 +37,7 @@ class DeepClusterV2(Method):
 
     def __init__(self, backbone, feature_dim: int, cfg: DeepClusterV2Config):
         super().__init__(backbone, feature_dim)
+        self.koleo_weight = cfg.koleo_weight
         if not cfg.num_prototypes or min(cfg.num_prototypes) < 1:
             raise ConfigError(
                 f"method.num_prototypes={cfg.num_prototypes}: give one k >= 1 per clustering, e.g. [3000, 3000, 3000]"
@@ -68,7 +69,7 @@ class DeepClusterV2(Method):
         scores = [both @ getattr(self, f"centroids_{h}").T for h in range(len(self.cfg.num_prototypes))]
         loss = deepcluster_loss(scores, list(self.assignments[:, index].repeat(1, 2)), self.cfg.temperature)
         self.bank.store(index, z)
-        return {"loss": loss, "features": torch.cat(features), "labels": batch["label"].repeat(2)}
+        return self.view_outputs(loss, features, batch)
 
     def prepare_step(self, index: int, total_steps: int) -> None:
         done = index + 1  # an epoch's last step clusters its bank, for the next epoch (none after the run's last)

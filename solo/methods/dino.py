@@ -11,6 +11,7 @@ import torch.nn.functional as F
 
 from solo.losses import dino_center, dino_loss
 from solo.methods.base import (
+    KoLeoOption,
     Method,
     cosine_momentum,
     ema_update,
@@ -23,7 +24,7 @@ from solo.schema import AT_LEAST_ONE, MOMENTUM, NON_NEGATIVE, POSITIVE, PROBABIL
 
 
 @dataclass
-class DINOConfig:
+class DINOConfig(KoLeoOption):
     name: str = "dino"
     proj_hidden_dim: int = ruled(2048, AT_LEAST_ONE)
     use_bn_in_head: bool = False  # BatchNorm after the head's hidden layers (DINO's --use_bn_in_head, for ResNets)
@@ -144,6 +145,7 @@ class DINO(SelfDistillation):
 
     def __init__(self, backbone, feature_dim: int, cfg: DINOConfig):
         super().__init__(backbone, feature_dim)
+        self.koleo_weight = cfg.koleo_weight
         self.cfg = cfg
         self.head = DINOHead(
             feature_dim, cfg.proj_hidden_dim, cfg.bottleneck_dim, cfg.num_prototypes, cfg.use_bn_in_head
@@ -166,5 +168,4 @@ class DINO(SelfDistillation):
         loss = dino_loss(student, teacher, self.center, self.cfg.student_temperature, self.teacher_temperature)
         with torch.no_grad():  # after the loss, from this batch's teacher outputs: the next step's centre
             self.center.copy_(dino_center(teacher, self.center, self.cfg.center_momentum))
-        features = torch.cat(encoded["features"][: self.num_views])
-        return {"loss": loss, "features": features, "labels": batch["label"].repeat(self.num_views)}
+        return self.view_outputs(loss, encoded["features"][: self.num_views], batch)

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
-
 from solo.errors import ConfigError
 from solo.losses import fastsiam_loss
 from solo.methods.base import Method, encode_views, register_method, with_group_settings
@@ -25,6 +23,7 @@ class FastSiam(Method):
 
     def __init__(self, backbone, feature_dim: int, cfg: FastSiamConfig):
         super().__init__(backbone, feature_dim)
+        self.koleo_weight = cfg.koleo_weight
         self.projector, self.predictor = simsiam_heads(feature_dim, cfg)
 
     @classmethod
@@ -49,4 +48,4 @@ class FastSiam(Method):
         projections = encode_views(self.projector, features)  # each view's BatchNorm statistics, in one call
         predictions = encode_views(self.predictor, projections)
         loss = fastsiam_loss(predictions, projections)
-        return {"loss": loss, "features": torch.cat(features), "labels": batch["label"].repeat(len(features))}
+        return self.view_outputs(loss, features, batch)

@@ -10,7 +10,7 @@ from torch import nn
 
 from solo.backbones.stochastic import step_generator
 from solo.losses import lejepa_loss, random_directions
-from solo.methods.base import Method, encode_views, mlp, register_method
+from solo.methods.base import KoLeoOption, Method, encode_views, mlp, register_method
 from solo.schema import AT_LEAST_ONE, POSITIVE, PROBABILITY, Rule, ruled
 
 # The stream of draws that the directions come from, keyed with the run's seed and the step.
@@ -19,7 +19,7 @@ AT_LEAST_TWO = Rule("must be >= 2", lambda v: v >= 2)
 
 
 @dataclass
-class LeJEPAConfig:
+class LeJEPAConfig(KoLeoOption):
     name: str = "lejepa"
     proj_hidden_dim: int = ruled(2048, AT_LEAST_ONE)
     proj_output_dim: int = ruled(512, AT_LEAST_ONE)
@@ -36,6 +36,7 @@ class LeJEPA(Method):
 
     def __init__(self, backbone, feature_dim: int, cfg: LeJEPAConfig, activation: type[nn.Module] = nn.ReLU):
         super().__init__(backbone, feature_dim)
+        self.koleo_weight = cfg.koleo_weight
         self.cfg = cfg
         h = cfg.proj_hidden_dim
         self.projector = mlp([feature_dim, h, h, cfg.proj_output_dim], activation=activation)
@@ -61,5 +62,4 @@ class LeJEPA(Method):
         # One call on every view: the projector's BatchNorm takes its statistics over all of them, as the reference's.
         projected = self.projector(torch.cat(features)).split([len(f) for f in features])
         loss = self.loss(list(projected), self.directions(projected[0]))
-        global_features = torch.cat(features[: self.num_views])
-        return {"loss": loss, "features": global_features, "labels": batch["label"].repeat(self.num_views)}
+        return self.view_outputs(loss, features[: self.num_views], batch)

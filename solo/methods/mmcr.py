@@ -8,12 +8,12 @@ from dataclasses import dataclass
 import torch
 
 from solo.losses import mmcr_loss
-from solo.methods.base import Method, encode_views, mlp, register_method
+from solo.methods.base import KoLeoOption, Method, encode_views, mlp, register_method
 from solo.schema import AT_LEAST_ONE, NON_NEGATIVE, ruled
 
 
 @dataclass
-class MMCRConfig:
+class MMCRConfig(KoLeoOption):
     name: str = "mmcr"
     proj_hidden_dim: int = ruled(8192, AT_LEAST_ONE)
     proj_output_dim: int = ruled(512, AT_LEAST_ONE)
@@ -26,6 +26,7 @@ class MMCR(Method):
 
     def __init__(self, backbone, feature_dim: int, cfg: MMCRConfig):
         super().__init__(backbone, feature_dim)
+        self.koleo_weight = cfg.koleo_weight
         self.lambd = cfg.lambd
         self.projector = mlp([feature_dim, cfg.proj_hidden_dim, cfg.proj_hidden_dim, cfg.proj_output_dim])
 
@@ -38,5 +39,4 @@ class MMCR(Method):
         # BatchNorm takes its statistics over all of them.
         projected = self.projector(torch.cat(features)).split([len(f) for f in features])
         loss = mmcr_loss(list(projected), self.lambd)
-        global_features = torch.cat(features[: self.num_views])
-        return {"loss": loss, "features": global_features, "labels": batch["label"].repeat(self.num_views)}
+        return self.view_outputs(loss, features[: self.num_views], batch)

@@ -11,13 +11,13 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from solo.losses import swav_loss
-from solo.methods.base import Method, encode_views, mlp, register_method, with_group_settings
+from solo.methods.base import KoLeoOption, Method, encode_views, mlp, register_method, with_group_settings
 from solo.methods.memory_banks import GlobalQueue, check_queue_size
 from solo.schema import AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, ruled
 
 
 @dataclass
-class SwAVConfig:
+class SwAVConfig(KoLeoOption):
     name: str = "swav"
     proj_hidden_dim: int = ruled(2048, AT_LEAST_ONE)
     proj_output_dim: int = ruled(128, AT_LEAST_ONE)
@@ -39,6 +39,7 @@ class SwAV(Method):
 
     def __init__(self, backbone, feature_dim: int, cfg: SwAVConfig):
         super().__init__(backbone, feature_dim)
+        self.koleo_weight = cfg.koleo_weight
         self.cfg = cfg
         self.projector = mlp([feature_dim, cfg.proj_hidden_dim, cfg.proj_output_dim])
         self.prototypes = nn.Linear(cfg.proj_output_dim, cfg.num_prototypes, bias=False)
@@ -87,8 +88,7 @@ class SwAV(Method):
         if self.queues is not None:  # after the loss: the queue holds earlier steps' embeddings
             for q, e in zip(self.queues, embeddings):
                 q.push(e)
-        features = torch.cat(encoded["features"][: self.num_views])
-        return {"loss": loss, "features": features, "labels": batch["label"].repeat(self.num_views)}
+        return self.view_outputs(loss, encoded["features"][: self.num_views], batch)
 
     def after_optimizer_step(self) -> None:
         self._normalize_prototypes()

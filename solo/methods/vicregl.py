@@ -6,8 +6,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import List
 
-import torch
-
 from solo.backbones import pooled_and_map
 from solo.data.views.batch_spec import BatchSpec, ViewBoxes
 from solo.errors import ConfigError
@@ -78,4 +76,4 @@ class VICRegL(ExpanderMethod):
             std_coeff=c.std_coeff,
             cov_coeff=c.cov_coeff,
         )
-        return {"loss": loss, "features": torch.cat([f1, f2]), "labels": batch["label"].repeat(2)}
+        return self.view_outputs(loss, [f1, f2], batch)
