@@ -61,6 +61,7 @@ RECIPES = {
     "crossmae-digits-vittiny6": "method=crossmae",
     "maskfeat-digits-vittiny6": "method=maskfeat",
     "aim-digits-vittiny6": "method=aim",
+    "nepa-digits-vittiny6": "method=nepa",
     "msn-digits-vittiny6": "method=msn",
     "pmsn-digits-vittiny6": "method=pmsn",
     "capi-digits-vittiny6": "method=capi",

@@ -98,6 +98,7 @@ WRONG_SSL_OF = {
     "mae_mean_of_rank_means": "mae",
     "simmim_mean_of_rank_means": "simmim",
     "aim_mean_of_rank_means": "aim",
+    "nepa_mean_of_rank_means": "nepa",
     "swav_sinkhorn_local_batch_times_world": "swav",
     "koleo_per_rank_neighbours": "koleo",
     "ibot_mean_of_rank_means": "ibot",
@@ -150,6 +151,7 @@ def test_wrong_self_supervised_variants_are_right_in_one_process():
 # Wrong only when the ranks hold different numbers of samples: with equal ones they give the global value.
 UNEVEN_ONLY = (
     "byol_mean_of_rank_means",
+    "nepa_mean_of_rank_means",
     "supervised_mean_of_rank_means",
     "swav_sinkhorn_local_batch_times_world",
     "ibot_mean_of_rank_means",

@@ -725,6 +725,26 @@ EXPECTED = {
         "geometry": [(None, 1, 1.0, 0.5)],
         "view_sizes": [224],
     },
+    # NEPA's ViT-B/14 with LayerScale and QK-Norm; MAE's optimisation and views (the paper's settings unread)
+    "nepa_imagenet": {
+        "backbone.name": "vit_base_patch16_224",
+        "backbone.kwargs.patch_size": 14,
+        "backbone.kwargs.qk_norm": True,
+        "backbone.kwargs.init_values": 1e-5,
+        "data.image_size": 224,
+        "method.name": "nepa",
+        "optim.name": "adamw",
+        "optim.lr": 1.5e-4,
+        "optim.lr_scaling": "linear",
+        "optim.betas": [0.9, 0.95],
+        "optim.weight_decay": 0.05,
+        "optim.warmup_epochs": 40,
+        "optim.final_lr": 0.0,
+        "trainer.max_epochs": 800,
+        "views": [(0.4, 0.4, 0.2, 0.1, 0.0, 0.0, 0.0, 0.0, 0.2)],
+        "geometry": [(None, 1, 1.0, 0.5)],
+        "view_sizes": [224],
+    },
     # data2vec_vision's README, ViT-B for 800 epochs: BEiT's views with a colour jitter of 0.4, always
     "data2vec_imagenet": {
         "backbone.name": "vit_base_patch16_224",

@@ -251,6 +251,13 @@ METHOD = {
         "+backbone.kwargs.patch_size=4",
         "method.mask_patch_size=8",
     ],
+    # timm's test ViT on a 4 x 4 grid of 4 px patches: 15 next embeddings per image.
+    "nepa": [
+        "backbone.name=test_vit",
+        "backbone.small_stem=false",
+        "+backbone.kwargs.img_size=16",
+        "+backbone.kwargs.patch_size=4",
+    ],
     # timm's test ViT on a 4 x 4 grid of 4 px patches, a prefix of 1 to 15 per sample; a one-block head.
     "aim": [
         "backbone.name=test_vit",
@@ -560,7 +567,7 @@ def test_unknown_method_lists_every_method():
     with pytest.raises(MissingConfigException) as err:
         compose_cfg(["method=bool"])
     builtin = [m.name for m in METHODS if m.target.__module__.startswith("solo.")]  # other tests register their own
-    assert len(builtin) == 53 and all(name in str(err.value) for name in builtin)
+    assert len(builtin) == 54 and all(name in str(err.value) for name in builtin)
 
 
 @pytest.mark.parametrize(

@@ -45,6 +45,7 @@ from solo.losses import (
     masked_patch_smooth_l1,
     mmcr_loss,
     momentum_groups,
+    next_embedding_loss,
     next_patch_mse,
     nt_xent_loss,
     random_directions,
@@ -64,6 +65,7 @@ from solo.methods.capi import CAPI, CAPIConfig
 from solo.methods.detcon import grid_regions
 from solo.methods.directclr import DirectCLR, DirectCLRConfig
 from solo.methods.local import cell_centres
+from solo.methods.nepa import NEPA, NEPAConfig
 from solo.methods.simmim import SimMIM, SimMIMConfig
 from solo.train.trainer import build_model
 from tests.test_accumulate import CASES
@@ -983,6 +985,61 @@ def test_aim_attention_is_bidirectional_in_the_prefix_and_causal_after():
             sees = [patch < length or patch <= i for i in range(16)]
             assert moved.tolist() == sees, (b, patch)
             assert torch.equal(predict(changed)[1 - b], before[1 - b])
+
+
+# --- NEPA ------------------------------------------------------------------------------------------------------------
+
+
+def _nepa_paper_loss(outputs, embeddings):
+    """The paper's Dist (Xu et al., 2025, its pseudo-code): the embeddings detached, the outputs without their last
+    position and the embeddings without their first, both L2-normalised, the negative mean of their dot products."""
+    prediction, target = outputs[:, :-1], embeddings.detach()[:, 1:]
+    prediction = prediction / prediction.norm(dim=-1, keepdim=True)
+    target = target / target.norm(dim=-1, keepdim=True)
+    return -(prediction * target).sum(dim=-1).mean()
+
+
+def test_nepa_is_the_negative_cosine_to_the_next_embedding_in_value_and_gradient():
+    """3 images of 5 positions of 4 values: solo's loss against the paper's, in value and gradient; the embeddings take
+    none. Rejected: each output against its own embedding (no shift), and targets that pass a gradient."""
+    g = _generator(15)
+    outputs = torch.randn(3, 5, 4, generator=g, dtype=torch.float64, requires_grad=True)
+    embeddings = torch.randn(3, 5, 4, generator=g, dtype=torch.float64, requires_grad=True)
+    got, want = next_embedding_loss(outputs, embeddings), _nepa_paper_loss(outputs, embeddings)
+    assert got.item() == pytest.approx(want.item(), rel=1e-12)
+    grads = torch.autograd.grad(got, [outputs, embeddings], allow_unused=True)
+    torch.testing.assert_close(grads[0], torch.autograd.grad(want, outputs)[0], rtol=1e-10, atol=0)
+    assert grads[1] is None or not grads[1].any(), "the targets take no gradient"
+
+    unshifted = -F.cosine_similarity(outputs, embeddings, dim=-1).mean()
+    assert abs(got.item() - unshifted.item()) > 1e-2
+    through_targets = -F.cosine_similarity(outputs[:, :-1], embeddings[:, 1:], dim=-1).mean()
+    assert torch.autograd.grad(through_targets, embeddings)[0].abs().max() > 1e-2
+
+
+def test_nepa_attention_is_causal_and_its_targets_are_the_patch_embeddings_before_positions():
+    """Each patch of an image changed in turn: the outputs that change are those of its own and the later positions
+    (bidirectional attention would change every one); and the targets are the patch embedding layer's output on the
+    image, without the position embeddings."""
+    vit = _tiny_vit(2)
+    method = NEPA(vit, 32, NEPAConfig()).double()
+    method.feeds_probe = False
+    g = _generator(16)
+    images = torch.randn(2, 3, 16, 16, generator=g, dtype=torch.float64)
+
+    def encode(x):
+        return method.encode({"views": [x]})
+
+    before = encode(images)
+    torch.testing.assert_close(before["embeddings"], vit.patch_embed(images), rtol=0, atol=0)
+    for patch in range(16):
+        changed = images.clone()
+        row, col = divmod(patch, 4)
+        changed[0, :, 4 * row : 4 * row + 4, 4 * col : 4 * col + 4] += 1.0
+        after = encode(changed)["outputs"]
+        moved = (after[0] - before["outputs"][0]).abs().amax(dim=-1) > 0
+        assert moved.tolist() == [i >= patch for i in range(16)], patch
+        assert torch.equal(after[1], before["outputs"][1])
 
 
 # --- VICRegL ---------------------------------------------------------------------------------------------------------

@@ -356,6 +356,17 @@ def aim_mean_of_rank_means(z1, z2):
     return local(z1, z2) + local(z2, z1)
 
 
+def nepa_mean_of_rank_means(z1, z2):
+    """NEPA's negative cosine as a per-GPU mean over this rank's images, then averaged over ranks by DDP: the global
+    mean only when every rank holds as many images (every image makes as many predictions)."""
+
+    def local(outputs, embeddings):
+        outputs, embeddings = outputs.unflatten(1, (2, -1)), embeddings.unflatten(1, (2, -1)).detach()
+        return -F.cosine_similarity(outputs[:, :-1], embeddings[:, 1:], dim=-1).mean()
+
+    return local(z1, z2) + local(z2, z1)
+
+
 def gram_rank_mse(z1, z2):
     """DINOv3's GramLoss: one MSE over this rank's images' Gram matrices, then averaged over ranks by DDP: right only
     when every rank holds as many images."""
@@ -817,6 +828,7 @@ WRONG_SSL = [
         "mae_mean_of_rank_means",
         "simmim_mean_of_rank_means",
         "aim_mean_of_rank_means",
+        "nepa_mean_of_rank_means",  # only wrong with uneven per-rank batches
         "swav_sinkhorn_local_batch_times_world",  # only wrong with uneven per-rank batches
         "koleo_per_rank_neighbours",
         "ibot_mean_of_rank_means",  # only wrong with uneven per-rank batches

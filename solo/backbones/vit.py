@@ -90,13 +90,24 @@ def embed_patches(
     `mask` (B, N), the hidden patches' embeddings are `mask_token` (D,) instead (iBOT, DINOv2). Images of another size
     than the model's (local crops, `dynamic_img_size`) get its position embeddings resampled to their grid, as timm
     does."""
-    from timm.layers import resample_abs_pos_embed
-
-    x = vit.patch_embed(images)
-    grid = tuple(x.shape[1:3]) if x.dim() == 4 else tuple(vit.patch_embed.grid_size)  # dynamic: (B, H, W, D)
-    x = x.flatten(1, -2)  # unlike reshape(B, -1, D), this takes B = 0 (an empty rank)
+    x, grid = patch_contents(vit, images)
     if mask is not None:
         x = torch.where(mask[..., None], mask_token.to(x.dtype), x)
+    return with_positions(vit, x, grid)
+
+
+def patch_contents(vit: nn.Module, images: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int]]:
+    """(B, N, D): each patch's embedding, before any position is added, in row-major order; and the patch grid."""
+    x = vit.patch_embed(images)
+    grid = tuple(x.shape[1:3]) if x.dim() == 4 else tuple(vit.patch_embed.grid_size)  # dynamic: (B, H, W, D)
+    return x.flatten(1, -2), grid  # unlike reshape(B, -1, D), flatten takes B = 0 (an empty rank)
+
+
+def with_positions(vit: nn.Module, x: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
+    """Patch embeddings `x` (B, N, D) of a `grid` plus the model's position embeddings, resampled to the grid when it
+    is not the model's (local crops, `dynamic_img_size`) as timm does."""
+    from timm.layers import resample_abs_pos_embed
+
     offset = 0 if vit.no_embed_class else vit.num_prefix_tokens
     positions = vit.pos_embed
     if grid != tuple(vit.patch_embed.grid_size):

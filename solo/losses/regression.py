@@ -1,5 +1,5 @@
 """Losses against a target branch's outputs: BYOL's and SimSiam's regression, MoCo's InfoNCE and CO2's consistency,
-PIRL's memory bank, ReSSL's relations.
+PIRL's memory bank, ReSSL's relations, NEPA's next embeddings.
 
 The teacher's side (`z`, `k`) is detached here: it is a target, not a path for gradients. Both are
 per-sample losses, so each rank returns W/N times the sum of its samples' losses (N the global batch,
@@ -25,6 +25,7 @@ __all__ = [
     "memory_bank_loss",
     "moco_queue_loss",
     "mocov3_loss",
+    "next_embedding_loss",
     "ressl_loss",
     "simsiam_loss",
 ]
@@ -136,6 +137,23 @@ def co2_loss(
         return terms.sum() / 2 * (world_size() / sum(batch_sizes(q.shape[0], q.device)))
 
 
+def next_embedding_loss(outputs: torch.Tensor, embeddings: torch.Tensor) -> torch.Tensor:
+    """NEPA (Xu et al., 2025): each position's output predicts the input embedding of the next patch in raster order
+    (a target: detached), scored by their negative cosine similarity, averaged over each image's N - 1 predictions and
+    then over the global batch. `outputs`, `embeddings`: (B, N, D); row i of `outputs` predicts row i + 1 of
+    `embeddings` (the last output predicts nothing). Every image makes N - 1 predictions, so this is the mean over
+    every prediction of the global batch too: W/B_global times this rank's sum of image means."""
+    if outputs.dim() != 3 or outputs.shape != embeddings.shape:
+        raise ValueError(
+            f"outputs and embeddings must be (batch, positions, width) alike: {outputs.shape}, {embeddings.shape}"
+        )
+    with torch.autocast(outputs.device.type, enabled=False):
+        predicted = F.normalize(full_precision(outputs[:, :-1]), dim=-1)
+        target = F.normalize(full_precision(embeddings[:, 1:].detach()), dim=-1)
+        per_image = -torch.linalg.vecdot(predicted, target).mean(dim=1)
+        return per_image.sum() * (world_size() / sum(batch_sizes(outputs.shape[0], outputs.device)))
+
+
 def memory_bank_loss(
     z: torch.Tensor, bank: torch.Tensor, index: torch.Tensor, temperature: float | torch.Tensor
 ) -> torch.Tensor:
@@ -235,3 +253,10 @@ def fastsiam_check(z1: torch.Tensor, z2: torch.Tensor) -> torch.Tensor:
 def ressl_check(z1: torch.Tensor, z2: torch.Tensor) -> torch.Tensor:
     queue, valid = _checker_queue(z1)
     return ressl_loss(z1, z2, queue, valid, 0.1, 0.04) + ressl_loss(z2, z1, queue, valid, 0.1, 0.04)
+
+
+@LOSSES.register("nepa")
+def nepa_check(z1: torch.Tensor, z2: torch.Tensor) -> torch.Tensor:
+    # Each row as 2 positions of 2 values: the first position's output against the other's second embedding.
+    a, b = z1.unflatten(1, (2, -1)), z2.unflatten(1, (2, -1))  # (an empty rank's 0 rows too)
+    return next_embedding_loss(a, b) + next_embedding_loss(b, a)
