@@ -99,6 +99,7 @@ WRONG_SSL_OF = {
     "simmim_mean_of_rank_means": "simmim",
     "aim_mean_of_rank_means": "aim",
     "nepa_mean_of_rank_means": "nepa",
+    "co2_batch_local_negatives": "co2_batch",
     "swav_sinkhorn_local_batch_times_world": "swav",
     "koleo_per_rank_neighbours": "koleo",
     "ibot_mean_of_rank_means": "ibot",

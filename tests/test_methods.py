@@ -33,7 +33,9 @@ TEXT = ["data=digits", "method.embed_dim=16", "method.text.width=16", "method.te
 # Small heads; schedules short enough that a few steps cross them (4 steps per epoch at a global batch of 16).
 METHOD = {
     "byol": HEADS + ["method.pred_hidden_dim=32", "method.base_momentum=0.9"],
-    "mocov3": HEADS + ["method.pred_hidden_dim=32", "method.base_momentum=0.9"],
+    # CO2 with the global batch's other keys as the negatives (co2_batch_loss), in MoCo v3 and SimCLR.
+    "mocov3": HEADS + ["method.pred_hidden_dim=32", "method.base_momentum=0.9", "method.co2_weight=1.0"],
+    "simclr": HEADS + ["method.co2_weight=1.0"],
     # KoLeo (method.koleo_weight) on the backbone's features, in a method of each two-view base (and MoCo v2+'s CO2):
     # its nearest neighbours are sought in the global batch.
     "vicreg": HEADS + ["method.koleo_weight=0.1"],

@@ -29,6 +29,7 @@ from solo.losses import (
     capi_clustering,
     capi_loss,
     capi_sinkhorn,
+    co2_batch_loss,
     co2_loss,
     dcl_loss,
     deepcluster_loss,
@@ -1851,6 +1852,44 @@ def test_mocov2plus_adds_co2_times_its_weight_to_each_directions_loss():
     rows = [F.normalize(torch.randn(6, 4, generator=_generator(s), dtype=torch.float64), dim=1) for s in (7, 8)]
     co2 = (_lightly_co2(p1, t2, rows[1], 0.05) + _lightly_co2(p2, t1, rows[0], 0.05)) / 2
     _assert_same_value_and_gradient(losses[0.7] - losses[0.0], 0.7 * co2, (p1, p2))
+
+
+def test_co2_without_a_queue_takes_the_other_samples_keys_as_its_negatives():
+    """SimCLR's and MoCo v3's CO2 (co2_batch_loss): each sample is lightly's form with the batch's other keys as its
+    memory bank, in value and in the queries' gradient; the keys take none. Told apart: the own key among the
+    negatives too."""
+    q, k = _views(9, 2, n=5, d=6)
+    k = k.detach().requires_grad_()
+    got = co2_batch_loss(q, k, 0.05)
+    unit = F.normalize(k.detach(), dim=1)  # the keys as MoCo's queue holds them
+    others = [torch.cat([unit[:i], unit[i + 1 :]]) for i in range(5)]
+    want = torch.stack([_lightly_co2(q[i : i + 1], k[i : i + 1], others[i], 0.05) for i in range(5)]).mean()
+    _assert_same_value_and_gradient(got, want, (q,))
+    assert torch.autograd.grad(co2_batch_loss(q, k, 0.05), k, allow_unused=True)[0] is None, "the keys are targets"
+    with_itself = torch.stack([_lightly_co2(q[i : i + 1], k[i : i + 1], unit, 0.05) for i in range(5)]).mean()
+    assert abs(with_itself.item() - got.item()) > 1e-3 * got.item()
+
+
+def test_simclr_and_mocov3_add_co2_times_its_weight_to_their_loss():
+    """co2_weight 0.7: SimCLR's loss minus the same loss without CO2 is 0.7 times the mean over the two directions of
+    co2_batch_loss (each view's projection against the other's), and MoCo v3's per direction is 0.35 times it."""
+    from solo.methods.mocov3 import MoCoV3, MoCoV3Config
+    from solo.methods.simclr import SimCLR, SimCLRConfig
+
+    z1, z2 = _views(10, 2, n=5, d=4)
+    simclr, mocov3 = {}, {}
+    for weight in (0.0, 0.7):
+        simclr[weight] = SimCLR(
+            torch.nn.Identity(), 4, SimCLRConfig(proj_hidden_dim=4, proj_output_dim=4, co2_weight=weight)
+        ).loss(z1, z2)
+        mocov3[weight] = MoCoV3(
+            torch.nn.Identity(),
+            4,
+            MoCoV3Config(proj_hidden_dim=4, proj_output_dim=4, pred_hidden_dim=4, co2_weight=weight),
+        ).loss(z1, z2)
+    both = (co2_batch_loss(z1, z2, 0.05) + co2_batch_loss(z2, z1, 0.05)) / 2
+    _assert_same_value_and_gradient(simclr[0.7] - simclr[0.0], 0.7 * both, (z1, z2))
+    _assert_same_value_and_gradient(mocov3[0.7] - mocov3[0.0], 0.35 * co2_batch_loss(z1, z2, 0.05), (z1,))
 
 
 def _paper_vcreg(h, alpha, beta, eps=1e-4):

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from solo.distributed import all_reduce, batch_sizes, gather, rank, world_size
 from solo.losses import (
     LOSSES,
+    co2_loss,
     dcl_loss,
     dino_loss,
     lejepa_loss,
@@ -504,6 +505,16 @@ def co2_mean_of_rank_means(z1, z2):
     return loss
 
 
+def co2_batch_local_negatives(z1, z2):
+    """SimCLR's and MoCo v3's CO2 with the negatives of this rank's batch only, as a regulariser fed each GPU's
+    outputs takes them: the soft labels, hence the term, change with the number of GPUs."""
+    loss = 0.0
+    for q, k in ((z1, z2), (z2, z1)):
+        others = ~torch.eye(len(q), dtype=torch.bool)
+        loss = loss + co2_loss(q, k, F.normalize(k.detach(), dim=1), others, 0.1)
+    return loss
+
+
 def smog_per_rank_groups(z1, z2):
     """SMoG's checker case with the groups moved by this rank's rows only, as lightly's SMoGPrototypes
     (get_updated_group_features: the mean of the rows a process holds) does under DDP; the ranks then hold other
@@ -829,6 +840,7 @@ WRONG_SSL = [
         "simmim_mean_of_rank_means",
         "aim_mean_of_rank_means",
         "nepa_mean_of_rank_means",  # only wrong with uneven per-rank batches
+        "co2_batch_local_negatives",
         "swav_sinkhorn_local_batch_times_world",  # only wrong with uneven per-rank batches
         "koleo_per_rank_neighbours",
         "ibot_mean_of_rank_means",  # only wrong with uneven per-rank batches

@@ -20,6 +20,7 @@ from solo.losses.contrastive import _global_rows
 
 __all__ = [
     "byol_loss",
+    "co2_batch_loss",
     "co2_loss",
     "fastsiam_loss",
     "memory_bank_loss",
@@ -122,19 +123,33 @@ def co2_loss(
     and its positive key's similarity distributions over [the positive, the `valid` rows of `queue`] at `temperature`
     (softmaxes of [q.k, q.n_j] and [k.q, k.n_j]), averaged over the global batch: the key's similarities to the
     negatives are a soft label for the query's. q and k are L2-normalised here, k detached (the teacher's); the queue's
-    rows are taken as they are. A per-sample term: W/N times this rank's sum, as moco_queue_loss."""
+    rows are taken as they are; `valid` (Q,) holds for every query, (B, Q) row by row. A per-sample term: W/N times
+    this rank's sum, as moco_queue_loss."""
     check_pair(q, k, "q", "k")
     check_positive(temperature, "temperature")
     with torch.autocast(q.device.type, enabled=False):
         q, k, t = _unit_queries_and_keys(q, k, temperature)
         queue = full_precision(queue.detach())
         positive = torch.linalg.vecdot(q, k)[:, None]
-        columns = torch.cat([valid.new_ones(1), valid])
+        columns = torch.cat([valid.new_ones(*valid.shape[:-1], 1), valid], dim=-1)
         log_p = F.log_softmax(torch.cat([positive, q @ queue.T], dim=1).masked_fill(~columns, float("-inf")) / t, 1)
         log_r = F.log_softmax(torch.cat([positive, k @ queue.T], dim=1).masked_fill(~columns, float("-inf")) / t, 1)
         # KL(p||r) + KL(r||p) = sum (p - r)(log p - log r); the rows not yet filled count 0 (and pass no NaN back).
         terms = (log_p.exp() - log_r.exp()) * torch.where(columns, log_p - log_r, 0.0)
         return terms.sum() / 2 * (world_size() / sum(batch_sizes(q.shape[0], q.device)))
+
+
+def co2_batch_loss(q: torch.Tensor, k: torch.Tensor, temperature: float | torch.Tensor) -> torch.Tensor:
+    """CO2's consistency term for a method without a queue (SimCLR, MoCo v3): co2_loss with the other samples' keys of
+    the whole global batch as the negatives (gathered, detached: each sample's own key is its positive, not one of
+    them). Keys from one rank's batch only would make the soft labels, hence the term, depend on the number of GPUs."""
+    check_pair(q, k, "q", "k")
+    with torch.autocast(q.device.type, enabled=False):
+        sizes, rows = _global_rows(q.shape[0], q.device)
+        keys = gather(F.normalize(full_precision(k.detach()), dim=1), sizes)
+        others = torch.ones(q.shape[0], keys.shape[0], dtype=torch.bool, device=q.device)
+        others[torch.arange(q.shape[0], device=q.device), rows] = False
+        return co2_loss(q, k, keys, others, temperature)
 
 
 def next_embedding_loss(outputs: torch.Tensor, embeddings: torch.Tensor) -> torch.Tensor:
@@ -253,6 +268,11 @@ def fastsiam_check(z1: torch.Tensor, z2: torch.Tensor) -> torch.Tensor:
 def ressl_check(z1: torch.Tensor, z2: torch.Tensor) -> torch.Tensor:
     queue, valid = _checker_queue(z1)
     return ressl_loss(z1, z2, queue, valid, 0.1, 0.04) + ressl_loss(z2, z1, queue, valid, 0.1, 0.04)
+
+
+@LOSSES.register("co2_batch")  # SimCLR's and MoCo v3's option: the global batch's other keys as the negatives
+def co2_batch_check(z1: torch.Tensor, z2: torch.Tensor) -> torch.Tensor:
+    return co2_batch_loss(z1, z2, 0.1) + co2_batch_loss(z2, z1, 0.1)
 
 
 @LOSSES.register("nepa")

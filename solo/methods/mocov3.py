@@ -1,12 +1,13 @@
-"""MoCo v3 (Chen, Xie and He, 2021): InfoNCE between the student's predictions and a momentum teacher's keys."""
+"""MoCo v3 (Chen, Xie and He, 2021): InfoNCE between the student's predictions and a momentum teacher's keys;
+optionally CO2's consistency term (Wei et al., 2021) with the global batch's other keys as the negatives."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from solo.losses import mocov3_loss
+from solo.losses import co2_batch_loss, mocov3_loss
 from solo.methods.base import KoLeoOption, MomentumTwoViewMethod, mlp, register_method
-from solo.schema import AT_LEAST_ONE, POSITIVE, PROBABILITY, ruled
+from solo.schema import AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, PROBABILITY, ruled
 
 
 @dataclass
@@ -18,6 +19,8 @@ class MoCoV3Config(KoLeoOption):
     temperature: float = ruled(1.0, POSITIVE)  # MoCo v3: 1.0 for ResNet-50, 0.2 for ViTs
     base_momentum: float = ruled(0.99, PROBABILITY)  # the teacher's share in its EMA update, at the start
     final_momentum: float = ruled(1.0, PROBABILITY)  # ... and at the end (cosine schedule)
+    co2_weight: float = ruled(0.0, NON_NEGATIVE)  # CO2's alpha: 0 leaves MoCo v3 as it is
+    co2_temperature: float = ruled(0.05, POSITIVE)  # CO2's softmaxes' temperature (lightly's default)
 
 
 @register_method("mocov3", schema=MoCoV3Config)
@@ -33,6 +36,10 @@ class MoCoV3(MomentumTwoViewMethod):
         super().__init__(backbone, feature_dim, projector, predictor, cfg.base_momentum, cfg.final_momentum)
         self.koleo_weight = cfg.koleo_weight
         self.temperature = cfg.temperature
+        self.co2_weight, self.co2_temperature = cfg.co2_weight, cfg.co2_temperature
 
     def loss(self, prediction, target):
-        return mocov3_loss(prediction, target, self.temperature)
+        loss = mocov3_loss(prediction, target, self.temperature)
+        if self.co2_weight:  # per direction: the two directions' mean, weighted, as MoCo v2+'s
+            loss = loss + self.co2_weight * co2_batch_loss(prediction, target, self.co2_temperature) / 2
+        return loss
