@@ -644,7 +644,7 @@ def hand_koleo(x: torch.Tensor) -> torch.Tensor:
     return -distances.min(dim=1).values.log().mean()
 
 
-@pytest.mark.parametrize("method", ["simclr", "vicreg", "byol", "simsiam", "fastsiam", "supcon", "dino"])
+@pytest.mark.parametrize("method", ["simclr", "vicreg", "byol", "simsiam", "fastsiam", "supcon", "dino", "visreg"])
 def test_koleo_adds_its_weight_times_koleo_of_each_views_backbone_features(method):
     """method.koleo_weight=w (a method of each two-view base, one of more views, one with labels and multi-crop's
     DINO, on its global crops): the loss is the method's own plus w x the sum over the views of KoLeo's formula on the
@@ -654,7 +654,7 @@ def test_koleo_adds_its_weight_times_koleo_of_each_views_backbone_features(metho
 
     g = torch.Generator().manual_seed(0)
     views = [
-        torch.randn(6, 3, 16, 16, generator=g, dtype=torch.float64) for _ in range(4 if method == "fastsiam" else 2)
+        torch.randn(6, 3, 16, 16, generator=g, dtype=torch.float64) for _ in range(METHODS[method].target.num_views)
     ]
     batch = {"views": views, "label": torch.arange(6) % 3}
     losses = {}
