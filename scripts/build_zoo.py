@@ -57,6 +57,7 @@ RECIPES = {
     # Trained with the squared error, before smooth L1 (the official code's) became I-JEPA's default.
     "ijepa-digits-vittiny6": "method=ijepa method.loss=mse",
     "data2vec-digits-vittiny6": "method=data2vec",
+    "data2vec2-digits-vittiny6": "method=data2vec2",
     "simmim-digits-vittiny6": "method=simmim",
     "crossmae-digits-vittiny6": "method=crossmae",
     "maskfeat-digits-vittiny6": "method=maskfeat",

@@ -156,6 +156,7 @@ METHOD = {
         "method.gram_anchor=2.0",
         "method.gram_start=2",
         "method.gram_refresh=2",
+        "method.paka_weight=0.5",  # PaKA between the student's and the EMA teacher's patch kernels
         # Not the digits recipe's AdamW: it divides each element's step by that element's own gradient scale, which
         # lifts float64 rounding in elements whose gradient is near 0 to 1.5e-10 of the movement here.
         "optim=lars",
@@ -234,6 +235,23 @@ METHOD = {
         "+backbone.kwargs.patch_size=4",
         "method.min_mask_block=2",
         "method.average_top_k_layers=2",
+        "method.base_momentum=0.9",
+    ],
+    # timm's test ViT with a register on a 4 x 4 grid: 2 masks per image, 6 patches visible (a 2 x 2 block and 2
+    # more); the top 2 blocks' feed-forward outputs averaged; a 2-layer decoder; the class term on.
+    "data2vec2": [
+        "backbone.name=test_vit",
+        "backbone.small_stem=false",
+        "backbone.num_registers=1",
+        "+backbone.kwargs.img_size=16",
+        "+backbone.kwargs.patch_size=4",
+        "method.mask_ratio=0.6",
+        "method.mask_block=2",
+        "method.masks_per_image=2",
+        "method.average_top_k_layers=2",
+        "method.decoder_dim=16",
+        "method.decoder_layers=2",
+        "method.decoder_groups=4",
         "method.base_momentum=0.9",
     ],
     # timm's test ViT, 40% of its 16 patches hidden in blocks of 2 or more; HOG in 2 px cells (2 x 2 per patch).
@@ -569,7 +587,7 @@ def test_unknown_method_lists_every_method():
     with pytest.raises(MissingConfigException) as err:
         compose_cfg(["method=bool"])
     builtin = [m.name for m in METHODS if m.target.__module__.startswith("solo.")]  # other tests register their own
-    assert len(builtin) == 54 and all(name in str(err.value) for name in builtin)
+    assert len(builtin) == 55 and all(name in str(err.value) for name in builtin)
 
 
 @pytest.mark.parametrize(

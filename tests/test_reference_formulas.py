@@ -21,8 +21,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from solo.backbones.vit import patchify, take
-from solo.data.views.masks import CoarseRandomMask, InverseBlockMask, PrefixMask
+from solo.backbones.vit import output_tokens, patchify, take
+from solo.data.views.masks import CoarseRandomMask, Data2Vec2Masks, InverseBlockMask, PrefixMask
 from solo.errors import ConfigError
 from solo.losses import (
     align_uniform_loss,
@@ -49,6 +49,7 @@ from solo.losses import (
     next_embedding_loss,
     next_patch_mse,
     nt_xent_loss,
+    patch_kernel_alignment_loss,
     random_directions,
     smog_loss,
     ssl_ey_loss,
@@ -565,6 +566,80 @@ def test_gram_anchoring_is_dinov3s_image_level_loss_in_value_and_gradient():
         assert abs(got.item() - wrong.item()) > 1e-2 * got.item()
 
 
+# --- PaKA ------------------------------------------------------------------------------------------------------------
+
+
+def _paper_paka(student, teacher):
+    """PaKA's loss as its paper and lightly's PatchKernelAlignmentLoss state it, image by image: K = Z Z^T, H = I -
+    11^T / P, CKA = <H K_s H, H K_t H>_F / (||H K_s H||_F ||H K_t H||_F), 1 - CKA averaged over the images; the teacher
+    carries no gradient."""
+    per_image = []
+    for s, t in zip(student, teacher.detach()):
+        h = torch.eye(len(s), dtype=s.dtype) - 1 / len(s)
+        k_s, k_t = h @ (s @ s.T) @ h, h @ (t @ t.T) @ h
+        per_image.append(1 - torch.trace(k_s @ k_t) / (torch.linalg.norm(k_s) * torch.linalg.norm(k_t)))
+    return sum(per_image) / len(per_image)
+
+
+def test_paka_is_one_minus_the_centred_kernel_alignment_in_value_and_gradient():
+    """5 images of 6 patch tokens in 4 dimensions: solo's loss against the paper's CKA with the centring matrix, in
+    value and gradient (the teacher gets none); CKA's invariances hold (the teacher scaled and rotated changes
+    nothing). Rejected: the kernels uncentred, and cosine kernels (the tokens normalised first)."""
+    g = _generator(12)
+    student = torch.randn(5, 6, 4, generator=g, dtype=torch.float64, requires_grad=True)
+    teacher = (student.detach() + 0.8 * torch.randn(5, 6, 4, generator=g, dtype=torch.float64)).requires_grad_()
+    got, want = patch_kernel_alignment_loss(student, teacher), _paper_paka(student, teacher)
+    assert got.item() == pytest.approx(want.item(), rel=1e-12)
+    torch.testing.assert_close(
+        torch.autograd.grad(got, student)[0], torch.autograd.grad(want, student)[0], rtol=1e-10, atol=1e-12
+    )
+    assert torch.autograd.grad(patch_kernel_alignment_loss(student, teacher), teacher, allow_unused=True)[0] is None
+    rotation = torch.linalg.qr(torch.randn(4, 4, generator=g, dtype=torch.float64))[0]
+    turned = patch_kernel_alignment_loss(student, 3.0 * teacher.detach() @ rotation)
+    assert turned.item() == pytest.approx(got.item(), rel=1e-10)
+
+    s, t = student.detach(), teacher.detach()
+    uncentred = 1 - ((s @ s.mT) * (t @ t.mT)).sum((1, 2)) / (
+        torch.linalg.norm(s @ s.mT, dim=(1, 2)) * torch.linalg.norm(t @ t.mT, dim=(1, 2))
+    )
+    cosine = _paper_paka(F.normalize(s, dim=-1), F.normalize(t, dim=-1))
+    for wrong in (uncentred.mean(), cosine):
+        assert abs(got.item() - wrong.item()) > 1e-2 * got.item()
+
+
+def test_dinov2_adds_paka_weight_times_the_alignment_of_student_and_teacher_patch_tokens():
+    """DINOv2 with method.paka_weight: its loss grows by the weight times PaKA between each global crop's student
+    patch tokens (with the mask token in the masked places) and the EMA teacher's of the whole crop, every term else
+    unchanged."""
+    from solo.methods.dinov2 import DINOv2, DINOv2Config
+
+    def build(weight):
+        cfg = DINOv2Config(proj_hidden_dim=16, bottleneck_dim=8, num_prototypes=12, paka_weight=weight, koleo_weight=0)
+        method = DINOv2(_tiny_vit(0), 32, cfg).double()
+        method.feeds_probe = False
+        with torch.no_grad():
+            for p in method.teacher.parameters():
+                p.add_(0.2 * torch.randn(p.shape, generator=_generator(3), dtype=p.dtype))
+        return method
+
+    g = _generator(4)
+    views = [torch.randn(3, 3, 16, 16, generator=g, dtype=torch.float64) for _ in range(2)]
+    mask = torch.zeros(3, 2, 16, dtype=torch.bool)
+    mask[0, 0, :5] = True
+    batch = {"views": views, "mask": mask, "label": torch.zeros(3, dtype=torch.long)}
+    off, on = build(0.0), build(0.7)
+    loss_off = off.batch_loss(off.encode(batch), batch)["loss"]
+    loss_on = on.batch_loss(on.encode(batch), batch)["loss"]
+    vit, teacher = on.backbone, on.teacher[0]
+    student_tokens = [output_tokens(vit, v, m, on.mask_token)[:, 1:] for v, m in zip(views, mask.unbind(1))]
+    with torch.no_grad():
+        teacher_tokens = [output_tokens(teacher, v)[:, 1:] for v in views]
+    want = (
+        sum(_paper_paka(s[None, i], t[None, i]) for s, t in zip(student_tokens, teacher_tokens) for i in range(3)) / 6
+    )
+    assert (loss_on - loss_off).item() == pytest.approx(0.7 * want.item(), rel=1e-10)
+
+
 # --- EMP-SSL ---------------------------------------------------------------------------------------------------------
 
 
@@ -833,6 +908,113 @@ def test_data2vec_is_the_official_codes_loss_in_value_and_gradient():
         instance = sum(F.instance_norm(layer.transpose(1, 2)).transpose(1, 2) for layer in layers) / 2
     for wrong in (last_only, instance):
         assert (wrong - target).abs().max() > 0.1
+
+
+# --- data2vec 2.0 ----------------------------------------------------------------------------------------------------
+
+
+def _data2vec2_code_loss(student, teacher, convs, project, images, hidden, top, cls_loss):
+    """fairseq's data2vec2.py (d2v_loss with loss_beta 0, make_targets with instance_norm_target_layer and
+    layer_norm_targets, cls_loss) and Decoder2d, through timm's own ViT code: the teacher's feed-forward outputs caught
+    by hooks on its MLP branch during its forward_features, instance-normalised (F.instance_norm), averaged over the
+    last `top`, layer-normalised; the student on each mask's visible tokens, gathered as make_maskinfo does (argsort
+    of the mask); the decoder's conv -> LayerNorm over channels via transposes -> GELU with a residual; the
+    regression summed over the hidden patches and features, over 1 / sqrt(D), and `cls_loss` times the class term
+    summed over rows, both divided by the hidden count (the sample size) and the class term multiplied by it."""
+    branch = []
+    hooks = [b.ls2.register_forward_hook(lambda m, i, o: branch.append(o)) for b in teacher.blocks]
+    with torch.no_grad():
+        teacher.forward_features(images)
+        layers = [F.instance_norm(o[:, 1:].transpose(1, 2)).transpose(1, 2) for o in branch[-top:]]
+        y = F.layer_norm(sum(layers) / top, (teacher.embed_dim,))
+    for h in hooks:
+        h.remove()
+    clones = hidden.shape[1]
+    mask = hidden.flatten(0, 1)
+    x = student._pos_embed(student.patch_embed(images)).repeat_interleave(clones, 0)
+    ids_shuffle = mask.to(torch.uint8).argsort(dim=1, stable=True)
+    keep_count = int((~mask[0]).sum())
+    ids_restore = ids_shuffle.argsort(dim=1)
+    visible = torch.gather(x[:, 1:], 1, ids_shuffle[:, :keep_count, None].expand(-1, -1, x.shape[-1]))
+    x = student.norm(student.blocks(torch.cat([x[:, :1], visible], 1)))
+    filler = x.new_zeros(len(x), mask.shape[1] - keep_count, x.shape[-1])  # the official's noise of std 0.01
+    grid = torch.gather(torch.cat([x[:, 1:], filler], 1), 1, ids_restore[..., None].expand(-1, -1, x.shape[-1]))
+    z = grid.transpose(1, 2).reshape(len(x), -1, 4, 4)
+    residual = z
+    for conv in convs:
+        z = F.gelu(F.layer_norm(conv(z).transpose(-3, -1), (conv.out_channels,)).transpose(-3, -1))
+        if z.shape[1] == residual.shape[1]:
+            z = z + residual
+        residual = z
+    prediction = project(z.reshape(len(x), z.shape[1], -1).transpose(1, 2))
+    target = y.repeat_interleave(clones, 0)
+    scale = 1 / math.sqrt(x.shape[-1])
+    sample_size = int(mask.sum())
+    regression = (F.mse_loss(prediction[mask], target[mask], reduction="none") * scale).sum()
+    cls_target = y.mean(dim=1).repeat_interleave(clones, 0)
+    cls = (F.mse_loss(x[:, 0], cls_target, reduction="none") * scale).sum() * (cls_loss * sample_size)
+    return (regression + cls) / sample_size
+
+
+def test_data2vec2_is_the_official_codes_loss_in_value_and_gradient():
+    """A 2-block ViT with a teacher some way from the student, 2 images with 3 masks each hiding 12 of 16 patches:
+    solo's encode and loss against fairseq's recipe written with timm's own forward, in value and in the gradient of
+    a block's weight, the decoder's first convolution and the class token. The official class weight multiplies a sum
+    over the GPU's rows: solo's mean over rows at class_weight = cls_loss x rows. Rejected: the blocks' end outputs as
+    targets (data2vec's), and layer norm per block instead of instance norm."""
+    from solo.methods.data2vec2 import Data2Vec2, Data2Vec2Config
+
+    cfg = Data2Vec2Config(
+        mask_ratio=0.75, average_top_k_layers=2, decoder_dim=16, decoder_layers=2, decoder_groups=4, class_weight=0.6
+    )
+    method = Data2Vec2(_tiny_vit(0), 32, cfg).double()
+    method.feeds_probe = False
+    with torch.no_grad():  # a teacher some way from the student, as after training
+        for p in method.target_encoder.parameters():
+            p.add_(0.3 * torch.randn(p.shape, generator=_generator(1), dtype=p.dtype))
+    g = _generator(2)
+    images = torch.randn(2, 3, 16, 16, generator=g, dtype=torch.float64)
+    hidden = torch.stack([torch.randperm(16, generator=g) >= 4 for _ in range(6)]).reshape(2, 3, 16)
+    batch = {"views": [images], "mask": hidden, "label": torch.zeros(2, dtype=torch.long)}
+    got = method.batch_loss(method.encode(batch), batch)["loss"]
+
+    teacher = copy.deepcopy(method.backbone)
+    teacher.load_state_dict({k.replace(".block.", "."): v for k, v in method.target_encoder.state_dict().items()})
+    d = method.decoder
+    want = _data2vec2_code_loss(method.backbone, teacher, d.convs, d.project, images, hidden, 2, 0.6 / 6)
+    assert got.item() == pytest.approx(want.item(), rel=1e-12)
+    params = [method.backbone.blocks[0].attn.qkv.weight, d.convs[0].weight, method.backbone.cls_token]
+    for a, b in zip(torch.autograd.grad(got, params), torch.autograd.grad(want, params)):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12 * float(b.abs().max()))
+
+    with torch.no_grad():
+        target = method.targets(images)
+        ends = teacher.forward_intermediates(images, indices=2, output_fmt="NLC", intermediates_only=True)
+        end_outputs = F.layer_norm(sum(F.instance_norm(e.transpose(1, 2)).transpose(1, 2) for e in ends) / 2, (32,))
+        branch = []
+        hooks = [b.ls2.register_forward_hook(lambda m, i, o: branch.append(o[:, 1:])) for b in teacher.blocks]
+        teacher.forward_features(images)
+        for h in hooks:
+            h.remove()
+        per_block_ln = F.layer_norm(sum(F.layer_norm(o, (32,)) for o in branch) / 2, (32,))
+    for wrong in (end_outputs, per_block_ln):
+        assert (wrong - target).abs().max() > 0.1
+
+
+def test_data2vec2_masks_show_blocks_and_hide_as_many_in_every_mask():
+    """ImageNet's 14 x 14 grid at the paper's settings (80% hidden, 3 x 3 blocks, adjust 0.07): int(196 x 0.2) = 39
+    visible in each of 16 masks, the masks differ, and the visible patches cluster: most have a visible neighbour
+    among the 4 (about 1 in 5 would by chance). Drawn again from the same generator state, the same masks."""
+    generator = Data2Vec2Masks((14, 14), 0.8, 3, 0.07, 16)
+    masks = generator(random.Random(0))
+    assert masks.shape == (16, 196) and masks.dtype == torch.bool
+    assert ((~masks).sum(dim=1) == 39).all() and generator.visible == 39
+    assert len({tuple(m.tolist()) for m in masks}) == 16
+    shown = F.pad((~masks).reshape(16, 1, 14, 14).double(), (1, 1, 1, 1))
+    neighbours = shown[..., :-2, 1:-1] + shown[..., 2:, 1:-1] + shown[..., 1:-1, :-2] + shown[..., 1:-1, 2:]
+    with_neighbour = ((neighbours > 0) & (shown[..., 1:-1, 1:-1] > 0)).sum() / (~masks).sum()
+    assert with_neighbour > 0.6
+    assert torch.equal(generator(random.Random(0)), masks)
 
 
 # --- MaskFeat --------------------------------------------------------------------------------------------------------

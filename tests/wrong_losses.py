@@ -2,7 +2,7 @@
 
 Used to show that the gradient checker rejects them: a check that cannot fail proves nothing. Then the
 wrong variants of the self-supervised losses (VICReg, SigLIP, DINO, SwAV, MoCo v3, BYOL, SupCon, NNCLR, W-MSE,
-VIbCReg, I-JEPA, SimMIM, AIM, DINOv3's Gram anchoring, DeepClusterV2, LeJEPA, DCL, MMCR, TiCo, DirectCLR,
+VIbCReg, I-JEPA, data2vec 2.0, SimMIM, AIM, DINOv3's Gram anchoring, PaKA, DeepClusterV2, LeJEPA, DCL, MMCR, TiCo, DirectCLR,
 alignment-uniformity, EMP-SSL, FroSSL, SSL-EY, CAPI, MSN, PMSN, VICRegL, DetCon, FastSiam, MACL, VISReg, SwAV's queue, PIRL, CO2, VCReg, SMoG) that popular implementations ship
 (WRONG_SSL). At the end, two losses for the checker's error paths: one that raises
 on one rank, one that ignores its scalar.
@@ -331,6 +331,22 @@ def mae_mean_of_rank_means(z1, z2):
     return local(z1, z2) + local(z2, z1)
 
 
+def data2vec2_class_term_by_rank_hidden_share(z1, z2):
+    """data2vec 2.0's loss weighted as fairseq's criterion weighs it: the class term multiplied by this rank's count
+    of hidden patches and divided by the global one (the sample size), the rank's class errors averaged over its own
+    rows. In one process, the loss; across ranks, each rank's class mean counts by its share of the hidden patches."""
+
+    def local(prediction, target):
+        prediction, target = prediction.reshape(len(prediction), 2, 2), target.reshape(len(target), 2, 2)
+        mask = torch.sin(100 * target[..., 0].detach()) > 0
+        hidden = all_reduce(mask.sum().double())
+        regression = ((prediction - target.detach()).pow(2).sum(-1) * mask).sum() / math.sqrt(2) / hidden
+        error = (prediction.mean(1) - target.mean(1).detach()).pow(2).sum(-1) / math.sqrt(2)
+        return world_size() * (regression + 0.5 * error.mean() * mask.sum() / hidden)
+
+    return local(z1, z2) + local(z2, z1)
+
+
 def simmim_mean_of_rank_means(z1, z2):
     """SimMIM's L1 as its code takes it: the sum over this rank's masked pixels divided by their count, then averaged
     over ranks by DDP: the global mean only when every rank holds as many masked patches."""
@@ -377,6 +393,22 @@ def gram_rank_mse(z1, z2):
         return F.mse_loss(s @ s.transpose(1, 2), t @ t.transpose(1, 2))
 
     a, b = z1.unflatten(1, (-1, 2)), z2.unflatten(1, (-1, 2))
+    return local(a, b) + local(b, a)
+
+
+def paka_mean_of_rank_means(z1, z2):
+    """lightly's PatchKernelAlignmentLoss: 1 - CKA averaged over this rank's images, then averaged over ranks by DDP:
+    right only when every rank holds as many images. Written with the centring matrix H, as the paper states it."""
+
+    def local(student, teacher):
+        n = student.shape[1]
+        h = torch.eye(n, dtype=student.dtype) - 1 / n
+        k_s = h @ student @ student.transpose(1, 2) @ h
+        k_t = h @ teacher.detach() @ teacher.detach().transpose(1, 2) @ h
+        cka = (k_s * k_t).sum((1, 2)) / (k_s.square().sum((1, 2)).sqrt() * k_t.square().sum((1, 2)).sqrt())
+        return (1 - cka).mean()
+
+    a, b = z1.unflatten(1, (-1, 1)), z2.unflatten(1, (-1, 1))
     return local(a, b) + local(b, a)
 
 
@@ -840,11 +872,13 @@ WRONG_SSL = [
         "simmim_mean_of_rank_means",
         "aim_mean_of_rank_means",
         "nepa_mean_of_rank_means",  # only wrong with uneven per-rank batches
+        "data2vec2_class_term_by_rank_hidden_share",
         "co2_batch_local_negatives",
         "swav_sinkhorn_local_batch_times_world",  # only wrong with uneven per-rank batches
         "koleo_per_rank_neighbours",
         "ibot_mean_of_rank_means",  # only wrong with uneven per-rank batches
         "gram_rank_mse",  # likewise
+        "paka_mean_of_rank_means",  # likewise
         "ijepa_mean_of_rank_means",
         "deepclusterv2_mean_of_rank_means",
         "lejepa_per_rank_statistics",

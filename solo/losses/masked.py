@@ -9,15 +9,18 @@ solo.distributed.collectives).
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from solo.distributed import world_size
+from solo.distributed import batch_sizes, world_size
 from solo.dtypes import full_precision
 from solo.losses.checked import LOSSES
 
 __all__ = [
+    "data2vec2_loss",
     "masked_patch_l1",
     "masked_patch_mse",
     "masked_patch_smooth_l1",
@@ -79,6 +82,32 @@ def next_patch_mse(prediction: torch.Tensor, target: torch.Tensor, predicted: to
     return masked_patch_mse(prediction[:, :-1], target[:, 1:], predicted[:, 1:])
 
 
+def data2vec2_loss(
+    prediction: torch.Tensor,
+    target: torch.Tensor,
+    mask: torch.Tensor,
+    class_prediction: torch.Tensor,
+    class_target: torch.Tensor,
+    class_weight: float,
+) -> torch.Tensor:
+    """data2vec 2.0 (Baevski et al., 2023): the squared error of each hidden patch's prediction, summed over its D
+    features and scaled by 1 / sqrt(D), averaged over every hidden patch of the global batch; plus `class_weight`
+    times the class token's squared error to the mean of its image's targets, alike summed and scaled, averaged over
+    the global batch's rows. `prediction`, `target`: (B, N, D); `mask`: (B, N), True where hidden;
+    `class_prediction`, `class_target`: (B, D). The targets are detached.
+
+    The official code weighs the class term by each GPU's count of hidden patches and sums it over the GPU's rows:
+    per GPU, hence a weight that depends on the per-GPU batch. Here it is a mean over the global batch."""
+    width = prediction.shape[-1]
+    loss = math.sqrt(width) * masked_patch_mse(prediction, target, mask)  # the mean over D, times D / sqrt(D)
+    if class_weight == 0:
+        return loss
+    with torch.autocast(class_prediction.device.type, enabled=False):
+        error = (full_precision(class_prediction) - full_precision(class_target.detach())).pow(2).sum(dim=-1)
+        rows = sum(batch_sizes(class_prediction.shape[0], class_prediction.device))
+        return loss + class_weight / math.sqrt(width) * error.sum() * (world_size() / max(rows, 1))
+
+
 def normalised_patches(patches: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     """Each patch's pixels standardised by the patch's own mean and (unbiased) variance: MAE's norm_pix_loss target."""
     mean, var = patches.mean(dim=-1, keepdim=True), patches.var(dim=-1, keepdim=True)
@@ -112,6 +141,16 @@ def ijepa_check(z1: torch.Tensor, z2: torch.Tensor) -> torch.Tensor:
 def simmim_check(z1: torch.Tensor, z2: torch.Tensor) -> torch.Tensor:
     a, b = z1.reshape(len(z1), 2, 2), z2.reshape(len(z2), 2, 2)
     return masked_patch_l1(a, b, _check_mask(b)) + masked_patch_l1(b, a, _check_mask(a))
+
+
+@LOSSES.register("data2vec2")
+def data2vec2_check(z1: torch.Tensor, z2: torch.Tensor) -> torch.Tensor:
+    # As mae's case, each row's mean patch as its class token, the class term at a weight of the patches' order.
+    def loss(prediction, target):
+        return data2vec2_loss(prediction, target, _check_mask(target), prediction.mean(1), target.mean(1), 0.5)
+
+    a, b = z1.reshape(len(z1), 2, 2), z2.reshape(len(z2), 2, 2)
+    return loss(a, b) + loss(b, a)
 
 
 def _check_prefix(target: torch.Tensor) -> torch.Tensor:

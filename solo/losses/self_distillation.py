@@ -29,6 +29,7 @@ __all__ = [
     "ibot_patch_loss",
     "masked_center",
     "momentum_groups",
+    "patch_kernel_alignment_loss",
     "sinkhorn",
     "smog_loss",
     "swav_loss",
@@ -137,6 +138,26 @@ def gram_loss(student: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         s = F.normalize(full_precision(student), dim=-1)
         t = F.normalize(full_precision(target.detach()), dim=-1)
         per_image = (s @ s.transpose(1, 2) - t @ t.transpose(1, 2)).square().mean(dim=(1, 2))
+        return per_image.sum() * (world_size() / sum(batch_sizes(student.shape[0], student.device)))
+
+
+def patch_kernel_alignment_loss(student: torch.Tensor, teacher: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """PaKA (patch kernel alignment, 2025): for each image, 1 minus the centred kernel alignment (CKA) of the linear
+    kernels of its patch tokens, the student's and the teacher's: <H K_s H, H K_t H>_F / (||H K_s H||_F ||H K_t H||_F)
+    with K = Z Z^T and H the centring matrix; averaged over every image of the GLOBAL batch. `student`, `teacher`:
+    (n, P, D), P >= 2; the teacher is detached. Each squared norm is clamped at `eps` before its root (lightly's), so a
+    constant image passes no infinite gradient. lightly averages over its rank's images only."""
+    with torch.autocast(student.device.type, enabled=False):
+
+        def centred_kernel(z: torch.Tensor) -> torch.Tensor:
+            z = z - z.mean(dim=1, keepdim=True)  # H Z: then (H Z)(H Z)^T = H K H
+            return z @ z.transpose(1, 2)
+
+        k_s = centred_kernel(full_precision(student))
+        k_t = centred_kernel(full_precision(teacher.detach()))
+        cross = (k_s * k_t).sum(dim=(1, 2))
+        norms = (k_s * k_s).sum(dim=(1, 2)).clamp_min(eps).sqrt() * (k_t * k_t).sum(dim=(1, 2)).clamp_min(eps).sqrt()
+        per_image = 1 - cross / norms
         return per_image.sum() * (world_size() / sum(batch_sizes(student.shape[0], student.device)))
 
 
@@ -380,6 +401,14 @@ def gram_check(z1: torch.Tensor, z2: torch.Tensor) -> torch.Tensor:
     # Each row as patches of 2 dimensions; each tower anchored to the other's (frozen) Gram matrices.
     a, b = z1.unflatten(1, (-1, 2)), z2.unflatten(1, (-1, 2))
     return gram_loss(a, b) + gram_loss(b, a)
+
+
+@LOSSES.register("paka")
+def paka_check(z1: torch.Tensor, z2: torch.Tensor) -> torch.Tensor:
+    # Each row as 4 patches of 1 dimension (2 patches' centred kernels always align), each tower aligned to the
+    # other's (detached) kernels.
+    a, b = z1.unflatten(1, (-1, 1)), z2.unflatten(1, (-1, 1))
+    return patch_kernel_alignment_loss(a, b) + patch_kernel_alignment_loss(b, a)
 
 
 @LOSSES.register("swav")

@@ -29,6 +29,7 @@ from solo.losses import (
     ibot_patch_loss,
     koleo_loss,
     masked_center,
+    patch_kernel_alignment_loss,
     sinkhorn,
 )
 from solo.methods.base import ema_update, encode_views, make_teacher, register_method
@@ -72,6 +73,9 @@ class DINOv2Config:
     gram_anchor: float = ruled(0.0, NON_NEGATIVE)
     gram_start: int = ruled(10000, AT_LEAST_ONE)
     gram_refresh: int = ruled(10000, AT_LEAST_ONE)
+    # PaKA's patch kernel alignment (DINOv3.1's post-training loss): the weight (0: off) of 1 - CKA between the linear
+    # kernels of each global crop's patch tokens, the student's (masked ones too) and the EMA teacher's.
+    paka_weight: float = ruled(0.0, NON_NEGATIVE)
 
     def validate(self) -> None:
         if self.mask_ratio_min > self.mask_ratio_max:
@@ -160,6 +164,9 @@ class DINOv2(MaskedViT, SelfDistillation):
             with torch.no_grad():
                 anchor = encode_views(self.gram_teacher, crops, forward=partial(output_tokens, self.gram_teacher))
             encoded["gram_anchor"] = [tokens[:, prefix:] for tokens in anchor]
+        if self.cfg.paka_weight:
+            encoded["paka"] = [tokens[:, prefix:] for tokens in student]
+            encoded["paka_teacher"] = [tokens[:, prefix:] for tokens in teacher]
         return encoded | self.probe_features(batch)
 
     def patch_temperature(self) -> torch.Tensor:
@@ -198,7 +205,15 @@ class DINOv2(MaskedViT, SelfDistillation):
             terms["koleo"] = sum(koleo_loss(x) for x in encoded["cls"][: self.num_views])
         if "gram" in encoded:
             terms["gram"] = gram_loss(torch.cat(encoded["gram"]), torch.cat(encoded["gram_anchor"]))
-        weights = {"dino": 1.0, "ibot": c.ibot_weight, "koleo": c.koleo_weight, "gram": c.gram_anchor}
+        if c.paka_weight:
+            terms["paka"] = patch_kernel_alignment_loss(torch.cat(encoded["paka"]), torch.cat(encoded["paka_teacher"]))
+        weights = {
+            "dino": 1.0,
+            "ibot": c.ibot_weight,
+            "koleo": c.koleo_weight,
+            "gram": c.gram_anchor,
+            "paka": c.paka_weight,
+        }
         loss = sum(weights[name] * term for name, term in terms.items())
         self.terms = {name: term.detach() for name, term in terms.items()}  # W times this rank's share
         return {"loss": loss, "features": encoded.get("features"), "labels": batch["label"]}

@@ -265,3 +265,43 @@ class InverseBlockMask:
         predicted = np.zeros_like(hidden)
         predicted[rng.sample(np.flatnonzero(hidden).tolist(), self.predicted)] = True
         return torch.from_numpy(np.stack([hidden, predicted]))
+
+
+@dataclass(frozen=True)
+class Data2Vec2Masks:
+    """data2vec 2.0's masks, `masks` per image (its clone_batch), each drawn as the official compute_block_mask_2d
+    with inverse_mask: the visible patches are squares of side `block` round `int(patches * (1 - ratio + adjust) /
+    block**2)` centres drawn uniformly with replacement (cut at the edges), then made exactly `int(patches * (1 -
+    ratio))` by showing or hiding patches chosen uniformly; the others are hidden. Every mask hides as many, so a
+    batch's visible patches stack. Returns (masks, patches), True where hidden."""
+
+    grid: tuple[int, int]
+    ratio: float
+    block: int
+    adjust: float
+    masks: int
+
+    @property
+    def visible(self) -> int:
+        return int(self.grid[0] * self.grid[1] * (1 - self.ratio))
+
+    def __call__(self, rng=random) -> torch.Tensor:
+        return torch.from_numpy(np.stack([self._one(rng) for _ in range(self.masks)]))
+
+    def _one(self, rng) -> np.ndarray:
+        height, width = self.grid
+        patches = height * width
+        shown = np.zeros((height, width), dtype=bool)
+        before = self.block // 2  # a centre's square spans [c - block // 2, c - block // 2 + block)
+        for _ in range(int(patches * (1 - self.ratio + self.adjust) / self.block**2)):
+            centre = rng.randrange(patches)
+            row, col = divmod(centre, width)
+            top, left = max(0, row - before), max(0, col - before)
+            shown[top : row - before + self.block, left : col - before + self.block] = True
+        shown = shown.flatten()
+        count = int(shown.sum())
+        if count > self.visible:
+            shown[rng.sample(np.flatnonzero(shown).tolist(), count - self.visible)] = False
+        elif count < self.visible:
+            shown[rng.sample(np.flatnonzero(~shown).tolist(), self.visible - count)] = True
+        return ~shown
