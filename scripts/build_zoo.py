@@ -58,6 +58,7 @@ RECIPES = {
     "ijepa-digits-vittiny6": "method=ijepa method.loss=mse",
     "data2vec-digits-vittiny6": "method=data2vec",
     "data2vec2-digits-vittiny6": "method=data2vec2",
+    "salt-digits-vittiny6": "method=salt",
     "simmim-digits-vittiny6": "method=simmim",
     "crossmae-digits-vittiny6": "method=crossmae",
     "maskfeat-digits-vittiny6": "method=maskfeat",

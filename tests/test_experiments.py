@@ -774,6 +774,28 @@ EXPECTED = {
         "geometry": [(None, 1, 1.0, 0.5)],
         "view_sizes": [224],
     },
+    # SALT's stage 2 on I-JEPA's masks and predictor, stable-pretraining's optimisation; the teacher required
+    "salt_imagenet": {
+        "backbone.name": "vit_base_patch16_224",
+        "backbone.kwargs.patch_size": 16,
+        "data.image_size": 224,
+        "data.batch_size": 32,
+        "method.name": "salt",
+        "method.predictor_embed_dim": 384,
+        "method.predictor_depth": 12,
+        "method.num_targets": 4,
+        "method.loss": "l1",
+        "optim.name": "adamw",
+        "optim.lr": 6.25e-4,
+        "optim.lr_scaling": "none",
+        "optim.betas": [0.9, 0.95],
+        "optim.weight_decay": 0.04,
+        "optim.warmup_epochs": 10,
+        "trainer.max_epochs": 400,
+        "views": [(0.4, 0.4, 0.2, 0.1, 0.0, 0.0, 0.0, 0.0, 0.3)],
+        "geometry": [(None, 1, 1.0, 0.0)],
+        "view_sizes": [224],
+    },
     # data2vec_vision's README, ViT-B for 800 epochs: BEiT's views with a colour jitter of 0.4, always
     "data2vec_imagenet": {
         "backbone.name": "vit_base_patch16_224",

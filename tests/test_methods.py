@@ -226,6 +226,18 @@ METHOD = {
         "method.predictor_heads=2",
         "method.base_momentum=0.9",
     ],
+    # timm's test ViT (width 64) on a 4 x 4 grid, I-JEPA's masks; the frozen teacher the MAE zoo ViT (width 192, the
+    # same grid): the predictor maps to the teacher's width.
+    "salt": [
+        "backbone.name=test_vit",
+        "backbone.small_stem=false",
+        "+backbone.kwargs.img_size=16",
+        "+backbone.kwargs.patch_size=4",
+        "method.teacher=mae-digits-vittiny6",
+        "method.predictor_embed_dim=16",
+        "method.predictor_depth=1",
+        "method.predictor_heads=2",
+    ],
     # timm's test ViT with a register, 60% of its 16 patches hidden in blocks of 2 or more; the top 2 blocks averaged.
     "data2vec": [
         "backbone.name=test_vit",
@@ -587,7 +599,7 @@ def test_unknown_method_lists_every_method():
     with pytest.raises(MissingConfigException) as err:
         compose_cfg(["method=bool"])
     builtin = [m.name for m in METHODS if m.target.__module__.startswith("solo.")]  # other tests register their own
-    assert len(builtin) == 55 and all(name in str(err.value) for name in builtin)
+    assert len(builtin) == 56 and all(name in str(err.value) for name in builtin)
 
 
 @pytest.mark.parametrize(

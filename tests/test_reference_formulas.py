@@ -910,6 +910,67 @@ def test_data2vec_is_the_official_codes_loss_in_value_and_gradient():
         assert (wrong - target).abs().max() > 0.1
 
 
+# --- SALT ------------------------------------------------------------------------------------------------------------
+
+
+def test_salt_predicts_the_frozen_teachers_patch_tokens_with_l1_and_never_moves_the_teacher():
+    """A 2-block student of width 32 and a frozen teacher of width 48 on the same 4 x 4 grid, 3 images with a context
+    and 2 disjoint target blocks each: the targets are the teacher's patch tokens as timm's forward_features gives them
+    (after its final norm, nothing more: stable-pretraining's SALT), the loss their mean absolute error to the
+    predictions (its F.l1_loss over every target feature), the teacher gets no gradient and the optimizer step leaves
+    it as it was. Rejected: I-JEPA's layer-normalised targets."""
+    from timm.models.vision_transformer import VisionTransformer
+
+    from solo.methods.distill import FrozenTeacher
+    from solo.methods.salt import SALT, SALTConfig
+
+    torch.manual_seed(1)
+    encoder = VisionTransformer(img_size=16, patch_size=4, embed_dim=48, depth=2, num_heads=2, num_classes=0).double()
+    with torch.no_grad():  # a final norm's scale and shift as after training: its output is no longer layer-normalised
+        encoder.norm.weight.uniform_(0.5, 2.0)
+        encoder.norm.bias.normal_()
+    stats = ((0.5, 0.5, 0.5), (0.25, 0.25, 0.25))
+    teacher = FrozenTeacher(encoder, 48, "a test ViT", stats, stats)
+    cfg = SALTConfig(predictor_embed_dim=16, predictor_depth=1, predictor_heads=2, min_context_patches=2)
+    method = SALT(_tiny_vit(0), 32, cfg, teacher).double()
+    method.feeds_probe = False
+    images = torch.randn(3, 3, 16, 16, generator=_generator(5), dtype=torch.float64)
+    masks = torch.zeros(3, 3, 16, dtype=torch.bool)  # (context, target 1, target 2) per image
+    masks[:, 0, [0, 1, 2, 4, 5, 6, 8, 9]] = True
+    masks[:, 1, [10, 11]] = True
+    masks[:, 2, [12, 13, 14, 15]] = True
+    masks[1, 1, 3] = True  # a target of 3 patches in one image: padding in the others'
+    batch = {"views": [images], "mask": masks, "label": torch.zeros(3, dtype=torch.long)}
+    encoded = method.encode(batch)
+    loss = method.batch_loss(encoded, batch)["loss"]
+
+    with torch.no_grad():
+        tokens = encoder.forward_features(images)[:, 1:]
+    predictions, targets = [], []
+    for n in range(3):
+        for block in (1, 2):
+            at = masks[n, block].nonzero().flatten()
+            predictions.append(encoded["prediction"][n, block - 1, : len(at)])
+            targets.append(tokens[n, at])
+    want = F.l1_loss(torch.cat(predictions), torch.cat(targets))
+    assert loss.item() == pytest.approx(want.item(), rel=1e-12)
+    torch.testing.assert_close(
+        encoded["target"].flatten(0, 1)[encoded["valid"].flatten(0, 1)],
+        torch.cat(targets),
+        rtol=0,
+        atol=1e-12,
+    )
+    normalised = F.layer_norm(torch.cat(targets), (48,))
+    assert (normalised - torch.cat(targets)).abs().max() > 0.1
+
+    before = {k: v.clone() for k, v in encoder.state_dict().items()}
+    loss.backward()
+    assert all(p.grad is None for p in encoder.parameters())
+    method.prepare_step(0, 10)
+    method.after_optimizer_step()
+    assert all(torch.equal(before[k], v) for k, v in encoder.state_dict().items())
+
+
 # --- data2vec 2.0 ----------------------------------------------------------------------------------------------------
 
 

@@ -22,18 +22,20 @@ from solo.backbones.vit import (
     take,
 )
 from solo.data.views.masks import MultiBlockMask
-from solo.losses import masked_patch_mse, masked_patch_smooth_l1
+from solo.losses import masked_patch_l1, masked_patch_mse, masked_patch_smooth_l1
 from solo.methods.base import register_method
 from solo.methods.masked_image import TargetEncoderViT, check_transformer_width
 from solo.schema import AT_LEAST_ONE, DECAY, FRACTION, POSITIVE, PROBABILITY, choices, ruled
 
 # The error between predicted and target features: the official code's smooth L1 (beta 1), or the paper's L2.
 PatchLoss = choices("PatchLoss", "smooth_l1", "mse")
+PATCH_LOSSES = {"smooth_l1": masked_patch_smooth_l1, "mse": masked_patch_mse, "l1": masked_patch_l1}
 
 
 @dataclass
-class IJEPAConfig:
-    name: str = "ijepa"
+class MultiBlockPredictionConfig:
+    """The keys of a method that predicts target blocks' features from a context block (I-JEPA, SALT)."""
+
     predictor_embed_dim: int = ruled(384, AT_LEAST_ONE)
     predictor_depth: int = ruled(12, AT_LEAST_ONE)
     predictor_heads: int = ruled(12, AT_LEAST_ONE)
@@ -45,9 +47,6 @@ class IJEPAConfig:
     context_scale_min: float = ruled(0.85, DECAY)  # the square context block's share, before the targets leave it
     context_scale_max: float = ruled(1.0, DECAY)
     min_context_patches: int = ruled(10, AT_LEAST_ONE)  # fewer left beside the targets: the masks are drawn again
-    base_momentum: float = ruled(0.996, PROBABILITY)  # the target encoder's share in its EMA update, at the start
-    final_momentum: float = ruled(1.0, PROBABILITY)  # ... and at the end (a linear schedule, as I-JEPA's)
-    loss: PatchLoss = PatchLoss("smooth_l1")  # smooth_l1 (the official code's) or mse (the paper's L2)
 
     def validate(self) -> None:
         for low, high in [("target_scale", "scale"), ("target_aspect", "aspect"), ("context_scale", "scale")]:
@@ -56,13 +55,21 @@ class IJEPAConfig:
                 raise ValueError(f"{low}_min={lo} is above {low}_max={hi}: a block's {high} is drawn between the two")
 
 
+@dataclass
+class IJEPAConfig(MultiBlockPredictionConfig):
+    name: str = "ijepa"
+    base_momentum: float = ruled(0.996, PROBABILITY)  # the target encoder's share in its EMA update, at the start
+    final_momentum: float = ruled(1.0, PROBABILITY)  # ... and at the end (a linear schedule, as I-JEPA's)
+    loss: PatchLoss = PatchLoss("smooth_l1")  # smooth_l1 (the official code's) or mse (the paper's L2)
+
+
 class IJEPAPredictor(nn.Module):
     """The encoded context patches, narrowed to the predictor's width, with fixed 2-D sine-cosine positions; for each
     target block a learnt mask token at each of its positions; transformer blocks over both; each target position's
     output mapped back to the encoder's width. Padding (the positions past a sample's own count) is never attended
-    to."""
+    to. `out_dim`: the width of the features predicted (the encoder's by default)."""
 
-    def __init__(self, in_dim: int, cfg: IJEPAConfig, grid: tuple[int, int]):
+    def __init__(self, in_dim: int, cfg: MultiBlockPredictionConfig, grid: tuple[int, int], out_dim: int = 0):
         super().__init__()
         from timm.models.vision_transformer import Block  # here: timm's import slows every process's start
 
@@ -75,7 +82,7 @@ class IJEPAPredictor(nn.Module):
             for _ in range(cfg.predictor_depth)
         )
         self.norm = _layer_norm(width)
-        self.project = nn.Linear(width, in_dim)
+        self.project = nn.Linear(width, out_dim or in_dim)
         for m in self.modules():  # I-JEPA's initialisation
             if isinstance(m, nn.Linear):
                 nn.init.trunc_normal_(m.weight, std=0.02)
@@ -120,12 +127,14 @@ class IJEPA(TargetEncoderViT):
 
     augmentations = {"digits": "one_view_digits", "natural": "ijepa"}
 
-    def __init__(self, backbone, feature_dim: int, cfg: IJEPAConfig):
-        super().__init__(backbone, feature_dim, cfg.base_momentum)
+    def __init__(self, backbone, feature_dim: int, cfg: MultiBlockPredictionConfig, frozen: nn.Module | None = None):
+        """`frozen`: a frozen target encoder with an `encoder` (SALT's teacher) instead of the EMA of the backbone."""
+        super().__init__(backbone, feature_dim, getattr(cfg, "base_momentum", 0.0), frozen)
         self.cfg = cfg
-        self.predictor = IJEPAPredictor(backbone.embed_dim, cfg, grid_shape(backbone))
+        width = (frozen.encoder if frozen is not None else backbone).embed_dim  # of the predicted features
+        self.predictor = IJEPAPredictor(backbone.embed_dim, cfg, grid_shape(backbone), width)
         self.mask_generator()(random.Random(0))  # masks the grid cannot hold: one error now, not in a data worker
-        self.patch_loss = masked_patch_mse if cfg.loss == "mse" else masked_patch_smooth_l1
+        self.patch_loss = PATCH_LOSSES[str(cfg.loss)]
 
     @classmethod
     def check_config(cls, cfg) -> None:
@@ -157,12 +166,15 @@ class IJEPA(TargetEncoderViT):
         context = run_blocks(vit, tokens, attends)[:, prefix.shape[1] :]
         prediction = self.predictor(context, context_at, context_valid, target_at, target_valid)
         with torch.no_grad():
-            teacher = self.target_encoder
-            features = output_tokens(teacher, images)[:, teacher.num_prefix_tokens :]
-            features = F.layer_norm(features, features.shape[-1:])
-            target = take(features, target_at.flatten(1, 2)).view(prediction.shape)
+            target = take(self.target_features(images), target_at.flatten(1, 2)).view(prediction.shape)
         encoded = {"prediction": prediction, "target": target, "valid": target_valid}
         return encoded | self.probe_features(batch)
+
+    def target_features(self, images: torch.Tensor) -> torch.Tensor:
+        """(B, N, D): every patch's target, the target encoder's output on the whole image, layer-normalised."""
+        teacher = self.target_encoder
+        features = output_tokens(teacher, images)[:, teacher.num_prefix_tokens :]
+        return F.layer_norm(features, features.shape[-1:])
 
     def batch_loss(self, encoded: dict, batch: dict) -> dict:
         loss = self.patch_loss(

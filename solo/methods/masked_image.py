@@ -3,7 +3,8 @@ sample, drawn in the data workers (`mask_generator`: `batch["mask"]`), and an on
 the evaluation transform (`batch["probe_image"]`), since the views it trains on are masked. `PixelReconstruction`
 (MAE, CrossMAE, SimMIM, AIM, MaskFeat): one view per image whose patches' pixels (or a target computed from them) are predicted
 where the mask says. `TargetEncoderViT`
-(I-JEPA, CAPI, data2vec): one view per image whose targets come from a target encoder, an EMA of the backbone."""
+(I-JEPA, CAPI, data2vec, data2vec 2.0, SALT): one view per image whose targets come from a target encoder, an EMA of
+the backbone or a frozen pretrained encoder."""
 
 from __future__ import annotations
 
@@ -105,17 +106,22 @@ class TargetEncoderViT(MaskedViT, Method):
     """One view per image; the targets come from `target_encoder`, an EMA of the backbone whose momentum after step
     k of n is `momentum_at(k, n)`; the probes read the mean patch token (pool=mean), as I-JEPA's linear protocol.
     With `teacher_blocks_only`, the EMA copies only the backbone's blocks (solo.backbones.vit.BlockOutputs), which take
-    the student's own patch and position embeddings (data2vec's `ema_transformer_only`)."""
+    the student's own patch and position embeddings (data2vec's `ema_transformer_only`). Given a `frozen` target
+    encoder instead (SALT's pretrained teacher), that one, never moved."""
 
     num_views = 1
     teachers = ("target_encoder",)
     pool = "mean"
     teacher_blocks_only: ClassVar[bool] = False
 
-    def __init__(self, backbone, feature_dim: int, base_momentum: float):
+    def __init__(self, backbone, feature_dim: int, base_momentum: float, frozen: nn.Module | None = None):
         super().__init__(backbone, feature_dim)
         check_vit(backbone, self.name)
         pool_patch_tokens(backbone)
+        self.moves = frozen is None
+        if frozen is not None:
+            self.target_encoder = frozen
+            return
         teacher = make_teacher(self.taught())
         self.target_encoder = BlockOutputs(teacher) if self.teacher_blocks_only else teacher
         self.momentum = base_momentum
@@ -125,18 +131,20 @@ class TargetEncoderViT(MaskedViT, Method):
         raise NotImplementedError
 
     def prepare_step(self, index: int, total_steps: int) -> None:
-        self.momentum = self.momentum_at(index + 1, total_steps)
-        self.teacher_momentum.fill_(self.momentum)
+        if self.moves:
+            self.momentum = self.momentum_at(index + 1, total_steps)
+            self.teacher_momentum.fill_(self.momentum)
 
     def taught(self) -> nn.Module:
         """What the target encoder is an EMA of."""
         return self.backbone.blocks if self.teacher_blocks_only else self.backbone
 
     def after_optimizer_step(self) -> None:
-        ema_update(self.target_encoder, self.taught(), self.ema_momentum())
+        if self.moves:
+            ema_update(self.target_encoder, self.taught(), self.ema_momentum())
 
     def metrics(self) -> dict[str, torch.Tensor]:
-        return {"train/teacher_momentum": torch.tensor(self.momentum)}
+        return {"train/teacher_momentum": torch.tensor(self.momentum)} if self.moves else {}
 
 
 class CrossAttentionBlock(nn.Module):
