@@ -188,6 +188,13 @@ def keep(tokens: torch.Tensor, mask: torch.Tensor, count: int) -> torch.Tensor:
     return take(tokens, first_positions(~mask, count))
 
 
+def put_back(visible: torch.Tensor, mask: torch.Tensor, fill: torch.Tensor) -> torch.Tensor:
+    """(B, N, D): `fill` (B, N, D), each sample's positions where `mask` (B, N) is False taken, in order, from
+    `visible` (B, V, D): the inverse of `keep` (MAE's decoder input, data2vec 2.0's decoder grid)."""
+    order = first_positions(~mask, visible.shape[1])
+    return fill.scatter(1, order[..., None].expand(-1, -1, visible.shape[-1]), visible)
+
+
 def patchify(images: torch.Tensor, patch: int) -> torch.Tensor:
     """(B, C, H, W) -> (B, N, patch * patch * C): the pixels of each patch, row-major, channels last (MAE's order)."""
     b, c, h, w = images.shape

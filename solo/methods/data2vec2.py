@@ -12,7 +12,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from solo.backbones.vit import embed_patches, first_positions, grid_shape, keep, prefix_tokens, run_blocks
+from solo.backbones.vit import embed_patches, grid_shape, keep, prefix_tokens, put_back, run_blocks
 from solo.data.views.masks import Data2Vec2Masks
 from solo.dtypes import full_precision
 from solo.errors import ConfigError
@@ -58,10 +58,7 @@ class ConvDecoder(nn.Module):
     def forward(self, visible: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
         """(B, N, width) predictions at every patch from `visible` (B, V, width), each row's visible patches in
         order, and `hidden` (B, N)."""
-        rows, patches = hidden.shape
-        order = first_positions(~hidden, visible.shape[1])
-        x = visible.new_zeros(rows, patches, visible.shape[-1])
-        x = x.scatter(1, order[..., None].expand(-1, -1, visible.shape[-1]), visible)
+        x = put_back(visible, hidden, visible.new_zeros(*hidden.shape, visible.shape[-1]))
         x = x.transpose(1, 2).unflatten(2, self.grid)  # (B, width, H, W)
         for conv in self.convs:
             y = F.gelu(F.layer_norm(conv(x).movedim(1, -1), (conv.out_channels,)).movedim(-1, 1))

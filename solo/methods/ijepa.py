@@ -129,7 +129,7 @@ class IJEPA(TargetEncoderViT):
 
     def __init__(self, backbone, feature_dim: int, cfg: MultiBlockPredictionConfig, frozen: nn.Module | None = None):
         """`frozen`: a frozen target encoder with an `encoder` (SALT's teacher) instead of the EMA of the backbone."""
-        super().__init__(backbone, feature_dim, getattr(cfg, "base_momentum", 0.0), frozen)
+        super().__init__(backbone, feature_dim, cfg.base_momentum if frozen is None else 0.0, frozen)
         self.cfg = cfg
         width = (frozen.encoder if frozen is not None else backbone).embed_dim  # of the predicted features
         self.predictor = IJEPAPredictor(backbone.embed_dim, cfg, grid_shape(backbone), width)

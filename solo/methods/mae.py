@@ -10,11 +10,11 @@ import torch.nn as nn
 
 from solo.backbones.vit import (
     embed_patches,
-    first_positions,
     grid_shape,
     keep,
     num_patches,
     prefix_tokens,
+    put_back,
     run_blocks,
     sincos_positions,
 )
@@ -65,9 +65,7 @@ class MAEDecoder(nn.Module):
         x = self.embed(encoded)
         visible = x[:, self.prefix :]
         # Every position starts as the mask token; the visible ones take their encodings, in order.
-        tokens = self.mask_token.to(x.dtype).expand(mask.shape[0], mask.shape[1], -1)
-        order = first_positions(~mask, visible.shape[1])
-        tokens = tokens.scatter(1, order[..., None].expand(-1, -1, x.shape[-1]), visible)
+        tokens = put_back(visible, mask, self.mask_token.to(x.dtype).expand(mask.shape[0], mask.shape[1], -1))
         tokens = tokens + self.positions.to(x.dtype)
         x = torch.cat([x[:, : self.prefix], tokens], dim=1)
         for block in self.blocks:
