@@ -22,7 +22,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from solo.backbones import BACKBONES, SMALL_IMAGES, choose_patch_size, configured_patch_size, has_resnet_stem
 from solo.data import DATASETS, data_id, view_sizes
-from solo.data.views.transforms import ViewAugmentation
+from solo.data.views.transforms import ViewAugmentation, check_shifts
 from solo.distributed.env import detect
 from solo.errors import ConfigError
 from solo.eval.linear import LinearProtocol
@@ -65,6 +65,9 @@ class AugmentationConfig:
     name: str = "auto"
     # Each entry is one recipe; `size` and `count` make multi-crop (e.g. 2 global + 6 local crops).
     views: List[ViewAugmentation] = field(default_factory=list)
+
+    def validate(self) -> None:
+        check_shifts(self.views)  # between the views (each is checked alone by its own validate)
 
 
 @dataclass

@@ -24,7 +24,7 @@ from solo.data.views.augment import (
     make_views,
     padded_canvas,
 )
-from solo.data.views.transforms import ViewAugmentation
+from solo.data.views.transforms import ViewAugmentation, expand_views
 
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 EVERYTHING = ViewAugmentation(
@@ -294,6 +294,41 @@ def test_crop_boxes_follow_random_resized_crop(height, width):
         if not fallback:
             assert 0.2 - 0.05 <= h * w / (height * width) <= 0.9 + 0.05
             assert 3 / 4 - 0.1 <= w / h <= 4 / 3 + 0.1
+
+
+def test_a_shifted_view_is_the_first_views_box_and_flip_moved_down_and_to_the_views_right():
+    """CMAE's pixel shifting (ViewAugmentation.shift_of, max_shift): view 1 takes view 0's box and flip, moved by whole
+    pixels, each axis up to max_shift of the box's side, down and towards the view's right (the image's left when
+    mirrored), never out of the image; its pixels are that box's, mirrored with view 0 although its own hflip_prob is
+    0 (the hand-written crop and torchvision's flip)."""
+    still = dict(jitter_prob=0.0, grayscale_prob=0.0)
+    online = ViewRecipe(ViewAugmentation(crop_scale=[0.3, 0.7], hflip_prob=0.5, **still), 24, MEAN, STD)
+    aug = ViewAugmentation(shift_of=0, max_shift=0.25, hflip_prob=0.0, **still)
+    shifted = ViewRecipe(aug, 16, MEAN, STD)  # another size: made apart from view 0, its own flip gate
+    image = torch.randint(0, 256, (3, 40, 52), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+    moves, flips = set(), set()
+    for seed in range(300):
+        with seeded_rng(seed):
+            p0 = online.draw(40, 52)
+            p1 = shifted.draw(40, 52, earlier=[p0])
+        (top0, left0, h, w, flip), (top1, left1, h1, w1, flip1) = (
+            [q[PARAM_INDEX[k]] for k in ("top", "left", "height", "width", "flip")] for q in (p0, p1)
+        )
+        assert (h1, w1, flip1) == (h, w, flip)
+        down, across = top1 - top0, (left0 - left1) if flip else (left1 - left0)
+        assert 0 <= down <= 0.25 * h and 0 <= across <= 0.25 * w
+        assert top1 + h <= 40 and 0 <= left1 and left1 + w <= 52
+        moves.add((down, across))
+        flips.add(flip)
+        if seed < 8:
+            params = torch.tensor([[p0], [p1]], dtype=torch.float64)
+            view = make_views([online, shifted], [image], params)[1][0]
+            want = sampled(image, (left1, top1, left1 + w, top1 + h), 16)
+            want = TF.normalize(TF.horizontal_flip(want) if flip else want, list(MEAN), list(STD))
+            torch.testing.assert_close(view, want, atol=2e-5, rtol=0)
+    assert len(moves) > 50 and flips == {0.0, 1.0}
+    with pytest.raises(ValueError, match=r"views\[1\].shift_of=1: it names view 1, but 1 come before it"):
+        expand_views([EVERYTHING, ViewAugmentation(shift_of=1)], 24)
 
 
 def test_a_jpeg_that_parses_but_does_not_decode_is_unreadable_in_the_worker():

@@ -66,6 +66,7 @@ VIEW_PARAMS = (
 PARAM_INDEX = {name: i for i, name in enumerate(VIEW_PARAMS)}
 JITTER = ("brightness", "contrast", "saturation", "hue")  # ColorJitter's operations, numbered as in "order*"
 SOLARIZE_THRESHOLD = 128 / 255  # RandomSolarize(threshold=128) on uint8 images, in [0, 1] units
+BOX_AND_FLIP = ("top", "left", "height", "width", "flip")
 GREY_WEIGHTS = (0.2989, 0.587, 0.114)  # ITU-R 601-2 luma, as torchvision's rgb_to_grayscale
 
 
@@ -110,12 +111,12 @@ class ViewRecipe:
         # Operations whose recipe can change nothing are left out of both paths.
         self.jitter_ops = [i for i, op in enumerate(JITTER) if getattr(aug, op) > 0] if aug.jitter_prob > 0 else []
 
-    def draw(self, height: int, width: int, rng=random) -> list[float]:
+    def draw(self, height: int, width: int, rng=random, earlier: Sequence[list[float]] = ()) -> list[float]:
         """This view's parameters for an image of `height` x `width` (a list in VIEW_PARAMS' order), from Python's
         generator (much faster than torch's for scalars: docs/performance.md): `rng`, a random.Random
         (solo.data.views.multiview seeds one per sample and view), or the module `random`, the process's (as
         solo.data.sampling.seeding's seeded_rng seeds it). A batch's parameters become one tensor when they are
-        collated."""
+        collated. `earlier`: the sample's earlier views' parameters, which a view with `shift_of` moves."""
         a = self.aug
 
         def coin(p: float) -> float:
@@ -137,6 +138,15 @@ class ViewRecipe:
         p[PARAM_INDEX["blur"]] = coin(a.blur_prob)
         p[PARAM_INDEX["sigma"]] = rng.uniform(0.1, 2.0)
         p[PARAM_INDEX["solarize"]] = coin(a.solarize_prob)
+        if a.shift_of is not None:
+            if a.shift_of >= len(earlier):
+                raise ValueError(f"a view with shift_of={a.shift_of} is drawn after that view: pass its parameters")
+            top, left, h, w, flip = (earlier[a.shift_of][PARAM_INDEX[k]] for k in BOX_AND_FLIP)
+            down, across = rng.randint(0, int(a.max_shift * h)), rng.randint(0, int(a.max_shift * w))
+            # Towards the view's right: the image's left where the view is mirrored.
+            left = max(left - across, 0) if flip else min(left + across, width - w)
+            for k, value in zip(BOX_AND_FLIP, (min(top + down, height - h), left, h, w, flip)):
+                p[PARAM_INDEX[k]] = value
         return p
 
     def __call__(self, image) -> torch.Tensor:
@@ -335,7 +345,7 @@ def _views_of_one_size(recipes: list[ViewRecipe], canvas: torch.Tensor, p: np.nd
 
     x = crop_resize(canvas, sent[1].view(rows, 5), size)  # a new tensor: the operations below may change it in place
     jitter = {op for r in recipes for op in r.jitter_ops}
-    if any(r.aug.hflip_prob > 0 for r in recipes):
+    if any(r.aug.hflip_prob > 0 or r.aug.shift_of is not None for r in recipes):
         x = on.apply(x, lambda x: x.flip(-1), "flip")
     passes = [s for s in BLEND_PASSES if s.startswith("before") or 3 in jitter] if jitter & {0, 1, 2} else []
     factors = ("f", "mean", "grey") if 2 in jitter else ("f", "mean")  # no saturation: no grey image to blend with

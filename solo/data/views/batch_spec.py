@@ -15,7 +15,7 @@ from typing import Callable, Protocol
 
 import torch
 
-from solo.data.views.augment import PARAM_INDEX
+from solo.data.views.augment import BOX_AND_FLIP, PARAM_INDEX
 
 
 class SampleField(Protocol):
@@ -57,7 +57,7 @@ def view_boxes(params: torch.Tensor, height: int, width: int) -> torch.Tensor:
     """Each view's crop box in the image and its flip, (V, 5) float32: top, left, height and width in units of the
     image's height and width (the box's rows are [top, top + height) of [0, 1)), then 1.0 where the view is mirrored
     left-right after the crop. `params`: the views' (V, len(VIEW_PARAMS)) parameters (solo.data.views.augment)."""
-    columns = [PARAM_INDEX[name] for name in ("top", "left", "height", "width", "flip")]
+    columns = [PARAM_INDEX[name] for name in BOX_AND_FLIP]
     box = params[:, columns]
     return (box / box.new_tensor([height, width, height, width, 1.0])).float()
 

@@ -97,10 +97,9 @@ class MultiViewDataset:
         ((image, height, width), label), used = read_or_skip(self._read, index, len(self), self.skip_bad)
         # A generator of its own per view: the same numbers as the process's seeded with it (seeded_rng), without
         # saving and restoring the process's generators (a large share of drawing a view: docs/performance.md).
-        params = [
-            recipe.draw(height, width, random.Random(sample_seed(self.seed, epoch, index, v)))
-            for v, recipe in enumerate(self.view_transforms)
-        ]
+        params: list[list[float]] = []
+        for v, recipe in enumerate(self.view_transforms):
+            params.append(recipe.draw(height, width, random.Random(sample_seed(self.seed, epoch, index, v)), params))
         sample = {
             "image": image,
             "params": params,

@@ -32,6 +32,11 @@ class ViewAugmentation:
     grayscale_prob: float = 0.2
     blur_prob: float = 0.0  # GaussianBlur, kernel ~10% of image size (odd), sigma U(0.1, 2.0)
     solarize_prob: float = 0.0  # threshold 128 on uint8
+    # CMAE's pixel shifting: this view takes the crop box and flip of the earlier view `shift_of` (its index in the
+    # expanded list), moved down and towards the view's right by whole pixels drawn uniformly up to `max_shift` of the
+    # box's side each, kept inside the image; its own crop_scale and hflip_prob are then not used
+    shift_of: Optional[int] = None
+    max_shift: float = 0.0
 
     def validate(self) -> None:
         if self.size is not None and self.size < 1:
@@ -50,6 +55,13 @@ class ViewAugmentation:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if not 0.0 <= self.hue <= 0.5:
             raise ValueError(f"hue must be in [0, 0.5], got {self.hue}")
+        if self.shift_of is not None and self.shift_of < 0:
+            raise ValueError(f"shift_of={self.shift_of}: give the index of an earlier view (0 is the first)")
+        if not 0.0 <= self.max_shift <= 1.0 or (self.max_shift > 0 and self.shift_of is None):
+            raise ValueError(
+                f"max_shift={self.max_shift}: a share of the box's side in [0, 1], for a view with shift_of "
+                f"(shift_of={self.shift_of})"
+            )
 
 
 AugmentationLike = Union[ViewAugmentation, Mapping]
@@ -72,10 +84,21 @@ def as_view_augmentation(aug: AugmentationLike) -> ViewAugmentation:
 
 def expand_views(views: Sequence[AugmentationLike], image_size: int) -> List[tuple]:
     """One (recipe, crop size) per view, in view order: each recipe `count` times, at its `size` or `image_size`."""
-    out = []
-    for aug in map(as_view_augmentation, views):
-        out += [(aug, aug.size or image_size)] * aug.count
-    return out
+    views = [as_view_augmentation(aug) for aug in views]
+    check_shifts(views)
+    return [(aug, aug.size or image_size) for aug in views for _ in range(aug.count)]
+
+
+def check_shifts(views: Sequence[ViewAugmentation]) -> None:
+    """Raise ValueError unless every view with `shift_of` names an earlier view (in the expanded list)."""
+    before = 0
+    for entry, aug in enumerate(views):
+        if aug.shift_of is not None and aug.shift_of >= before:
+            raise ValueError(
+                f"augmentation.views[{entry}].shift_of={aug.shift_of}: it names view {aug.shift_of}, but {before} "
+                "come before it; name an earlier view (counted from 0, each entry `count` times)"
+            )
+        before += aug.count
 
 
 def view_sizes(views: Sequence[AugmentationLike], image_size: int) -> List[int]:
@@ -130,6 +153,7 @@ __all__ = [
     "build_view_transform",
     "build_view_transforms",
     "build_eval_transform",
+    "check_shifts",
     "expand_views",
     "view_sizes",
 ]
