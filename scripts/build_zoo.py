@@ -61,6 +61,7 @@ RECIPES = {
     "salt-digits-vittiny6": "method=salt",
     "simmim-digits-vittiny6": "method=simmim",
     "crossmae-digits-vittiny6": "method=crossmae",
+    "cmae-digits-vittiny6": "method=cmae",
     "maskfeat-digits-vittiny6": "method=maskfeat",
     "aim-digits-vittiny6": "method=aim",
     "nepa-digits-vittiny6": "method=nepa",

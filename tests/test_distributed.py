@@ -41,6 +41,7 @@ def test_every_methods_loss_is_registered_with_the_checker():
         "data2vec": "ijepa",  # masked_patch_smooth_l1
         "maskfeat": "mae",  # masked_patch_mse
         "crossmae": "mae",  # masked_patch_mse over the predicted patches
+        "cmae": "mae",  # masked_patch_mse, and mocov3_loss
         "salt": "simmim",  # masked_patch_l1 (or I-JEPA's losses, method.loss)
         "densecl": "mocov2plus",  # moco_queue_loss, twice
     }

@@ -201,6 +201,23 @@ METHOD = {
         "method.decoder_depth=1",
         "method.decoder_heads=2",
     ],
+    # timm's test ViT on a 4 x 4 grid of 4 px patches, 10 of them masked; one-block decoders; a momentum target
+    # encoder on the ImageNet recipe's views (the target's box moved from the online one's, flipped with it).
+    "cmae": [
+        "backbone.name=test_vit",
+        "backbone.small_stem=false",
+        "+backbone.kwargs.img_size=16",
+        "+backbone.kwargs.patch_size=4",
+        "augmentation=cmae",
+        "method.decoder_embed_dim=16",
+        "method.decoder_depth=1",
+        "method.feature_decoder_depth=1",
+        "method.decoder_heads=2",
+        *HEADS,
+        "method.pred_hidden_dim=32",
+        "method.base_momentum=0.9",
+        "method.final_momentum=0.95",
+    ],
     # timm's test ViT on a 4 x 4 grid of 4 px patches: 12 hidden, 4 of them predicted; a one-block decoder reading
     # the mix of the input and every block's output.
     "crossmae": [
@@ -599,7 +616,7 @@ def test_unknown_method_lists_every_method():
     with pytest.raises(MissingConfigException) as err:
         compose_cfg(["method=bool"])
     builtin = [m.name for m in METHODS if m.target.__module__.startswith("solo.")]  # other tests register their own
-    assert len(builtin) == 56 and all(name in str(err.value) for name in builtin)
+    assert len(builtin) == 57 and all(name in str(err.value) for name in builtin)
 
 
 @pytest.mark.parametrize(

@@ -2291,6 +2291,98 @@ def test_smog_method_moves_the_groups_with_both_views_and_regroups_its_queue():
     assert all(torch.equal(t, s) for t, s in zip(method.teacher.parameters(), student))
 
 
+# --- CMAE ------------------------------------------------------------------------------------------------------------
+
+
+def _cmae_case():
+    """A CMAE on the tiny ViT (2 blocks, 4 x 4 patches), decoders of width 16 (2 and 1 blocks), a 16-8-16 projector and
+    predictor, 3 images (the online and the target view) hiding 10 patches each; the target encoder moved off the
+    backbone so that the two differ."""
+    from solo.methods.cmae import CMAE, CMAEConfig
+
+    cfg = CMAEConfig(
+        mask_ratio=0.625, decoder_embed_dim=16, decoder_depth=2, feature_decoder_depth=1, decoder_heads=2,
+        proj_hidden_dim=8, proj_output_dim=16, pred_hidden_dim=8, temperature=0.2, contrastive_weight=0.7,
+    )  # fmt: skip
+    method = CMAE(_tiny_vit(8), 32, cfg).double()
+    method.feeds_probe = False
+    g = _generator(34)
+    with torch.no_grad():
+        for t in method.teacher.parameters():
+            t.add_(0.05 * torch.randn(t.shape, generator=g, dtype=t.dtype))
+    views = [torch.randn(3, 3, 16, 16, generator=g, dtype=torch.float64) for _ in range(2)]
+    hidden = torch.stack([torch.randperm(16, generator=g) < 10 for _ in range(3)])
+    return method, {"views": views, "mask": hidden, "label": torch.zeros(3)}
+
+
+def _official_mae_decoder(decoder, encoded, hidden):
+    """mmselfsup's MAEPretrainDecoder (CMAE's neck) on one image: decoder_embed; mask tokens appended and put back in
+    place (ids_restore), the class token first; positions (the class token's a zero vector); blocks, norm, the
+    prediction; the class token dropped."""
+    x = decoder.embed(encoded)
+    tokens = decoder.mask_token[0].expand(len(hidden), -1).clone()
+    tokens[~hidden] = x[1:]
+    x = torch.cat([x[:1], tokens + decoder.positions[0].double()])
+    for block in decoder.blocks:
+        x = block(x[None])[0]
+    return decoder.predict(decoder.norm(x))[1:]
+
+
+def _official_cmae_loss(method, batch, target_final_norm=False):
+    """ZhichengHuang/CMAE cmae.py and cmae_head.py, per image: the online encoder (final norm on) on the class token and
+    the visible patches; the pixel decoder, and the MSE against the patches standardised with the unbiased variance +
+    1e-6, over the hidden patches; the feature decoder's mean over every patch, projector, predictor; the target
+    encoder (final_norm=False) on the whole target view, its patch tokens' mean, the target projector; the head:
+    ct_weight x 2t x cross-entropy of normalised predictions against every normalised key, divided by t."""
+    vit, teacher = method.backbone, method.teacher[0]
+    (online, target), masks = batch["views"], batch["mask"]
+    errors, pooled, keys = [], [], []
+    for image, view, hidden in zip(online, target, masks):
+        patches = vit.patch_embed(image[None])[0] + vit.pos_embed[0, 1:]
+        x = torch.cat([vit.cls_token[0] + vit.pos_embed[0, :1], patches[~hidden]])
+        for block in vit.blocks:
+            x = block(x[None])[0]
+        x = vit.norm(x)
+        pixels = patchify(image[None], 4)[0]
+        want = (pixels - pixels.mean(-1, keepdim=True)) / (pixels.var(-1, keepdim=True) + 1e-6) ** 0.5
+        error = ((_official_mae_decoder(method.pixel_decoder, x, hidden) - want) ** 2).mean(-1)
+        errors.append(error[hidden])
+        pooled.append(_official_mae_decoder(method.feature_decoder, x, hidden).mean(0))
+        t = torch.cat(
+            [
+                teacher.cls_token[0] + teacher.pos_embed[0, :1],
+                teacher.patch_embed(view[None])[0] + teacher.pos_embed[0, 1:],
+            ]
+        )
+        for block in teacher.blocks:
+            t = block(t[None])[0]
+        keys.append((teacher.norm(t) if target_final_norm else t)[1:].mean(0))
+    prediction = F.normalize(method.predictor(method.projector(torch.stack(pooled))), dim=1)
+    with torch.no_grad():
+        key = F.normalize(method.teacher[1](torch.stack(keys)), dim=1)
+    t = method.cfg.temperature
+    contrast = F.cross_entropy(prediction @ key.T / t, torch.arange(len(key)))
+    return torch.cat(errors).mean() + method.cfg.contrastive_weight * 2 * t * contrast
+
+
+def test_cmae_is_the_official_model_and_head_in_value_and_gradient():
+    """Against the official model written out image by image. Told apart: the target encoder with its final norm (the
+    official target has final_norm=False)."""
+    method, batch = _cmae_case()
+    got = method(batch)["loss"]
+    want = _official_cmae_loss(method, batch)
+    params = [
+        method.backbone.blocks[0].attn.qkv.weight,
+        method.pixel_decoder.mask_token,
+        method.feature_decoder.predict.weight,
+        method.projector[0].weight,
+        method.predictor[-1].weight,
+    ]
+    _assert_same_value_and_gradient(got, want, params, rel=1e-10)
+    normed = _official_cmae_loss(method, batch, target_final_norm=True)
+    assert abs(normed.item() - got.item()) > 1e-3 * got.item()
+
+
 # --- CrossMAE --------------------------------------------------------------------------------------------------------
 
 

@@ -124,17 +124,20 @@ def prefix_tokens(vit: nn.Module, batch: int) -> torch.Tensor:
     return prefix if vit.no_embed_class else prefix + vit.pos_embed[:, : vit.num_prefix_tokens]
 
 
-def run_blocks(vit: nn.Module, tokens: torch.Tensor, attends: torch.Tensor | None = None) -> torch.Tensor:
-    """The transformer on `tokens` (B, L, D), prefix first: pre-norm, blocks, final norm, as timm's forward_features.
-    With `attends` (B, L), only the tokens where it is True are attended to: padding that changes nothing else; with
-    `attends` (B, L, L), query i attends to key j where [:, i, j] is True (AIM's prefix-causal attention)."""
+def run_blocks(
+    vit: nn.Module, tokens: torch.Tensor, attends: torch.Tensor | None = None, final_norm: bool = True
+) -> torch.Tensor:
+    """The transformer on `tokens` (B, L, D), prefix first: pre-norm, blocks, final norm, as timm's forward_features
+    (without the final norm unless `final_norm`: CMAE's target encoder). With `attends` (B, L), only the tokens where it
+    is True are attended to: padding that changes nothing else; with `attends` (B, L, L), query i attends to key j where
+    [:, i, j] is True (AIM's prefix-causal attention)."""
     x = vit.norm_pre(tokens)
     mask = attends
     if attends is not None:  # (B, heads, queries, keys), True: attend
         mask = attends[:, None, None, :] if attends.dim() == 2 else attends[:, None]
     for block in vit.blocks:
         x = block(x, attn_mask=mask)
-    return vit.norm(x)
+    return vit.norm(x) if final_norm else x
 
 
 class BlockOutputs(nn.Module):

@@ -36,24 +36,25 @@ class MAEConfig:
 
 
 class MAEDecoder(nn.Module):
-    """The encoded visible tokens, widened to the decoder's width, with a learnt mask token at every hidden
-    position, fixed 2-D sine-cosine positions, transformer blocks, then a linear map to each patch's pixels."""
+    """The encoded visible tokens, mapped to the decoder's `width`, with a learnt mask token at every hidden
+    position, fixed 2-D sine-cosine positions, `depth` transformer blocks, then a linear map to each patch's `outputs`
+    values (its pixels; CMAE's feature decoder: a feature)."""
 
-    def __init__(self, in_dim: int, cfg: MAEConfig, grid: tuple[int, int], prefix: int, pixels: int):
+    def __init__(
+        self, in_dim: int, width: int, depth: int, heads: int, grid: tuple[int, int], prefix: int, outputs: int
+    ):
         super().__init__()
         from timm.models.vision_transformer import Block  # here: timm's import slows every process's start
 
-        width = cfg.decoder_embed_dim
         self.prefix = prefix
         self.embed = nn.Linear(in_dim, width)
         self.mask_token = nn.Parameter(torch.zeros(1, 1, width))
         self.register_buffer("positions", sincos_positions(width, grid)[None], persistent=False)
         self.blocks = nn.ModuleList(
-            Block(width, cfg.decoder_heads, mlp_ratio=4.0, qkv_bias=True, norm_layer=_layer_norm)
-            for _ in range(cfg.decoder_depth)
+            Block(width, heads, mlp_ratio=4.0, qkv_bias=True, norm_layer=_layer_norm) for _ in range(depth)
         )
         self.norm = _layer_norm(width)
-        self.predict = nn.Linear(width, pixels)
+        self.predict = nn.Linear(width, outputs)
         for m in self.modules():  # MAE's initialisation
             if isinstance(m, nn.Linear):
                 nn.init.xavier_uniform_(m.weight)
@@ -61,7 +62,7 @@ class MAEDecoder(nn.Module):
         nn.init.normal_(self.mask_token, std=0.02)
 
     def forward(self, encoded: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """(B, N, pixels) predictions of every patch from `encoded` (B, prefix + visible, D) and `mask` (B, N)."""
+        """(B, N, outputs) predictions at every patch from `encoded` (B, prefix + visible, D) and `mask` (B, N)."""
         x = self.embed(encoded)
         visible = x[:, self.prefix :]
         # Every position starts as the mask token; the visible ones take their encodings, in order.
@@ -90,7 +91,13 @@ class MAE(PixelReconstruction):
         self.normalise_targets = cfg.norm_pix_loss
         self.visible = num_patches(backbone) - self.mask_generator().hidden
         self.decoder = MAEDecoder(
-            backbone.embed_dim, cfg, grid_shape(backbone), backbone.num_prefix_tokens, self.patch**2 * 3
+            backbone.embed_dim,
+            cfg.decoder_embed_dim,
+            cfg.decoder_depth,
+            cfg.decoder_heads,
+            grid_shape(backbone),
+            backbone.num_prefix_tokens,
+            self.patch**2 * 3,
         )
 
     @classmethod
