@@ -197,13 +197,16 @@ def test_the_teacher_is_frozen_in_eval_mode_and_the_student_learns():
 
 @pytest.mark.slow
 @pytest.mark.one_process
-def test_a_run_keeps_its_teacher_logs_agreement_and_is_itself_a_teacher(tmp_path):
-    """Three steps: the checkpoint holds the teacher as loaded (what a resumed run reads back), every evaluation (each
-    epoch's end, trainer.eval_every=1) logs val/teacher_agreement; the run directory then serves as a teacher: its
-    student's backbone."""
-    pretrain(
-        compose_cfg(BASE + ["trainer.max_steps=3", "data.batch_size=32", "trainer.eval_every=1"]), tmp_path / "run"
-    )
+def test_a_run_keeps_its_teacher_logs_agreement_and_is_itself_a_teacher(tmp_path, caplog):
+    """Three steps: the run's first lines name the teacher; the checkpoint holds the teacher as loaded (what a resumed
+    run reads back), every evaluation (each epoch's end, trainer.eval_every=1) logs val/teacher_agreement; the run
+    directory then serves as a teacher: its student's backbone."""
+    with caplog.at_level("INFO", logger="solo"):
+        pretrain(
+            compose_cfg(BASE + ["trainer.max_steps=3", "data.batch_size=32", "trainer.eval_every=1"]), tmp_path / "run"
+        )
+    named = "teacher: method.teacher=simclr-digits-resnet18half, frozen, features 256 wide, the views renormalised"
+    assert named in caplog.text, caplog.text
     saved = read_checkpoint(tmp_path / "run" / "checkpoints" / "last")["model"]
     zoo = solo.zoo.resolve("simclr-digits-resnet18half").state
     assert all(torch.equal(saved[f"method.teacher.encoder.{k}"], v) for k, v in zoo.items())

@@ -33,6 +33,7 @@ from solo.errors import CheckpointError, ConfigError, DataError, Interrupted
 from solo.eval.health import alignment_squares, collapse, lidar, lidar_sums
 from solo.loggers import Loggers
 from solo.methods import METHODS, build_method, create_method
+from solo.methods.distill import FrozenTeacher
 from solo.optim import build_optimizer, layer_decay, scaled_lr, warmup_cosine
 from solo.train import estimates
 from solo.train.distribute import checkpoint_blocks, compile_model, distribute
@@ -309,6 +310,12 @@ class Trainer:
             self.cfg.method.num_classes = splits.num_classes
             self.say(f"method.num_classes={splits.num_classes}: the train split's classes (a number chooses)")
         model = build_model(self.cfg, splits.num_classes if t.probe else None, backbone)
+        for teacher in (m for m in model.modules() if isinstance(m, FrozenTeacher)):
+            renormalised = ", the views renormalised to its own statistics" if teacher.renormalise else ""
+            self.say(
+                f"teacher: method.teacher={teacher.source}, frozen, features {teacher.width} wide{renormalised} "
+                "(method.teacher=<a zoo name, run, weights file, timm model or open_clip:model> chooses another)"
+            )
         model.method.set_data(len(splits.train))
         # From here each rank draws its own stream, so that randomness left rank-local never repeats another rank's
         # draws (the step's own are per sample: solo.backbones.stochastic).
