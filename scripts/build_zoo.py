@@ -63,6 +63,7 @@ RECIPES = {
     "crossmae-digits-vittiny6": "method=crossmae",
     "cmae-digits-vittiny6": "method=cmae",
     "maskfeat-digits-vittiny6": "method=maskfeat",
+    "beit-digits-vittiny6": "method=beit",
     "aim-digits-vittiny6": "method=aim",
     "nepa-digits-vittiny6": "method=nepa",
     "msn-digits-vittiny6": "method=msn",

@@ -98,6 +98,7 @@ WRONG_SSL_OF = {
     "wmse_per_rank_whitening": "wmse",
     "vibcreg_per_gpu_statistics": "vibcreg",
     "mae_mean_of_rank_means": "mae",
+    "beit_mean_of_rank_means": "beit",
     "simmim_mean_of_rank_means": "simmim",
     "aim_mean_of_rank_means": "aim",
     "nepa_mean_of_rank_means": "nepa",

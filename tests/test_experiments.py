@@ -856,6 +856,30 @@ EXPECTED = {
         "geometry": [(None, 1, 1.0, 0.5)],
         "view_sizes": [224],
     },
+    # BEiT's run_beit_pretraining.py with the README's command and the paper's 800 epochs: one crop of area 0.08-1
+    # with a flip, no colour
+    "beit_imagenet": {
+        "backbone.name": "vit_base_patch16_224",
+        "backbone.kwargs.init_values": 0.1,
+        "data.image_size": 224,
+        "data.batch_size": 128,
+        "method.name": "beit",
+        "method.mask_ratio": 0.383,
+        "method.min_mask_block": 16,
+        "method.vocab_size": 8192,
+        "optim.name": "adamw",
+        "optim.lr": 1.875e-4,
+        "optim.lr_scaling": "linear",
+        "optim.betas": [0.9, 0.98],
+        "optim.weight_decay": 0.05,
+        "optim.grad_clip": 3.0,
+        "optim.warmup_epochs": 10,
+        "optim.final_lr": 1e-5,
+        "trainer.max_epochs": 800,
+        "views": [(0.4, 0.4, 0.2, 0.1, 0.0, 0.0, 0.0, 0.0, 0.08)],
+        "geometry": [(None, 1, 1.0, 0.5)],
+        "view_sizes": [224],
+    },
     # SlowFast's in1k_VIT_B_MaskFeat_PT.yaml: one crop of area 0.5-1 with a flip, no colour
     "maskfeat_imagenet": {
         "backbone.name": "vit_base_patch16_224",

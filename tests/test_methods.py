@@ -284,6 +284,15 @@ METHOD = {
         "method.base_momentum=0.9",
     ],
     # timm's test ViT, 40% of its 16 patches hidden in blocks of 2 or more; HOG in 2 px cells (2 x 2 per patch).
+    # As MaskFeat's: block masks on the 4 x 4 grid; a vocabulary of 32 tokens.
+    "beit": [
+        "backbone.name=test_vit",
+        "backbone.small_stem=false",
+        "+backbone.kwargs.img_size=16",
+        "+backbone.kwargs.patch_size=4",
+        "method.min_mask_block=2",
+        "method.vocab_size=32",
+    ],
     "maskfeat": [
         "backbone.name=test_vit",
         "backbone.small_stem=false",
@@ -616,7 +625,7 @@ def test_unknown_method_lists_every_method():
     with pytest.raises(MissingConfigException) as err:
         compose_cfg(["method=bool"])
     builtin = [m.name for m in METHODS if m.target.__module__.startswith("solo.")]  # other tests register their own
-    assert len(builtin) == 57 and all(name in str(err.value) for name in builtin)
+    assert len(builtin) == 58 and all(name in str(err.value) for name in builtin)
 
 
 @pytest.mark.parametrize(

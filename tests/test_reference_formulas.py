@@ -1161,6 +1161,80 @@ def test_maskfeat_loss_is_the_squared_error_on_the_hidden_patches_hog():
     assert abs(per_image.item() - want.item()) > 1e-3 * want.item()
 
 
+# --- BEiT ------------------------------------------------------------------------------------------------------------
+
+
+def _beit_case():
+    """A BEiT on the tiny ViT (2 blocks, 4 x 4 patches of 4 px), 16 tokens; 3 images hiding 2, 6 and 3 patches."""
+    from solo.methods.beit import BEiT, BEiTConfig
+
+    method = BEiT(_tiny_vit(9), 32, BEiTConfig(min_mask_block=2, vocab_size=16)).double()
+    method.feeds_probe = False
+    with torch.no_grad():  # logits far from uniform, so that the images' errors differ
+        method.head.weight.mul_(100)
+    images = torch.randn(3, 3, 16, 16, generator=_generator(23), dtype=torch.float64)
+    mask = torch.zeros(3, 16, dtype=torch.bool)
+    mask[0, [1, 2]] = True
+    mask[1, 4:10] = True
+    mask[2, [0, 5, 15]] = True
+    return method, {"views": [images], "mask": mask, "label": torch.zeros(3, dtype=torch.long)}
+
+
+def _official_beit_loss(method, batch):
+    """microsoft/unilm beit modeling_pretrain.py and engine_for_pretraining.py, per image: the patch embeddings, the
+    hidden ones replaced by the mask token (x * (1 - w) + mask_token * w), the class token, the positions, the blocks,
+    the final norm, lm_head on the hidden patches; nn.CrossEntropyLoss over them against their tokens. Each token
+    written out: the index of the largest dot product of the patch's pixels (rows, columns, then channels) with the
+    tokenizer's directions."""
+    vit, directions = method.backbone, method.tokenizer.directions
+    images, masks = batch["views"][0], batch["mask"]
+    errors = []
+    for image, hidden in zip(images, masks):
+        w = hidden[:, None].double()
+        x = vit.patch_embed(image[None])[0] * (1 - w) + method.mask_token * w
+        x = torch.cat([vit.cls_token[0], x]) + vit.pos_embed[0]
+        for block in vit.blocks:
+            x = block(x[None])[0]
+        logits = method.head(vit.norm(x)[1:][hidden])
+        tokens = []
+        for at in hidden.nonzero().flatten().tolist():
+            row, column = divmod(at, 4)
+            pixels = image[:, 4 * row : 4 * row + 4, 4 * column : 4 * column + 4].permute(1, 2, 0).reshape(-1)
+            tokens.append(int((pixels @ directions).argmax()))
+        errors.append(F.cross_entropy(logits, torch.tensor(tokens), reduction="none"))
+    return torch.cat(errors).mean(), errors
+
+
+def test_beit_is_the_official_model_and_loss_in_value_and_gradient():
+    """Against the official model and loss written out image by image. Told apart: each image's mean, then their
+    mean (the samples weigh alike whatever they hide)."""
+    method, batch = _beit_case()
+    got = method(batch)["loss"]
+    want, errors = _official_beit_loss(method, batch)
+    params = [method.backbone.blocks[0].attn.qkv.weight, method.mask_token, method.head.weight]
+    _assert_same_value_and_gradient(got, want, params, rel=1e-10)
+    per_image = torch.stack([e.mean() for e in errors]).mean()
+    assert abs(per_image.item() - got.item()) > 1e-3 * got.item()
+
+
+def test_beit_tokens_are_the_same_in_every_process_and_any_batch_and_read_a_patchs_direction():
+    """Two tokenizers built apart (two ranks) give the same tokens; an image's tokens do not depend on its batch; a
+    patch scaled by a positive factor keeps its token, and a changed patch changes its own token only."""
+    from solo.methods.beit import PixelTokenizer
+
+    images = torch.randn(4, 3, 16, 16, generator=_generator(24))
+    a, b = PixelTokenizer(48, 64, 4), PixelTokenizer(48, 64, 4)
+    tokens = a(images)
+    assert torch.equal(tokens, b(images)) and torch.equal(a(images[2:3])[0], tokens[2])
+    assert len(tokens.unique()) > 20  # the 64 patches spread over the vocabulary
+    changed = images.clone()
+    changed[:, :, :4, :4] *= 3.0
+    assert torch.equal(a(changed), tokens)
+    changed[:, :, :4, :4] = torch.randn(4, 3, 4, 4, generator=_generator(25))
+    moved = a(changed) != tokens
+    assert moved[:, 0].any() and not moved[:, 1:].any()
+
+
 # --- AIM -------------------------------------------------------------------------------------------------------------
 
 

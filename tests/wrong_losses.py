@@ -331,6 +331,18 @@ def mae_mean_of_rank_means(z1, z2):
     return local(z1, z2) + local(z2, z1)
 
 
+def beit_mean_of_rank_means(z1, z2):
+    """BEiT's cross-entropy as its code takes it (nn.CrossEntropyLoss over this rank's masked patches), then averaged
+    over ranks by DDP: the global mean only when every rank holds as many masked patches."""
+
+    def local(logits, other):
+        logits, other = logits.reshape(len(logits), 2, 2), other.reshape(len(other), 2, 2)
+        mask = torch.sin(100 * other[..., 0].detach()) > 0
+        return F.cross_entropy(logits[mask], other.argmax(-1)[mask])
+
+    return local(z1, z2) + local(z2, z1)
+
+
 def data2vec2_class_term_by_rank_hidden_share(z1, z2):
     """data2vec 2.0's loss weighted as fairseq's criterion weighs it: the class term multiplied by this rank's count
     of hidden patches and divided by the global one (the sample size), the rank's class errors averaged over its own
@@ -869,6 +881,7 @@ WRONG_SSL = [
         "wmse_per_rank_whitening",
         "vibcreg_per_gpu_statistics",
         "mae_mean_of_rank_means",
+        "beit_mean_of_rank_means",
         "simmim_mean_of_rank_means",
         "aim_mean_of_rank_means",
         "nepa_mean_of_rank_means",  # only wrong with uneven per-rank batches

@@ -21,6 +21,7 @@ from solo.losses.checked import LOSSES
 
 __all__ = [
     "data2vec2_loss",
+    "masked_token_cross_entropy",
     "masked_patch_l1",
     "masked_patch_mse",
     "masked_patch_smooth_l1",
@@ -49,6 +50,15 @@ def masked_patch_mse(prediction: torch.Tensor, target: torch.Tensor, mask: torch
     every masked patch of the global batch. `prediction`, `target`: (B, N, P); `mask`: (B, N), True where hidden."""
     with torch.autocast(prediction.device.type, enabled=False):
         error = (full_precision(prediction) - full_precision(target.detach())).pow(2).mean(dim=-1)
+        return _masked_patch_mean(error, mask)
+
+
+def masked_token_cross_entropy(logits: torch.Tensor, tokens: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """BEiT (Bao et al., 2022): the cross-entropy of each hidden patch's predicted visual token, averaged over every
+    masked patch of the global batch (the official code's mean is its GPU batch's). `logits`: (B, N, V); `tokens`: (B,
+    N) integer token ids, no gradient; `mask`: (B, N), True where hidden."""
+    with torch.autocast(logits.device.type, enabled=False):
+        error = F.cross_entropy(full_precision(logits).transpose(1, 2), tokens.detach(), reduction="none")
         return _masked_patch_mean(error, mask)
 
 
@@ -125,6 +135,15 @@ def _check_mask(target: torch.Tensor) -> torch.Tensor:
 def mae_check(z1: torch.Tensor, z2: torch.Tensor) -> torch.Tensor:
     a, b = z1.reshape(len(z1), 2, 2), z2.reshape(len(z2), 2, 2)
     return masked_patch_mse(a, b, _check_mask(b)) + masked_patch_mse(b, a, _check_mask(a))
+
+
+@LOSSES.register("beit")
+def beit_check(z1: torch.Tensor, z2: torch.Tensor) -> torch.Tensor:
+    # As mae's case, each patch's 2 values the logits of 2 tokens; the other tower's larger value its token.
+    a, b = z1.reshape(len(z1), 2, 2), z2.reshape(len(z2), 2, 2)
+    return masked_token_cross_entropy(a, b.argmax(-1), _check_mask(b)) + masked_token_cross_entropy(
+        b, a.argmax(-1), _check_mask(a)
+    )
 
 
 @LOSSES.register("ijepa")
