@@ -19,6 +19,7 @@ Rows (each reads the same `--images` JPEG files of `--image-size` px from disk, 
 - with --workers W: both of solo's paths end to end through its loader (the global-batch sampler and a DataLoader
   with W workers, a second pass over the images timed): the CPU path's views made by the workers, the device
   path's by DeviceViews on the device as the workers' raw batches arrive.
+  Then the training process's CPU time per raw batch handed over by the workers (PackedImages: one tensor).
 Then a profile of solo's CPU path: the time per view of each stage, on the same images; and how far solo's crop
 (roi_align, solo.data.views.augment) is from torchvision's antialiased resized_crop of the same boxes.
 """
@@ -173,6 +174,26 @@ def solo_loader(dataset: MultiViewDataset, batch: int, workers: int, device: tor
     return rate(2 * source.steps_per_epoch * batch, seconds)
 
 
+def received(dataset: MultiViewDataset, batch: int, workers: int) -> float:
+    """Milliseconds of the training process's CPU per raw batch taken from `workers` DataLoader workers (the views not
+    made): the batches of an epoch, the workers given time to read them ahead first, so that only the hand-over is
+    timed (the batch's tensors out of shared memory)."""
+    source = MapDataSource(
+        dataset, batch, 0, 1, seed=0, num_workers=workers, persistent_workers=True, collate_fn=collate_raw
+    )
+    for _ in source:  # the workers started
+        pass
+    source.set_epoch(1)
+    batches = iter(source)
+    next(batches)
+    time.sleep(2.0)
+    start = time.process_time()
+    count = sum(1 for _ in batches)
+    seconds = time.process_time() - start
+    stop_workers(source)
+    return 1e3 * seconds / max(count, 1)
+
+
 def stop_workers(source: MapDataSource) -> None:
     """End the loader's persistent workers now (left to the garbage collector, each took 5 s to stop)."""
     if getattr(source.loader, "_iterator", None) is not None:
@@ -311,6 +332,10 @@ def main() -> None:
         for name, dataset in (("cpu: views by the workers", cpu), (f"device: views on {args.device}", raw)):
             got = solo_loader(dataset, args.batch, args.workers, torch.device(args.device))
             print(f"| solo, data.augment_on={name}, through its loader with {args.workers} workers | {got:,.0f} |")
+        print(
+            f"\nThe training process's CPU per raw batch of {args.batch} from {args.workers} workers (data.augment_on="
+            f"device, the views not made): {received(raw, args.batch, args.workers):.2f} ms"
+        )
     print(f"| torchvision v2 on PIL images | {torchvision_pipeline(paths, args.view_size):,.0f} |", flush=True)
     if args.solo_learn_venv:
         print(f"| solo-learn (PIL transforms) | {solo_learn(paths, args.solo_learn_venv, args.solo_learn):,.0f} |")

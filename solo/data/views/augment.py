@@ -40,6 +40,7 @@ from torchvision.io import ImageReadMode, decode_jpeg
 from torchvision.ops import roi_align
 
 from solo.data.decode import as_uint8_tensor
+from solo.data.views.packed import PackedImages
 from solo.errors import DataError
 
 # One view's parameters, as a float64 vector (integers are exact): what the DataLoader collates per view.
@@ -451,6 +452,8 @@ class DeviceViews:
     def __call__(self, batch: dict, device: torch.device) -> dict:
         batch = dict(batch)
         images = batch.pop("image")
+        if isinstance(images, PackedImages):
+            images = images.unpack()
         images = decode(images, device) if isinstance(images, list) else images.to(device, non_blocking=True)
         params = batch.pop("params")  # (V, B, len(VIEW_PARAMS)), on the host: make_views sends what the views need
         recipes = self.recipes[:1] if self.pairs else self.recipes  # image-text pairs: one view, the image

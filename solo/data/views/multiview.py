@@ -12,6 +12,7 @@ from solo.data.decode import ImageReadError, raw_image, raw_pixels, read_or_skip
 from solo.data.sampling.seeding import sample_seed
 from solo.data.views.augment import make_views
 from solo.data.views.batch_spec import SampleField
+from solo.data.views.packed import PackedImages
 
 
 def epoch_and_index(key, length: int, owner: str) -> Tuple[int, int]:
@@ -138,10 +139,10 @@ def views_parameters(params: list[list[list[float]]]) -> torch.Tensor:
 
 def collate_raw(samples: list[dict]) -> dict:
     """DataLoader collation of raw samples: images of one size are stacked (one copy to the device), of several
-    sizes kept as a list; the views' parameters as one (V, B, len(VIEW_PARAMS)) tensor; the rest is collated as usual."""
+    sizes (JPEGs still encoded among them) packed into one tensor (PackedImages); the views' parameters as one (V, B, len(VIEW_PARAMS)) tensor; the rest is collated as usual."""
     batch = default_collate([{k: v for k, v in s.items() if k not in ("image", "params")} for s in samples])
     images = [s["image"] for s in samples]
-    batch["image"] = torch.stack(images) if len({im.shape for im in images}) == 1 else images
+    batch["image"] = torch.stack(images) if len({im.shape for im in images}) == 1 else PackedImages.pack(images)
     batch["params"] = views_parameters([s["params"] for s in samples])
     return batch
 
