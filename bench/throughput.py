@@ -242,7 +242,8 @@ def solo_step(s: Setup, env: DistEnv, jpegs: Path | None = None, more: list[str]
     source, on the device (the views made there with data.augment_on=device, the next batch's in a thread while this
     one trains), TrainStep; the seconds it took to build, how many batches its loader's workers read ahead, and a
     reader of the CPU seconds those workers used so far. `held`: every step trains on the first batch, read once: the
-    step without the data's cost."""
+    step without the data's cost. `step(index, again=True)` trains on the batch of the step before, without reading
+    one (the step alone, on the same Trainer: a compiled step is not compiled again)."""
     device = torch.device(s.device)
     with tempfile.TemporaryDirectory() as run_dir:
         start = time.perf_counter()
@@ -253,7 +254,13 @@ def solo_step(s: Setup, env: DistEnv, jpegs: Path | None = None, more: list[str]
         try:
             loader = trainer.source.loader
             ahead = loader.num_workers * (loader.prefetch_factor or 0) if not held else 0
-            step = lambda index: trainer.train_step(first if held else next(batches), index)  # noqa: E731
+            last = [first]
+
+            def step(index: int, again: bool = False):
+                if not (held or again):
+                    last[0] = next(batches)
+                return trainer.train_step(last[0], index)
+
             yield step, build_s, ahead, lambda: workers_cpu_seconds(loader)
         finally:
             batches.close()
