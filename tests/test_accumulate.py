@@ -168,6 +168,8 @@ def test_accumulated_step_equals_the_whole_batch_step(tmp_path, case):
     assert worst <= 1e-10 * movement, f"{name}: differs by {worst}, the step moved weights by {movement}"
 
 
+@pytest.mark.slow
+@pytest.mark.one_process
 def test_the_centre_moves_once_per_step_not_per_micro_batch(tmp_path):
     """DINO's centre moves after the loss, from the whole batch's teacher outputs: trainer.accumulate=2 equals the
     whole-batch run over 3 steps, which read the moved centre. A centre moved once per micro-batch (as a loop that
@@ -188,6 +190,8 @@ def test_the_centre_moves_once_per_step_not_per_micro_batch(tmp_path):
     assert max(float((whole[k] - wrong[k]).abs().max()) for k in whole if k != "method.center") > 1e-6 * movement
 
 
+@pytest.mark.slow
+@pytest.mark.one_process
 def test_ijepa_masks_are_not_cut_to_the_batch(tmp_path):
     """I-JEPA's masks, drawn per sample and padded, give trainer.accumulate=2 the whole batch's step over 3 steps;
     masks cut to the smallest in the batch at hand (I-JEPA's collator, per GPU) give each micro-batch other masks."""
@@ -210,6 +214,7 @@ def test_ijepa_masks_are_not_cut_to_the_batch(tmp_path):
     assert worst("wrong") > 1e-6 * movement
 
 
+@pytest.mark.slow
 @pytest.mark.processes
 def test_two_processes_accumulating_equal_one_process_on_the_whole_batch(tmp_path):
     base = CASES["simclr_vit"]
@@ -236,6 +241,8 @@ class GhostBatchNorm(nn.Module):
             return torch.cat([self.bn(part) for part in x.split(self.chunk)])
 
 
+@pytest.mark.slow
+@pytest.mark.one_process
 def test_a_batchnorm_backbone_sees_micro_batch_statistics(tmp_path, monkeypatch):
     """With BatchNorm in the backbone, accumulate=k equals the whole-batch step of a backbone whose BatchNorm
     takes its statistics over each micro-batch (ghost batch norm); the projector's BatchNorm and the loss still

@@ -48,6 +48,8 @@ def _explained_step(case: str, tmp_path: Path, compiled: bool):
     return step.explain(batch, 0)
 
 
+@pytest.mark.slow
+@pytest.mark.one_process
 @pytest.mark.parametrize("case", list(CASES))
 def test_the_step_is_one_graph(case, tmp_path):
     """torch._dynamo.explain of the step's device part: one graph, no break, for both."""

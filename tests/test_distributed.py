@@ -171,6 +171,7 @@ UNEVEN_ONLY = (
 )
 
 
+@pytest.mark.slow
 def test_checker_rejects_the_wrong_self_supervised_variants():
     # Equal batches and [2, 5]; with an empty rank ([5, 0]) these variants divide by zero or run alone on one rank.
     results = run_check(WRONG_SSL, 2, empty_rank=False)
@@ -237,7 +238,7 @@ def _memory_bank_worker(rank, world, store, index, rows, sizes, rank_local, queu
     dist.destroy_process_group()
 
 
-@pytest.mark.parametrize("rank_local", [False, True])
+@pytest.mark.parametrize("rank_local", [pytest.param(False, marks=pytest.mark.slow), True])
 def test_memory_bank_holds_the_whole_batchs_update_on_uneven_and_empty_ranks(rank_local):
     """PIRL's bank (solo.methods.memory_banks.MomentumMemoryBank) after one update from rows split [3, 0, 2] over 3
     ranks: on every rank, the bank of one process given all 5; a bank that each rank moves with its own rows only
@@ -267,6 +268,7 @@ def _masked_center_worker(rank, world, store, scores, valid, sizes, queue):
     dist.destroy_process_group()
 
 
+@pytest.mark.slow
 def test_masked_center_is_the_global_batch_mean_with_uneven_and_empty_ranks():
     """iBOT's patch centre over ranks of 4, 0 and 2 rows equals one process's over all 6; the mean of the ranks' own
     means (a per-rank centre, averaged as DDP would) does not."""
@@ -310,7 +312,7 @@ def test_cli_passes_registered_and_fails_a_wrong_loss():
     "args, n_losses",
     [
         pytest.param(["nt_xent", "clip"], len(BUILTIN), marks=pytest.mark.slow),
-        pytest.param(["--only", *USER_SPECS], len(USER_SPECS), marks=pytest.mark.slow),
+        pytest.param(["--only", *USER_SPECS], len(USER_SPECS), marks=[pytest.mark.slow, pytest.mark.exhaustive]),
     ],
     ids=["registered", "dozen_user_losses"],
 )
@@ -322,6 +324,7 @@ def test_cli_with_many_results_does_not_deadlock(args, n_losses):
     assert "all exact" in run.stdout and run.stdout.count(" ok") == 3 * n_losses
 
 
+@pytest.mark.slow
 def test_a_worker_that_raises_is_an_error_not_a_hang():
     run = _run_cli("--only", "tests.wrong_losses:raises_on_last_rank", "--world-sizes", "3", timeout=120)
     assert run.returncode != 0
@@ -349,6 +352,7 @@ def test_user_loss_specs_resolve_with_their_learnable_scalars():
         resolve("no_such_loss")
 
 
+@pytest.mark.slow
 def test_the_empty_rank_layout_catches_a_loss_that_fails_without_rows():
     """SwAV as it was before this layout existed (a max over the rank's rows) passes equal and uneven batches and
     fails only where a rank holds no rows: the layout every registered loss now goes through."""
@@ -367,7 +371,8 @@ SIGLIP = "tests.checker_user_losses:siglip"
 SIGLIP_WRONG = ["tests.wrong_losses:siglip_bias_from_local_pairs", "tests.wrong_losses:siglip_bias_gradient_summed"]
 
 
-@pytest.mark.parametrize("world", [2, pytest.param(3, marks=pytest.mark.slow)])
+@pytest.mark.slow
+@pytest.mark.parametrize("world", [2, 3])
 def test_learnable_scalar_gradients_are_checked(world):
     results = run_check([SIGLIP, "user_siglip", *SIGLIP_WRONG], world, empty_rank=False)
     by_spec = {}
@@ -541,7 +546,7 @@ def _sync_batchnorm_against_one_process(device, sizes, views=1, grouped=True):
 @pytest.mark.parametrize(
     "device, sizes",
     [
-        ("cpu", [4, 4]),
+        pytest.param("cpu", [4, 4], marks=pytest.mark.slow),
         ("cpu", [5, 0, 2]),
         pytest.param("cuda", [4, 4], marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")),
     ],

@@ -392,6 +392,7 @@ def _sharded_eval_worker(rank, world, store, cases, queue):
     dist.destroy_process_group()
 
 
+@pytest.mark.slow
 def test_evaluation_of_a_split_that_does_not_divide_evenly_ends_and_counts_each_sample_once():
     """17, 3 and 1 val samples on 2 ranks (batch 8: 2 batches against 1; a rank with 1 row; a rank with none) under
     FSDP and DDP: every rank runs as many batches (FSDP's all-gathers pair up: no hang), and the probe's accuracy and

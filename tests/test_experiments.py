@@ -1537,6 +1537,8 @@ def test_unknown_experiment_lists_the_available_ones():
         assert name in message
 
 
+@pytest.mark.slow
+@pytest.mark.one_process
 def test_cli_prints_the_composed_config():
     out = subprocess.run(
         [sys.executable, "main_pretrain.py", "experiment=simclr_cifar10", "--cfg", "job"],

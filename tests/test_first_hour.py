@@ -37,6 +37,8 @@ def main_pretrain(overrides, run_dir):
     return result.returncode, (result.stdout + result.stderr).strip()
 
 
+@pytest.mark.slow
+@pytest.mark.one_process
 def test_rerun_with_other_hyperparameters_is_refused_and_config_kept(tmp_path):
     pretrain(compose_cfg(SHORT), tmp_path)
     before = (tmp_path / "config.yaml").read_text()
@@ -72,7 +74,11 @@ def test_unknown_keys_added_with_plus_are_refused():
 @pytest.mark.parametrize(
     "overrides, message",
     [
-        (["data=imagefolder", "data.root=/nowhere"], "error: imagefolder: no folder /nowhere/train"),
+        pytest.param(
+            ["data=imagefolder", "data.root=/nowhere"],
+            "error: imagefolder: no folder /nowhere/train",
+            marks=[pytest.mark.slow, pytest.mark.one_process],
+        ),
         pytest.param(
             ["data.batch_size=128"],
             "error: the global batch (128 per process x 1 processes = 128) is larger than the dataset (64",
@@ -195,6 +201,8 @@ def test_a_second_ctrl_c_stops_at_once_saying_what_was_saved(tmp_path):
     assert not (tmp_path / "checkpoints" / "last").exists()
 
 
+@pytest.mark.slow
+@pytest.mark.one_process
 def test_a_run_of_max_steps_evaluates_once_at_the_end_and_the_plot_reads_no_more(tmp_path, monkeypatch):
     from solo.data.sources.images import SyntheticDataset
 

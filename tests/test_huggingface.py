@@ -234,6 +234,7 @@ CLIP = [
 
 
 @pytest.mark.slow
+@pytest.mark.exhaustive  # CI: the image datasets' invariance (below) and the other sources' resumes
 def test_image_text_invariance_and_killed_run_resumes_bit_identical(saved, tmp_path):
     """Image-text pairs (CLIP, a caption drawn per epoch from each row's list): 1 x 16 == 2 x 8 (float64); a 2-process
     run killed after a mid-epoch checkpoint and restarted ends bit-identical. (A killed run on a Hugging Face dataset

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import grimp
+import pytest
 
 from tests.test_train import REPO
 
@@ -82,6 +83,8 @@ def test_no_function_has_more_than_50_statements(tmp_path):
     assert long_functions(tmp_path / "pkg") == ["pkg/long.py:1 f (51 statements)"]
 
 
+@pytest.mark.slow
+@pytest.mark.one_process
 def test_every_bench_and_script_imports():
     """bench/ and scripts/ are not imported by the suite otherwise: a moved module would break them unseen.
     One interpreter runs each with --help (argparse exits before any work)."""

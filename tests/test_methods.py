@@ -572,6 +572,8 @@ def test_dino_head_is_the_papers(use_bn):
         assert torch.allclose(head(x), bottleneck @ F.normalize(head.last_layer.weight, dim=1).T, atol=1e-6)
 
 
+@pytest.mark.slow
+@pytest.mark.one_process
 def test_dino_freezes_its_last_layer_warms_its_teacher_and_centres_on_the_batch(tmp_path):
     cfg = overrides("dino", 16)
     pretrain(compose_cfg(cfg), tmp_path)

@@ -162,6 +162,7 @@ def test_killing_a_job_mid_write_leaves_the_previous_checkpoint(tmp_path):
     assert state["step"] == 1 and torch.equal(state["model"]["w"], torch.zeros(4))
 
 
+@pytest.mark.exhaustive  # CI: tests/test_slurm.py's srun launches one task per process
 def test_srun_style_launch_without_torchrun_matches_torchrun(tmp_path, uninterrupted):
     """Two plain processes with the variables srun sets (one task per GPU, no torchrun) form the same group."""
     run_dir = tmp_path / "srun"

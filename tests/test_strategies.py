@@ -347,6 +347,8 @@ def test_float16_on_the_cpu_is_refused_with_what_to_use():
         precision_context("16", torch.device("cpu"))
 
 
+@pytest.mark.slow
+@pytest.mark.one_process
 def test_gpu_script_says_it_needs_a_gpu_where_there_is_none():
     if torch.cuda.is_available():
         pytest.skip("a GPU is present: bench/gpu.sh runs for real")

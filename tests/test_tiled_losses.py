@@ -131,7 +131,8 @@ def test_tiled_cases_are_registered_next_to_their_losses():
     assert LOSSES["clip_tiled"].learnable == {"logit_scale": pytest.approx(1 / 0.07)}
 
 
-@pytest.mark.parametrize("world", [2, pytest.param(3, marks=pytest.mark.slow), pytest.param(4, marks=pytest.mark.slow)])
+@pytest.mark.slow
+@pytest.mark.parametrize("world", [2, 3, 4])
 @pytest.mark.processes
 def test_tiled_losses_exact_in_gloo_process_groups(world):
     results = run_check(TILED + EXTRA, world)

@@ -354,6 +354,8 @@ def test_config_errors_name_the_key(override, message):
     assert message in str(err.value) + str(err.value.__cause__)
 
 
+@pytest.mark.slow
+@pytest.mark.one_process
 def test_wandb_offline_keeps_the_run_id_across_resume(tmp_path, monkeypatch):
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
     monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.netrc credentials: offline mode

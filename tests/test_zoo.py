@@ -26,6 +26,8 @@ from tests.test_train import REPO, TINY, compose_cfg
 TOLERANCE = json.loads(MANIFEST.read_text())["tolerance"]
 
 
+@pytest.mark.slow
+@pytest.mark.one_process
 def test_every_entry_loads_verified_and_runs():
     names = solo.zoo.list()
     assert {e["method"] for e in map(solo.zoo.entry, names)} >= {"simclr", "barlow_twins", "clip"}
@@ -241,6 +243,8 @@ def test_export_loads_in_timm_and_torchvision_with_identical_outputs(stock_check
         assert torch.equal(model.eval()(images), ours(images))
 
 
+@pytest.mark.slow
+@pytest.mark.one_process
 def test_list_command_prints_every_entry_with_its_results():
     out = subprocess.run([sys.executable, "-m", "solo.zoo", "list"], capture_output=True, text=True, check=True).stdout
     for name in solo.zoo.list():
@@ -248,6 +252,8 @@ def test_list_command_prints_every_entry_with_its_results():
         assert any(line.startswith(name) and f"linear {linear:.3f}" in line for line in out.splitlines())
 
 
+@pytest.mark.slow
+@pytest.mark.one_process
 def test_export_refuses_the_small_stem(tmp_path):
     with pytest.raises(ValueError, match="small_stem=true"):
         export_backbone(solo.zoo.list()[0], tmp_path / "never-written.safetensors")
