@@ -208,6 +208,11 @@ def hydra_error(error: Exception, entry: EntryPoint, parsed: list) -> str:
 
     if isinstance(error, MissingConfigException) and error.missing_cfg_file:
         return missing_option(error, parsed)
+    missing_view = next(
+        filter(None, (no_such_view(o, entry, parsed) for o in parsed if VIEW_KEY.match(o.key_or_group))), None
+    )
+    if missing_view:
+        return missing_view
     cause = error.__cause__ if isinstance(error.__cause__, OmegaConfBaseException) else error
     full_key = getattr(cause, "full_key", None)
     message = getattr(cause, "msg", None) or str(cause)
@@ -224,6 +229,26 @@ def hydra_error(error: Exception, entry: EntryPoint, parsed: list) -> str:
     text = one_line(f"{error}\n{error.__cause__ or ''}")
     named = next((o.input_line for o in parsed if f"'{o.key_or_group}'" in text), None)  # the override it names
     return f"{named}: {text}" if named else text
+
+
+VIEW_KEY = re.compile(r"augmentation\.views\.(\d+)\.")  # one view's key, by its index
+
+
+def no_such_view(view, entry: EntryPoint, parsed: list) -> str | None:
+    """Where the augmentation chosen has no view of the index that `view` (an override of one view's key) names, why.
+    Under augmentation=auto (the default) no view is written out: the method picks its recipe when the run starts."""
+    index = int(VIEW_KEY.match(view.key_or_group).group(1))
+    cfg, _ = compose(entry, [o.input_line for o in parsed if o is not view])
+    name, count = cfg.augmentation.name, len(cfg.augmentation.views)
+    if count == 0:
+        return (
+            f"{view.input_line}: augmentation={name} writes no views out to change (the method picks its recipe when "
+            f"the run starts; the run's first lines name it): choose the recipe and change its view, e.g. "
+            f"augmentation=simclr {view.input_line}, or write the views out (augmentation.views=[...])"
+        )
+    if index >= count:
+        return f"{view.input_line}: augmentation={name} has {count} views (indices 0 to {count - 1}); there is no view {index}"
+    return None
 
 
 def one_line(message: str) -> str:

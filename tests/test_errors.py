@@ -89,6 +89,24 @@ def test_keys_that_do_not_fit_together_are_one_line_before_anything_is_built():
     precheck(PRETRAIN, ["backbone=vit_tiny", "data.image_size=32"])  # a multiple of 4: accepted
 
 
+def test_a_view_that_the_augmentation_does_not_have_is_named_with_what_to_do():
+    from solo.cli import PRETRAIN, precheck
+    from solo.config import register_configs
+
+    register_configs()
+    crop = "augmentation.views.0.crop_scale=[0.5,1.0]"
+    with pytest.raises(ConfigError) as raised:  # augmentation=auto: the method's recipe is picked when the run starts
+        precheck(PRETRAIN, [crop])
+    assert str(raised.value).startswith(f"{crop}: augmentation=auto writes no views out to change")
+    assert f"augmentation=simclr {crop}" in str(raised.value)
+    with pytest.raises(ConfigError, match=r"augmentation=simclr has 2 views \(indices 0 to 1\); there is no view 5"):
+        precheck(PRETRAIN, ["augmentation=simclr", "augmentation.views.5.crop_scale=[0.5,1.0]"])
+    with pytest.raises(ConfigError) as wrong_value:  # a view that exists: the value's own error
+        precheck(PRETRAIN, ["augmentation=simclr", "augmentation.views.0.crop_scale=abc"])
+    assert "views" not in str(wrong_value.value).split(":", 1)[1]
+    precheck(PRETRAIN, ["augmentation=simclr", crop])  # the recipe named: its view changed
+
+
 def test_another_trainer_s_device_keys_are_told_how_solo_chooses_devices():
     from solo.cli import PRETRAIN, precheck
     from solo.config import register_configs
