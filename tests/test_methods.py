@@ -370,9 +370,17 @@ def method_overrides(method: str) -> list[str]:
 
 
 def overrides(method: str, batch: int) -> list[str]:
-    # A checkpoint at every step for the methods resumed below (a second each at these sizes); the others' last one.
-    every_step = ["trainer.checkpoint_every_steps=1", "trainer.keep_checkpoints=10"] if method in RESUMED else []
-    return method_overrides(method) + [f"data.batch_size={batch}", f"trainer.max_steps={STEPS}", *every_step]
+    # A checkpoint at every step where a test reads one: the 2 x 8 runs of the methods resumed below (rewound to step 3),
+    # and iBOT's 1 x 16 run (its schedules, step by step); the others keep their last one (a second each at these sizes).
+    every = method == "ibot" or (method in RESUMED and batch == 8)
+    return method_overrides(method) + [
+        f"data.batch_size={batch}",
+        f"trainer.max_steps={STEPS}",
+        *(EVERY_STEP if every else []),
+    ]
+
+
+EVERY_STEP = ["trainer.checkpoint_every_steps=1", "trainer.keep_checkpoints=10"]
 
 
 # One method per kind of state of its own: a queue (MoCo v2+; ReSSL's and All4One's are the same GlobalQueue), a
@@ -575,7 +583,7 @@ def test_dino_head_is_the_papers(use_bn):
 @pytest.mark.slow
 @pytest.mark.one_process
 def test_dino_freezes_its_last_layer_warms_its_teacher_and_centres_on_the_batch(tmp_path):
-    cfg = overrides("dino", 16)
+    cfg = overrides("dino", 16) + EVERY_STEP
     pretrain(compose_cfg(cfg), tmp_path)
     start = weights_at_init(cfg)
     last = "method.head.last_layer.weight"
@@ -596,7 +604,7 @@ def test_dinov2_gram_anchor_is_the_ema_teacher_of_its_step_and_its_loss_starts_a
     """method.gram_anchor with gram_start=2, gram_refresh=2: the anchor is the EMA teacher's backbone copied after step
     2, then after step 4 (the checkpoints of each step hold both); before step 2 it is none of the teacher's states.
     The Gram loss is logged from step 3 on, none before."""
-    cfg = overrides("dinov2", 16) + ["trainer.max_steps=5", "trainer.checkpoint_every_steps=1"]
+    cfg = overrides("dinov2", 16) + EVERY_STEP + ["trainer.max_steps=5"]
     pretrain(compose_cfg(cfg), tmp_path)
 
     def part(step: int, prefix: str) -> dict:
