@@ -254,12 +254,13 @@ def solo_step(s: Setup, env: DistEnv, jpegs: Path | None = None, more: list[str]
         try:
             loader = trainer.source.loader
             ahead = loader.num_workers * (loader.prefetch_factor or 0) if not held else 0
-            last = [first]
+            last = first
 
             def step(index: int, again: bool = False):
+                nonlocal last
                 if not (held or again):
-                    last[0] = next(batches)
-                return trainer.train_step(last[0], index)
+                    last = next(batches)
+                return trainer.train_step(last, index)
 
             yield step, build_s, ahead, lambda: workers_cpu_seconds(loader)
         finally:

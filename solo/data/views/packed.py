@@ -32,7 +32,7 @@ class PackedImages:
             pad = [0] * (MAX_DIMS - t.dim())
             rows.append([start, t.dim(), *t.shape, *pad, *t.stride(), *pad])
             start += t.numel()
-        data = torch.cat([t.as_strided((t.numel(),), (1,)) for t in dense])
+        data = torch.cat([t if t.dim() == 1 else t.as_strided((t.numel(),), (1,)) for t in dense])
         return cls(data, torch.tensor(rows, dtype=torch.int64).view(-1, 2 + 2 * MAX_DIMS))
 
     def unpack(self) -> list[torch.Tensor]:
@@ -49,5 +49,7 @@ class PackedImages:
 def _dense(t: torch.Tensor) -> torch.Tensor:
     """`t` itself where its elements fill its memory without gaps in some order of its dimensions (a (3, H, W) view of
     (H, W, 3) pixels, say), else a contiguous copy; either way its memory read in order is `t.numel()` elements."""
+    if t.is_contiguous():  # JPEG bytes: no view made (a dispatched operation) per image
+        return t
     order = sorted(range(t.dim()), key=lambda d: t.stride(d), reverse=True)
     return t if t.permute(order).is_contiguous() else t.contiguous()
