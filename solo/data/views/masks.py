@@ -100,13 +100,33 @@ class PrefixMask:
         return torch.from_numpy(np.arange(self.num_patches) >= rng.randint(1, self.num_patches - 1))
 
 
+def rolled_block(grid: tuple[int, int], visible: int, min_aspect: float, rng) -> np.ndarray:
+    """CAPI's and Franca's shown patches (their InverseBlockMasking with `roll`): one rectangle of at least `visible`
+    patches, its aspect ratio log-uniform in [min_aspect, 1 / min_aspect] as far as the grid allows, cut to `visible`
+    in raster order, then rolled by a random shift on both axes, so that it may wrap round the edges. Returns
+    (patches,) bool, True where shown."""
+    height, width = grid
+    low = max(math.log(min_aspect), math.log(visible / width**2))
+    high = min(-math.log(min_aspect), math.log(height**2 / (visible + 1e-5)))
+    aspect = math.exp(rng.uniform(low, high))
+    h, w = math.ceil(math.sqrt(visible * aspect)), math.ceil(math.sqrt(visible / aspect))
+    top, left = rng.randint(0, height - h), rng.randint(0, width - w)
+    block = np.zeros((height, width), dtype=bool)
+    block[top : top + h, left : left + w] = True
+    shown = np.zeros(height * width, dtype=bool)
+    shown[np.flatnonzero(block)[:visible]] = True
+    shift = (rng.randint(0, height - 1), rng.randint(0, width - 1))
+    return np.roll(shown.reshape(height, width), shift, (0, 1)).flatten()
+
+
 @dataclass(frozen=True)
 class BlockMask:
     """iBOT's and DINOv2's masks, one per global crop: with probability `probability` a crop hides a share of its
     patches drawn uniformly in [ratio_min, ratio_max], as rectangles (BEiT's block-wise masking: blocks of at least
     `min_block` patches, aspect ratios log-uniform in [0.3, 1 / 0.3], never past the share, so a share smaller than a
-    block hides nothing). Drawn per sample, so the share does not depend on the batch (DINOv2 spreads the shares over
-    each GPU's batch instead)."""
+    block hides nothing). With `rolled_inverse` (Franca's masks) the crop instead shows one rolled_block of the other
+    patches (aspect ratios in [0.3, 1 / 0.3], as Franca's MaskingGenerator) and hides exactly the share. Drawn per
+    sample, so the share does not depend on the batch (DINOv2 spreads the shares over each GPU's batch instead)."""
 
     grid: tuple[int, int]
     views: int
@@ -114,6 +134,7 @@ class BlockMask:
     ratio_min: float
     ratio_max: float
     min_block: int = 4
+    rolled_inverse: bool = False
 
     @property
     def hidden(self) -> int:
@@ -121,11 +142,15 @@ class BlockMask:
         return int(self.ratio_max * self.grid[0] * self.grid[1])
 
     def __call__(self, rng=random) -> torch.Tensor:
-        masks = np.zeros((self.views, self.grid[0] * self.grid[1]), dtype=bool)
+        patches = self.grid[0] * self.grid[1]
+        masks = np.zeros((self.views, patches), dtype=bool)
         for view in range(self.views):
             if rng.random() < self.probability:
-                target = int(rng.uniform(self.ratio_min, self.ratio_max) * masks.shape[1])
-                masks[view] = self._blocks(target, rng).flatten()
+                target = int(rng.uniform(self.ratio_min, self.ratio_max) * patches)
+                if not self.rolled_inverse:
+                    masks[view] = self._blocks(target, rng).flatten()
+                elif target:  # nothing hidden: Franca's generator shows the whole crop
+                    masks[view] = ~rolled_block(self.grid, patches - target, 0.3, rng) if target < patches else True
         return torch.from_numpy(masks)
 
     def _blocks(self, target: int, rng) -> np.ndarray:
@@ -228,10 +253,8 @@ class MultiBlockMask:
 
 @dataclass(frozen=True)
 class InverseBlockMask:
-    """CAPI's masks (its InverseBlockMasking with `roll`): the visible patches are one rectangle of
-    `patches - hidden` patches (aspect ratio log-uniform in [min_aspect, 1 / min_aspect], bounded by the grid, cut to
-    that count in raster order), rolled by a random shift on both axes (so it may wrap round the edges); the others,
-    `int(ratio * patches)`, are hidden; `predicted` of them, chosen uniformly (CAPI's prediction subsampling), are
+    """CAPI's masks (its InverseBlockMasking with `roll`): the visible patches are rolled_block's `patches - hidden`;
+    the others, `int(ratio * patches)`, are hidden; `predicted` of them, chosen uniformly (CAPI's prediction subsampling), are
     predicted. Every sample hides and predicts as many, so a batch's patches stack. Returns (2, patches): row 0 the
     hidden patches, row 1 the predicted ones."""
 
@@ -249,19 +272,7 @@ class InverseBlockMask:
         return int(self.subsampling * self.hidden)
 
     def __call__(self, rng=random) -> torch.Tensor:
-        height, width = self.grid
-        visible = height * width - self.hidden
-        low = max(math.log(self.min_aspect), math.log(visible / width**2))
-        high = min(-math.log(self.min_aspect), math.log(height**2 / (visible + 1e-5)))
-        aspect = math.exp(rng.uniform(low, high))
-        h, w = math.ceil(math.sqrt(visible * aspect)), math.ceil(math.sqrt(visible / aspect))
-        top, left = rng.randint(0, height - h), rng.randint(0, width - w)
-        block = np.zeros((height, width), dtype=bool)
-        block[top : top + h, left : left + w] = True
-        kept = np.zeros(height * width, dtype=bool)
-        kept[np.flatnonzero(block)[:visible]] = True
-        shift = (rng.randint(0, height - 1), rng.randint(0, width - 1))
-        hidden = ~np.roll(kept.reshape(height, width), shift, (0, 1)).flatten()
+        hidden = ~rolled_block(self.grid, self.grid[0] * self.grid[1] - self.hidden, self.min_aspect, rng)
         predicted = np.zeros_like(hidden)
         predicted[rng.sample(np.flatnonzero(hidden).tolist(), self.predicted)] = True
         return torch.from_numpy(np.stack([hidden, predicted]))
