@@ -90,6 +90,7 @@ class DINOHead(nn.Module):
                 nn.init.zeros_(layer.bias)
         self.last_layer = nn.Linear(bottleneck_dim, out_dim, bias=False)
         self.patch_last_layer = nn.Linear(bottleneck_dim, patch_out_dim, bias=False) if patch_out_dim else None
+        self.out_dims, self.patch_out_dims = [out_dim], [patch_out_dim or out_dim]  # one level (Franca's have more)
 
     def forward(self, x: torch.Tensor, patches: bool = False) -> torch.Tensor:
         """Scores of the rows of `x`; `patches`: of patch tokens, through their own last layer where the head has one

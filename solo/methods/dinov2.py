@@ -85,9 +85,11 @@ class DINOv2Config:
             )
 
 
-def per_token(head, tokens: torch.Tensor) -> torch.Tensor:
-    """The head on every token of (B, N, D): one row per token, so BatchNorm1d normalises features, not positions."""
-    return head(tokens.flatten(0, 1)).unflatten(0, tokens.shape[:2])
+def per_token(head_levels, crops: list[torch.Tensor]) -> list[torch.Tensor]:
+    """The head's levels on every token of the crops' (B, N, D), stacked: one row per token, so BatchNorm1d normalises
+    features, not positions. Returns one (crops x B, N, K) per level."""
+    tokens = torch.cat(crops)
+    return [s.unflatten(0, tokens.shape[:2]) for s in head_levels(tokens.flatten(0, 1))]
 
 
 @register_method("dinov2", schema=DINOv2Config)
@@ -109,14 +111,7 @@ class DINOv2(MaskedViT, SelfDistillation):
         check_vit(backbone, self.name)
         pool_patch_tokens(backbone)
         self.cfg = cfg
-        self.head = DINOHead(
-            feature_dim,
-            cfg.proj_hidden_dim,
-            cfg.bottleneck_dim,
-            cfg.num_prototypes,
-            cfg.use_bn_in_head,
-            cfg.patch_prototypes,
-        )
+        self.head = self.build_head(feature_dim, cfg)
         self.mask_token = nn.Parameter(torch.zeros(backbone.embed_dim))
         self.teacher = make_teacher(nn.ModuleList([backbone, self.head]))
         if cfg.gram_anchor:  # a module and a buffer: a checkpoint holds the anchor and whether one was taken yet
@@ -124,9 +119,23 @@ class DINOv2(MaskedViT, SelfDistillation):
             self.register_buffer("gram_anchored", torch.tensor(False))
             self.anchored = None  # gram_anchored, read on the host once (after a resume's load), then kept here
         self.register_schedules(cfg)
-        if cfg.centering == "centering":  # buffers: a resumed run goes on with the same centres
-            self.register_buffer("center", torch.zeros(cfg.num_prototypes))
-            self.register_buffer("patch_center", torch.zeros(cfg.patch_prototypes or cfg.num_prototypes))
+        if cfg.centering == "centering":  # buffers: a resumed run goes on with the same centres (every level's)
+            self.register_buffer("center", torch.zeros(sum(self.head.out_dims)))
+            self.register_buffer("patch_center", torch.zeros(sum(self.head.patch_out_dims)))
+
+    def build_head(self, feature_dim: int, cfg: DINOv2Config) -> nn.Module:
+        return DINOHead(
+            feature_dim,
+            cfg.proj_hidden_dim,
+            cfg.bottleneck_dim,
+            cfg.num_prototypes,
+            cfg.use_bn_in_head,
+            cfg.patch_prototypes,
+        )
+
+    def head_levels(self, head: nn.Module, x: torch.Tensor, patches: bool = False) -> list[torch.Tensor]:
+        """The head's scores of the rows of `x`, one tensor per nesting level: DINOv2's head has one."""
+        return [head(x, patches=patches)]
 
     def mask_generator(self) -> BlockMask:
         c = self.cfg
@@ -175,32 +184,51 @@ class DINOv2(MaskedViT, SelfDistillation):
 
     def batch_loss(self, encoded: dict, batch: dict) -> dict:
         c, temperature, patch_temperature = self.cfg, self.teacher_temperature, self.patch_temperature()
-        student = [self.head(x) for x in encoded["cls"]]
+        student = [self.head_levels(self.head, x) for x in encoded["cls"]]  # per crop, per level
         with torch.no_grad():
             teacher_head = self.teacher[1]
-            scores = torch.cat([teacher_head(t) for t in encoded["teacher_cls"]])
-            patch_scores = per_token(partial(teacher_head, patches=True), torch.cat(encoded["teacher_patches"]))
+            scores = self.head_levels(teacher_head, torch.cat(encoded["teacher_cls"]))
+            patch_scores = per_token(partial(self.head_levels, teacher_head, patches=True), encoded["teacher_patches"])
             hidden = self.mask_generator().hidden  # which of each image's candidate patches are masked
             valid = torch.cat([m.gather(1, first_positions(m, hidden)) for m in batch["mask"].unbind(1)])
             if c.centering == "sinkhorn_knopp":
-                teacher = sinkhorn(scores, temperature, c.sinkhorn_iterations)
-                patch_targets = sinkhorn(
-                    patch_scores.flatten(0, 1), patch_temperature, c.sinkhorn_iterations, valid=valid.flatten()
-                ).view(patch_scores.shape)
+                targets = [sinkhorn(s, temperature, c.sinkhorn_iterations) for s in scores]
+                patch_targets = [
+                    sinkhorn(s.flatten(0, 1), patch_temperature, c.sinkhorn_iterations, valid=valid.flatten()).view(
+                        s.shape
+                    )
+                    for s in patch_scores
+                ]
             else:
-                teacher = centred_softmax(scores, self.center, temperature)
-                patch_targets = centred_softmax(patch_scores, self.patch_center, patch_temperature)
+                centers = self.center.split(self.head.out_dims)
+                patch_centers = self.patch_center.split(self.head.patch_out_dims)
+                targets = [centred_softmax(s, m, temperature) for s, m in zip(scores, centers)]
+                patch_targets = [centred_softmax(s, m, patch_temperature) for s, m in zip(patch_scores, patch_centers)]
                 # after the targets, from this step's whole batch: the next step's centres
-                self.center.copy_(dino_center([scores], self.center, c.center_momentum))
+                self.center.copy_(dino_center([torch.cat(scores, dim=-1)], self.center, c.center_momentum))
                 self.patch_center.copy_(
-                    masked_center(patch_scores.flatten(0, 1), valid.flatten(), self.patch_center, c.center_momentum)
+                    masked_center(
+                        torch.cat(patch_scores, dim=-1).flatten(0, 1),
+                        valid.flatten(),
+                        self.patch_center,
+                        c.center_momentum,
+                    )
                 )
-        # tensor_split, not split(n): split(0) of an empty rank's targets gives one piece, not one per crop
-        targets = list(teacher.tensor_split(self.num_views))
-        terms = {"dino": dino_cross_entropy(student, targets, c.student_temperature)}
+        # Each level's loss, summed over the levels (unweighted, as Franca's code). tensor_split, not split(n): split(0)
+        # of an empty rank's targets gives one piece, not one per crop.
+        terms = {
+            "dino": sum(
+                dino_cross_entropy(
+                    [crop[i] for crop in student], list(t.tensor_split(self.num_views)), c.student_temperature
+                )
+                for i, t in enumerate(targets)
+            )
+        }
         if c.ibot_weight:
-            student_patches = per_token(partial(self.head, patches=True), torch.cat(encoded["patches"]))
-            terms["ibot"] = ibot_patch_loss(student_patches, patch_targets, valid, c.student_temperature)
+            student_patches = per_token(partial(self.head_levels, self.head, patches=True), encoded["patches"])
+            terms["ibot"] = sum(
+                ibot_patch_loss(s, t, valid, c.student_temperature) for s, t in zip(student_patches, patch_targets)
+            )
         if c.koleo_weight:
             terms["koleo"] = sum(koleo_loss(x) for x in encoded["cls"][: self.num_views])
         if "gram" in encoded:
