@@ -54,6 +54,7 @@ RECIPES = {
     "mae-digits-vittiny6": "method=mae",
     "dinov2-digits-vittiny6": "method=dinov2",
     "ibot-digits-vittiny6": "method=ibot",
+    "franca-digits-vittiny6": "method=franca",
     # Trained with the squared error, before smooth L1 (the official code's) became I-JEPA's default.
     "ijepa-digits-vittiny6": "method=ijepa method.loss=mse",
     "data2vec-digits-vittiny6": "method=data2vec",

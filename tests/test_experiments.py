@@ -603,6 +603,48 @@ EXPECTED = {
         "geometry": [(None, 1, 1.0, 0.5), (None, 1, 1.0, 0.5), (96, 8, 0.32, 0.5)],
         "view_sizes": [224, 224] + [96] * 8,
     },
+    # valeoai/Franca's ViT-B/14 on ImageNet-21k: DINOv2's views with 98 px local crops (7 patches of 14 px a side)
+    "franca_imagenet21k": {
+        "backbone.name": "vit_base_patch14_dinov2",
+        "backbone.drop_path_rate": 0.1,
+        "backbone.kwargs.patch_size": 14,
+        "backbone.kwargs.init_values": 1e-5,
+        "data.name": "imagefolder",
+        "data.image_size": 224,
+        "data.batch_size": 32,
+        "method.name": "franca",
+        "method.nesting_levels": 5,
+        "method.centering": "sinkhorn_knopp",
+        "method.use_bn_in_head": False,
+        "method.num_prototypes": 131072,
+        "method.patch_prototypes": 131072,
+        "method.bottleneck_dim": 384,
+        "method.proj_hidden_dim": 2048,
+        "method.teacher_temperature": 0.07,
+        "method.warmup_teacher_temperature": 0.04,
+        "method.koleo_weight": 0.1,
+        "method.ibot_weight": 1.0,
+        "method.mask_probability": 0.5,
+        "method.mask_ratio_min": 0.1,
+        "method.mask_ratio_max": 0.65,
+        "method.base_momentum": 0.994,
+        "optim.name": "adamw",
+        "optim.lr": 3.505e-4,
+        "optim.lr_scaling": "sqrt",
+        "optim.weight_decay": 0.04,
+        "optim.weight_decay_end": 0.2,
+        "optim.grad_clip": 3.0,
+        "optim.warmup_epochs": 25,
+        "optim.final_lr": 1e-6,
+        "trainer.max_epochs": 156,
+        "views": [
+            (0.4, 0.4, 0.2, 0.1, 0.8, 0.2, 1.0, 0.0, 0.32),
+            (0.4, 0.4, 0.2, 0.1, 0.8, 0.2, 0.1, 0.2, 0.32),
+            (0.4, 0.4, 0.2, 0.1, 0.8, 0.2, 0.5, 0.0, 0.05),
+        ],
+        "geometry": [(None, 1, 1.0, 0.5), (None, 1, 1.0, 0.5), (98, 8, 0.32, 0.5)],
+        "view_sizes": [224, 224] + [98] * 8,
+    },
     # MAE PRETRAIN.md (ViT-B): one crop of area 0.2-1 with a flip, no colour (jitter_prob 0: its factors unused)
     "mae_imagenet": {
         "backbone.name": "vit_base_patch16_224",
@@ -1484,6 +1526,8 @@ def test_new_methods_global_learning_rates_match_the_papers():
     assert math.isclose(swav.final_lr, 0.0048) and math.isclose(swav.warmup_start_lr, 0.3)
     dino = _compose("experiment=dino_imagenet").optim
     assert math.isclose(scaled_lr(dino, 512), 0.06)  # --lr 0.03 x (8 x 64)/256
+    franca = _compose("experiment=franca_imagenet21k").optim
+    assert math.isclose(scaled_lr(franca, 2048), 7.01e-4 * math.sqrt(2))  # base_lr 7.01e-4, sqrt_wrt_1024, at 2048
     pirl = _compose("experiment=pirl_imagenet").optim
     assert math.isclose(scaled_lr(pirl, 1024), 0.12) and math.isclose(pirl.final_lr, 0.12 / 1000)  # VISSL's values
     for recipe, lr in (("byol", 1.0), ("mocov3", 0.3), ("vicreg", 0.3), ("dino", 0.3), ("swav", 0.6)):

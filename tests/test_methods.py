@@ -178,6 +178,27 @@ METHOD = {
         "method.freeze_last_layer_epochs=0.5",
         "optim=lars",  # as dinov2's
     ],
+    # As DINOv2's, with Franca's: three nesting levels (16, 32 and 64 of the ViT's features; 16 to 64 prototypes), the
+    # patches' own heads (8 to 32 prototypes), each level's Sinkhorn-Knopp targets over the global batch, rolled
+    # inverse-block masks.
+    "franca": [
+        "backbone.name=test_vit",
+        "backbone.small_stem=false",
+        "+backbone.kwargs.img_size=16",
+        "+backbone.kwargs.patch_size=4",
+        "augmentation=multicrop_digits",
+        "method.proj_hidden_dim=32",
+        "method.bottleneck_dim=16",
+        "method.num_prototypes=64",
+        "method.patch_prototypes=32",
+        "method.nesting_levels=3",
+        "method.centering=sinkhorn_knopp",
+        "method.base_momentum=0.9",
+        "method.warmup_teacher_temperature_epochs=1",
+        "method.freeze_last_layer_epochs=0.5",
+        "method.mask_probability=0.8",
+        "optim=lars",  # as dinov2's
+    ],
     # timm's test ViT on a 2 x 2 grid of 8 px patches, distilled from the digits DINOv2 zoo ViT (width 192, 4 px
     # patches: its 4 x 4 grid interpolated to 2 x 2; its input renormalised from the synthetic data's statistics to the
     # digits'): pooled features and patch tokens, through BatchNorm MLP projectors, the squared error.
@@ -635,7 +656,7 @@ def test_unknown_method_lists_every_method():
     with pytest.raises(MissingConfigException) as err:
         compose_cfg(["method=bool"])
     builtin = [m.name for m in METHODS if m.target.__module__.startswith("solo.")]  # other tests register their own
-    assert len(builtin) == 58 and all(name in str(err.value) for name in builtin)
+    assert len(builtin) == 59 and all(name in str(err.value) for name in builtin)
 
 
 @pytest.mark.parametrize(
@@ -646,7 +667,7 @@ def test_unknown_method_lists_every_method():
             "augmentation=multicrop_digits",
             # Those that take these views: not VISReg (4 global views) nor PIRL (the image and its jigsaw's view);
             # methods that other test modules register may follow.
-            r"only used by methods that take local crops \(dino, dinov2, ibot, lejepa, mmcr, msn, pmsn, swav"
+            r"only used by methods that take local crops \(dino, dinov2, franca, ibot, lejepa, mmcr, msn, pmsn, swav"
             r"(\)|, (?!visreg|pirl))",
         ),
         (

@@ -2573,3 +2573,143 @@ def test_crossmae_masks_predict_a_share_of_all_patches_among_the_hidden():
         hidden, predicted = generator(random.Random(seed))
         assert int(hidden.sum()) == 147 and int(predicted.sum()) == 49
         assert not (predicted & ~hidden).any()
+
+
+# --- Franca ----------------------------------------------------------------------------------------------------------
+
+
+def _official_level(parameters: dict, x, width, normalise_bottleneck=False):
+    """One level of valeoai/Franca's MRLDINOHead written out (without BatchNorm): a square linear layer on the first
+    `width` features, three linear layers each followed by GELU, the prototypes at unit norm (solo's convention)."""
+    p = parameters
+    h = F.linear(x[:, :width], p["mlp.0.weight"], p["mlp.0.bias"])
+    for i in (1, 4, 7):
+        h = F.gelu(F.linear(h, p[f"mlp.{i}.weight"], p[f"mlp.{i}.bias"]))
+    if normalise_bottleneck:  # DINOv2's head: the slip to reject
+        h = F.normalize(h, dim=1)
+    w = p["last_layer.weight"]
+    return h @ (w / w.norm(dim=1, keepdim=True)).T
+
+
+def _official_franca_sinkhorn(scores, temperature, iterations=3):
+    """Franca's MRLDINOLoss / MRLiBOTPatchLoss.sinkhorn_knopp_teacher in one process: exp(scores / temperature), scaled
+    to total 1, then alternately every prototype's column to 1/K and every sample's row to 1/B; rows summing to 1."""
+    q = torch.exp(scores / temperature).T
+    q = q / q.sum()
+    k, b = q.shape
+    for _ in range(iterations):
+        q = q / q.sum(dim=1, keepdim=True) / k
+        q = q / q.sum(dim=0, keepdim=True) / b
+    return (q * b).T
+
+
+def _official_franca(method, views, mask, centering, normalise_bottleneck=False, reduce_levels=sum):
+    """Franca's DINO and iBOT losses for two global crops as its ssl_meta_arch computes them, level by level: the
+    student's class tokens against the teacher's targets of the other crop, the mean over the 2B rows; each masked
+    patch's cross-entropy weighted by 1 / its image's masked patches, summed, over the 2B crops; the levels summed."""
+    vit, teacher_vit = method.backbone, method.teacher[0]
+    student = [output_tokens(vit, v, m, method.mask_token) for v, m in zip(views, mask.unbind(1))]
+    with torch.no_grad():
+        teacher = [output_tokens(teacher_vit, v) for v in views]
+    masks = torch.cat(list(mask.unbind(1)))  # (2B, P), crop 0's images first
+    weights = (1 / masks.sum(1).clamp(min=1).double())[:, None].expand_as(masks)[masks]  # the code's, in float64
+    student_cls, teacher_cls = (
+        torch.cat([s[:, 0] for s in student]),
+        torch.cat([t[:, 0] for t in teacher]),
+    )
+    student_patches = torch.cat([s[:, 1:] for s in student])[masks]
+    teacher_patches = torch.cat([t[:, 1:] for t in teacher])[masks]
+    n = len(views[0])
+    swapped = torch.cat([teacher_cls[n:], teacher_cls[:n]])  # each student crop against the other crop's teacher
+    levels, temperature = [], method.teacher_temperature.item()  # 0.04 as a float32 buffer's
+    for own, theirs in zip(method.head.levels, method.teacher[1].levels):
+        width = own.in_dim
+        mine, frozen = dict(own.named_parameters()), {k: v.detach() for k, v in theirs.named_parameters()}
+        t_cls, t_patch = (_official_level(frozen, x, width) for x in (swapped, teacher_patches))
+        if centering == "sinkhorn_knopp":
+            targets, patch_targets = (_official_franca_sinkhorn(t, temperature) for t in (t_cls, t_patch))
+        else:  # the first step's centres are zero
+            targets, patch_targets = (F.softmax(t / temperature, dim=-1) for t in (t_cls, t_patch))
+        s_cls = _official_level(mine, student_cls, width, normalise_bottleneck)
+        s_patch = _official_level(mine, student_patches, width, normalise_bottleneck)
+        dino = -(targets * F.log_softmax(s_cls / 0.1, dim=-1)).sum(-1).mean()
+        ibot = -((patch_targets * F.log_softmax(s_patch / 0.1, dim=-1)).sum(-1) * weights).sum() / len(masks)
+        levels.append(dino + ibot)
+    return reduce_levels(levels)
+
+
+@pytest.mark.parametrize("centering", ["sinkhorn_knopp", "centering"])
+def test_franca_is_the_official_nested_dino_and_ibot_losses_in_value_and_gradient(centering):
+    """A ViT of width 32, three levels (8, 16 and 32 features; 4, 8 and 16 prototypes, shared by the class token and the
+    patches), two global crops of 3 images with 0 to 6 masked patches: solo's loss against Franca's code written out
+    level by level, in value and in the gradient of every student parameter; with DINO's centring, each level's
+    centre moves with its own scores' mean. Rejected: a bottleneck L2-normalised as in DINOv2's head, and the levels
+    averaged instead of summed."""
+    from solo.methods.franca import Franca, FrancaConfig
+
+    cfg = FrancaConfig(
+        proj_hidden_dim=16,
+        bottleneck_dim=8,
+        num_prototypes=16,
+        patch_prototypes=0,
+        nesting_levels=3,
+        koleo_weight=0.0,
+        centering=centering,
+        teacher_temperature=0.04,
+    )
+    method = Franca(_tiny_vit(0), 32, cfg).double()
+    method.feeds_probe = False
+    with torch.no_grad():  # heads far from their initial near-uniform scores, the teacher's apart from the student's
+        for p in method.head.parameters():
+            p.add_(0.5 * torch.randn(p.shape, generator=_generator(2), dtype=p.dtype))
+        for p in method.teacher.parameters():
+            p.add_(0.5 * torch.randn(p.shape, generator=_generator(3), dtype=p.dtype))
+        method.mask_token.normal_(generator=_generator(5))
+    assert method.head.out_dims == [4, 8, 16] and [level.in_dim for level in method.head.levels] == [8, 16, 32]
+    g = _generator(4)
+    views = [torch.randn(3, 3, 16, 16, generator=g, dtype=torch.float64) for _ in range(2)]
+    mask = torch.zeros(3, 2, 16, dtype=torch.bool)
+    mask[0, 0, [1, 2, 5, 6, 9]] = True
+    mask[2, 0, [0, 15, 12]] = True
+    mask[1, 1, 4:10] = True
+    batch = {"views": views, "mask": mask, "label": torch.zeros(3, dtype=torch.long)}
+    got = method.batch_loss(method.encode(batch), batch)["loss"]
+    want = _official_franca(method, views, mask, centering)
+    assert got.item() == pytest.approx(want.item(), rel=1e-10)
+    params = [p for p in method.parameters() if p.requires_grad]
+    for a, b in zip(
+        torch.autograd.grad(got, params, allow_unused=True), torch.autograd.grad(want, params, allow_unused=True)
+    ):
+        if a is None or b is None:
+            assert (a is None or not a.any()) and (b is None or not b.any())
+        else:
+            torch.testing.assert_close(a, b, rtol=1e-8, atol=1e-12)
+    if centering == "centering":
+        with torch.no_grad():
+            scores = method.teacher[1](torch.cat([output_tokens(method.teacher[0], v)[:, 0] for v in views]))
+        torch.testing.assert_close(method.center, 0.1 * torch.cat([s.mean(0) for s in scores]))
+    with torch.no_grad():
+        for wrong in (
+            _official_franca(method, views, mask, centering, normalise_bottleneck=True),
+            _official_franca(method, views, mask, centering, reduce_levels=lambda levels: sum(levels) / len(levels)),
+        ):
+            assert abs(got.item() - wrong.item()) > 1e-3 * abs(got.item())
+
+
+def test_franca_masks_show_one_rolled_block_and_hide_the_drawn_share():
+    """Franca's masks on a 6 x 6 grid, ratios 0.1-0.65, probability 0.5: a masked crop hides int(u x 36) patches for
+    a u in the range, and shows one rolled rectangle; about half the crops are masked."""
+    from solo.data.views.masks import BlockMask
+
+    random.seed(0)
+    generator = BlockMask((6, 6), 2, 0.5, 0.1, 0.65, rolled_inverse=True)
+    counts = []
+    for _ in range(40):
+        for hidden in generator():
+            count = int(hidden.sum())
+            counts.append(count)
+            if count:
+                assert 3 <= count <= 23 and _is_rolled_block(~hidden.reshape(6, 6), 36 - count)
+    assert 25 <= sum(c > 0 for c in counts) <= 55
+    scattered = BlockMask((6, 6), 1, 1.0, 0.5, 0.5)  # BEiT's blocks: not one rolled rectangle's complement, mostly
+    assert not all(_is_rolled_block(~hidden.reshape(6, 6), 18) for hidden in (scattered()[0] for _ in range(10)))

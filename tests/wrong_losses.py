@@ -3,7 +3,7 @@
 Used to show that the gradient checker rejects them: a check that cannot fail proves nothing. Then the
 wrong variants of the self-supervised losses (VICReg, SigLIP, DINO, SwAV, MoCo v3, BYOL, SupCon, NNCLR, W-MSE,
 VIbCReg, I-JEPA, data2vec 2.0, SimMIM, AIM, DINOv3's Gram anchoring, PaKA, DeepClusterV2, LeJEPA, DCL, MMCR, TiCo, DirectCLR,
-alignment-uniformity, EMP-SSL, FroSSL, SSL-EY, CAPI, MSN, PMSN, VICRegL, DetCon, FastSiam, MACL, VISReg, SwAV's queue, PIRL, CO2, VCReg, SMoG) that popular implementations ship
+alignment-uniformity, EMP-SSL, FroSSL, SSL-EY, CAPI, MSN, PMSN, VICRegL, DetCon, FastSiam, MACL, VISReg, SwAV's queue, PIRL, CO2, VCReg, SMoG, Franca) that popular implementations ship
 (WRONG_SSL). At the end, two losses for the checker's error paths: one that raises
 on one rank, one that ignores its scalar.
 """
@@ -210,6 +210,19 @@ def swav_sinkhorn_local_batch_times_world(z1, z2):
     return self_distillation._cross_view_loss(
         codes, [F.log_softmax(v / 0.1, dim=1) for v in views], sum(batch_sizes(z1.shape[0]))
     )
+
+
+def franca_sinkhorn_local_batch_times_world(z1, z2):
+    """Franca's nested levels with each level's Sinkhorn-Knopp taking the number of samples as B_local x W, as its
+    MRLDINOLoss.sinkhorn_knopp_teacher does: right only when every rank holds as many samples."""
+    from solo.losses import dino_cross_entropy, self_distillation
+
+    def codes(scores):
+        with torch.no_grad():
+            return self_distillation._sinkhorn(scores.detach(), 0.5, 3, len(scores) * world_size())
+
+    levels = ((z1[:, :width], z2[:, :width]) for width in (z1.shape[1] // 2, z1.shape[1]))
+    return sum(dino_cross_entropy([a, b], [codes(a), codes(b)], 0.1) for a, b in levels)
 
 
 def koleo_per_rank_neighbours(z1, z2):
@@ -888,6 +901,7 @@ WRONG_SSL = [
         "data2vec2_class_term_by_rank_hidden_share",
         "co2_batch_local_negatives",
         "swav_sinkhorn_local_batch_times_world",  # only wrong with uneven per-rank batches
+        "franca_sinkhorn_local_batch_times_world",  # likewise
         "koleo_per_rank_neighbours",
         "ibot_mean_of_rank_means",  # only wrong with uneven per-rank batches
         "gram_rank_mse",  # likewise

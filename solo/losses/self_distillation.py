@@ -382,6 +382,14 @@ def dino_check(z1: torch.Tensor, z2: torch.Tensor) -> torch.Tensor:
     return dino_loss([z1, z2], teacher, center, student_temperature=0.1, teacher_temperature=0.04)
 
 
+@LOSSES.register("franca")
+def franca_check(z1: torch.Tensor, z2: torch.Tensor) -> torch.Tensor:
+    # Franca's nested levels: each tower's first half of its scores and all of them as two levels' prototypes, each
+    # level's targets the other tower's Sinkhorn-Knopp codes over the global batch; the levels' DINO losses summed.
+    levels = ((z1[:, :width], z2[:, :width]) for width in (z1.shape[1] // 2, z1.shape[1]))
+    return sum(dino_cross_entropy([a, b], [sinkhorn(a, 0.5, 3), sinkhorn(b, 0.5, 3)], 0.1) for a, b in levels)
+
+
 @LOSSES.register("ibot")
 def ibot_check(z1: torch.Tensor, z2: torch.Tensor) -> torch.Tensor:
     # Each row as 2 patches of 2 prototype scores, a patch masked by a pseudo-random function of its score (so images
