@@ -107,6 +107,27 @@ def test_a_view_that_the_augmentation_does_not_have_is_named_with_what_to_do():
     precheck(PRETRAIN, ["augmentation=simclr", crop])  # the recipe named: its view changed
 
 
+def test_franca_levels_past_the_backbones_width_or_the_prototypes_are_one_line():
+    """Franca's coarsest level reads the backbone's width halved nesting_levels - 1 times and scores that share of
+    the prototypes: a level of no features or no prototypes is named with the largest or smallest value that works."""
+    from timm.models.vision_transformer import VisionTransformer
+
+    from solo.methods.franca import Franca, FrancaConfig
+
+    vit = VisionTransformer(img_size=16, patch_size=4, embed_dim=32, depth=1, num_heads=2, num_classes=0)
+    small = {"proj_hidden_dim": 8, "bottleneck_dim": 4}
+    with pytest.raises(
+        ConfigError, match=r"nesting_levels=7 halves the backbone's 32 features 6 times, to 0: use at mo"
+    ):
+        Franca(vit, 32, FrancaConfig(nesting_levels=7, **small))
+    message = r"nesting_levels=4 gives the coarsest level \(4 of the backbone's 32 features\) none of 4 prototypes: "
+    with pytest.raises(
+        ConfigError, match=message + r"raise method.num_prototypes \(method.patch_prototypes\) to at least 8"
+    ):
+        Franca(vit, 32, FrancaConfig(nesting_levels=4, num_prototypes=64, patch_prototypes=4, **small))
+    Franca(vit, 32, FrancaConfig(nesting_levels=6, num_prototypes=32, patch_prototypes=0, **small))  # 1 feature, 1
+
+
 def test_another_trainer_s_device_keys_are_told_how_solo_chooses_devices():
     from solo.cli import PRETRAIN, precheck
     from solo.config import register_configs

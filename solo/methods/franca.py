@@ -117,15 +117,18 @@ class Franca(DINOv2):
     augmentations = {"digits": "digits_mild", "natural": "multicrop_dinov2"}
 
     def build_head(self, feature_dim: int, cfg: FrancaConfig) -> nn.Module:
-        coarsest, fewest = (
-            feature_dim >> (cfg.nesting_levels - 1),
-            min(filter(None, (cfg.num_prototypes, cfg.patch_prototypes))),
-        )
+        levels, coarsest = cfg.nesting_levels, feature_dim >> (cfg.nesting_levels - 1)
+        if not coarsest:
+            raise ConfigError(
+                f"method.nesting_levels={levels} halves the backbone's {feature_dim} features {levels - 1} times, to 0: "
+                f"use at most {feature_dim.bit_length()} levels"
+            )
+        fewest = min(filter(None, (cfg.num_prototypes, cfg.patch_prototypes)))
         if fewest * coarsest // feature_dim < 1:
             raise ConfigError(
-                f"method.nesting_levels={cfg.nesting_levels} leaves the coarsest level {coarsest} of the backbone's "
-                f"{feature_dim} features and {fewest * coarsest // feature_dim} of its {fewest} prototypes: lower "
-                "method.nesting_levels, or raise method.num_prototypes (method.patch_prototypes)"
+                f"method.nesting_levels={levels} gives the coarsest level ({coarsest} of the backbone's {feature_dim} "
+                f"features) none of {fewest} prototypes: raise method.num_prototypes (method.patch_prototypes) to at "
+                f"least {-(-feature_dim // coarsest)}, or lower method.nesting_levels"
             )
         return MatryoshkaHead(
             feature_dim,
