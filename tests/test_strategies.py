@@ -75,11 +75,13 @@ VIT_FP64 = VIT_FP32 + ["trainer.precision=64"]
 # CI's cases of the FSDP test (the others: `pytest -m exhaustive`): a method of each kind of parameters and state that
 # FSDP's shards meet. Those at W = 3; two towers and a logit scale (CLIP), a locked one (LiT), a frozen pretrained
 # teacher (distill); a trainable parameter inside the backbone left frozen (CrossMAE's last norm); an EMA teacher with a
-# queue (MoCo v2+) and with dense queues (DenseCL), a support set (NNCLR), prototypes frozen at first (SwAV), a memory
-# bank and k-means (DeepClusterV2), groups moved by the batch (SMoG), a running covariance (TiCo), whitening in
-# sub-batches (W-MSE); an expander (VICReg), a target encoder with a predictor (I-JEPA) and a mask token (MaskFeat).
+# queue (MoCo v2+), prototypes frozen at first (SwAV), a memory bank and k-means (DeepClusterV2), buffers moved by the
+# global batch (SMoG's groups), a target encoder with a predictor (I-JEPA) and a mask token (MaskFeat). Left to
+# exhaustive for CI's budget, their kinds being those above: NNCLR's support set and DenseCL's dense queues (buffers as
+# MoCo v2+'s queue), TiCo's running covariance (as SMoG's groups), W-MSE's whitening (a loss, no state) and VICReg's
+# expander (plain layers, as SimCLR's projector).
 FSDP_KINDS = FSDP_AT_THREE + tuple(
-    "clip lit distill crossmae mocov2plus densecl nnclr swav deepclusterv2 smog tico wmse vicreg ijepa maskfeat".split()
+    "clip lit distill crossmae mocov2plus swav deepclusterv2 smog ijepa maskfeat".split()
 )
 assert set(FSDP_KINDS) <= set(CASES), set(FSDP_KINDS) - set(CASES)
 FSDP_TEST = "test_fsdp_step_equals_one_process_with_uneven_and_empty_ranks"
