@@ -99,7 +99,7 @@ def test_a_key_of_another_dataset_is_an_error_that_names_it():
 
 
 # The masked-image methods, whose keys meet the ViT's patch grid, their own transformers' widths and their masks.
-MASKED = ("mae", "simmim", "aim", "msn", "ijepa", "capi", "dinov2")
+MASKED = ("mae", "simmim", "aim", "msn", "ijepa", "capi", "dinov2", "franca")
 TINY_VIT = [
     "backbone=vit_tiny",
     "+backbone.kwargs.depth=1",
