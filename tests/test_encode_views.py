@@ -82,6 +82,35 @@ def test_a_batchnorm_backbone_with_row_groups_takes_the_views_of_one_size_in_one
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12, msg=name)
 
 
+def test_a_nested_head_with_row_grouped_batchnorm_gives_each_view_its_levels_from_one_call():
+    """Franca's head (three levels, BatchNorm taking row groups) on 4 views of 5 rows: one call of 20 rows, each view
+    its list of levels, equal to a call per view on a plain copy in value and gradient (float64); the known-wrong
+    variant, the joined call without row groups, gives other levels."""
+    from solo.methods.franca import MatryoshkaHead
+
+    torch.manual_seed(0)
+    head = MatryoshkaHead(16, 12, 6, 32, levels=3, use_bn=True).double()
+    plain, ungrouped = copy.deepcopy(head), copy.deepcopy(head)
+    group_batchnorms(head)
+    g = torch.Generator().manual_seed(2)
+    views = [torch.randn(5, 16, dtype=torch.float64, generator=g) for _ in range(4)]
+    rows, plain_rows = _calls(head), _calls(plain)
+    out, want = encode_views(head, views), [plain(v) for v in views]
+    assert rows == [20] and plain_rows == [5] * 4 and [len(levels) for levels in out] == [3] * 4
+    for outputs in (out, want):  # a loss that weighs each view's levels differently
+        sum(
+            ((levels[i] ** 2) * (i + 1)).sum() * (v + 1) for v, levels in enumerate(outputs) for i in range(3)
+        ).backward()
+    for got, expected in zip(out, want):
+        for a, b in zip(got, expected):
+            torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+    scale = max(float(p.grad.abs().max()) for p in plain.parameters())  # a bias before BatchNorm: zero, to rounding
+    for (name, a), b in zip(head.named_parameters(), plain.parameters()):
+        torch.testing.assert_close(a.grad, b.grad, rtol=1e-10, atol=1e-12 * scale, msg=name)
+    joined = ungrouped(torch.cat(views))
+    assert float((joined[0][:5] - want[0][0]).abs().max()) > 1e-3
+
+
 def test_stochastic_depth_in_a_concatenated_call_draws_per_sample_and_view():
     """Drop path in a ViT, drawn per sample: a micro-batch's concatenated call gives its samples' rows of the whole
     batch's concatenated call, each view its own masks."""

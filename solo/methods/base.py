@@ -249,7 +249,7 @@ def encode_views(
     row groups (the trainer's models: solo.distributed.batchnorm.group_batchnorms, solo's global BatchNorm) the views of
     one size go through one call too, each view a group of rows with its own statistics (with solo's global BatchNorm,
     one collective per layer for all of them); otherwise (plain BatchNorms, in your own loop) each view goes through a
-    call of its own."""
+    call of its own. `forward` may return a list of tensors (a nested head's levels): each view gets its list."""
     forward = forward or encoder
     inputs = list(zip(views, *per_view))
     has_batchnorm = any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in encoder.modules())
@@ -263,7 +263,11 @@ def encode_views(
             continue
         with row_groups(encoder, len(same_size)):
             joined = forward(*(torch.cat(column) for column in zip(*same_size)))
-        out += joined.split([len(args[0]) for args in same_size])
+        sizes = [len(args[0]) for args in same_size]
+        if isinstance(joined, torch.Tensor):
+            out += joined.split(sizes)
+        else:
+            out += [list(parts) for parts in zip(*(levels.split(sizes) for levels in joined))]
     return out
 
 

@@ -184,7 +184,8 @@ class DINOv2(MaskedViT, SelfDistillation):
 
     def batch_loss(self, encoded: dict, batch: dict) -> dict:
         c, temperature, patch_temperature = self.cfg, self.teacher_temperature, self.patch_temperature()
-        student = [self.head_levels(self.head, x) for x in encoded["cls"]]  # per crop, per level
+        # per crop, per level; the crops' class tokens through one call (encode_views: each crop its BatchNorm group)
+        student = encode_views(self.head, encoded["cls"], forward=partial(self.head_levels, self.head))
         with torch.no_grad():
             teacher_head = self.teacher[1]
             scores = self.head_levels(teacher_head, torch.cat(encoded["teacher_cls"]))
