@@ -58,6 +58,15 @@ def teacher_temperature(cfg, step: int, steps_per_epoch: int) -> float:
     )
 
 
+def init_head_layers(mlp: nn.Sequential) -> None:
+    """DINO's initialisation of a head's linear layers (DINOv2's and Franca's alike): small weights (trunc_normal, std
+    0.02, its bounds +-2), zero biases."""
+    for layer in mlp:
+        if isinstance(layer, nn.Linear):
+            nn.init.trunc_normal_(layer.weight, std=0.02)
+            nn.init.zeros_(layer.bias)
+
+
 class DINOHead(nn.Module):
     """MLP (GELU) -> bottleneck -> L2 normalisation -> weight-normalised linear layer to K prototypes, whose
     norms are fixed at 1 (DINO's `norm_last_layer`, the default that keeps training stable). With `patch_out_dim`, the
@@ -84,10 +93,7 @@ class DINOHead(nn.Module):
             nn.GELU(),
             nn.Linear(hidden_dim, bottleneck_dim),
         )
-        for layer in self.mlp:
-            if isinstance(layer, nn.Linear):  # DINO's initialisation: small weights (its bounds are +-2), zero biases
-                nn.init.trunc_normal_(layer.weight, std=0.02)
-                nn.init.zeros_(layer.bias)
+        init_head_layers(self.mlp)
         self.last_layer = nn.Linear(bottleneck_dim, out_dim, bias=False)
         self.patch_last_layer = nn.Linear(bottleneck_dim, patch_out_dim, bias=False) if patch_out_dim else None
         self.out_dims, self.patch_out_dims = [out_dim], [patch_out_dim or out_dim]  # one level (Franca's have more)

@@ -21,6 +21,7 @@ from solo.backbones.vit import grid_shape
 from solo.data.views.masks import BlockMask
 from solo.errors import ConfigError
 from solo.methods.base import register_method
+from solo.methods.dino import init_head_layers
 from solo.methods.dinov2 import Centering, DINOv2, DINOv2Config
 from solo.schema import AT_LEAST_ONE, FRACTION, NON_NEGATIVE, PROBABILITY, ruled
 
@@ -57,10 +58,7 @@ class NestedLevel(nn.Module):
                 nn.GELU(),
             ]
         self.mlp = nn.Sequential(*layers)
-        for layer in self.mlp:
-            if isinstance(layer, nn.Linear):  # the official initialisation: trunc_normal(std 0.02), zero biases
-                nn.init.trunc_normal_(layer.weight, std=0.02)
-                nn.init.zeros_(layer.bias)
+        init_head_layers(self.mlp)  # the official initialisation, DINO's
         self.last_layer = nn.Linear(bottleneck_dim, out_dim, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
