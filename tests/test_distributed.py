@@ -141,6 +141,7 @@ WRONG_SSL_OF = {
     "co2_mean_of_rank_means": "co2",
     "vcreg_per_rank_statistics": "vcreg",
     "smog_per_rank_groups": "smog",
+    "dse_per_rank": "dse",
 }
 
 

@@ -157,6 +157,8 @@ METHOD = {
         "method.gram_start=2",
         "method.gram_refresh=2",
         "method.paka_weight=0.5",  # PaKA between the student's and the EMA teacher's patch kernels
+        # DSE on the student's patch tokens: k-means groups of 8 images of the global batch, which span ranks
+        "method.dse_weight=0.1",
         # Not the digits recipe's AdamW: it divides each element's step by that element's own gradient scale, which
         # lifts float64 rounding in elements whose gradient is near 0 to 1.5e-10 of the movement here.
         "optim=lars",

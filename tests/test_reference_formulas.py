@@ -640,6 +640,72 @@ def test_dinov2_adds_paka_weight_times_the_alignment_of_student_and_teacher_patc
     assert (loss_on - loss_off).item() == pytest.approx(0.7 * want.item(), rel=1e-10)
 
 
+# --- DSE -------------------------------------------------------------------------------------------------------------
+
+
+def _blobs(images: int, tokens: int, dim: int, g: torch.Generator) -> torch.Tensor:
+    """Each image's tokens in 3 tight blobs around its own random directions: any k-means finds them."""
+    centres = torch.randn(images, 3, dim, generator=g, dtype=torch.float64)
+    x = centres.repeat_interleave(tokens // 3, dim=1)
+    return x + 0.01 * torch.randn(images, tokens, dim, generator=g, dtype=torch.float64)
+
+
+def test_dse_is_the_official_formula_on_scikit_learn_clusters_in_value_and_gradient():
+    """10 images of 12 tokens in 16 dimensions (groups of 8 and 2 images; 24 clusters on the last group's 24 tokens):
+    solo's DSE against the official code's loops, clustered by scikit-learn's KMeans, in value and gradient; two views
+    of the ten images give the same. Rejected: the images in another order (other groups of 8)."""
+    from sklearn.cluster import KMeans
+
+    from solo.losses import dse_score
+    from tests.wrong_losses import official_dse
+
+    def sklearn_kmeans(points, k, which):
+        fitted = KMeans(n_clusters=k, n_init=10, random_state=0).fit(points.numpy())
+        return torch.from_numpy(fitted.labels_).long(), torch.from_numpy(fitted.cluster_centers_)
+
+    g = _generator(21)
+    x = _blobs(10, 12, 16, g).requires_grad_()
+    got, want = dse_score([x], generator=_generator(0)), official_dse(x, 3, 24, sklearn_kmeans)
+    assert got.item() == pytest.approx(want.item(), rel=1e-10)
+    torch.testing.assert_close(torch.autograd.grad(got, x)[0], torch.autograd.grad(want, x)[0], rtol=1e-8, atol=1e-10)
+    two_views = dse_score([x[:5], x[5:]], generator=_generator(0))  # view by view: the same ten images in order
+    assert two_views.item() == pytest.approx(got.item(), rel=1e-12)
+    interleaved = dse_score([x[0::2], x[1::2]], generator=_generator(0))  # other groups of 8 images
+    assert abs(interleaved.item() - got.item()) > 1e-3 * abs(got.item())
+
+
+def test_dinov2_adds_dse_weight_times_minus_dse_of_the_student_patch_tokens():
+    """DINOv2 with method.dse_weight: its loss falls by the weight times DSE of the global crops' student patch tokens
+    (the mask token in the masked places), the crops as images view by view; every term else unchanged. The crops'
+    images interleaved would give another value."""
+    from solo.losses import dse_score
+    from solo.methods.dinov2 import DINOv2, DINOv2Config
+
+    def build(weight):
+        cfg = DINOv2Config(proj_hidden_dim=16, bottleneck_dim=8, num_prototypes=12, dse_weight=weight, koleo_weight=0)
+        method = DINOv2(_tiny_vit(0), 32, cfg).double()
+        method.feeds_probe = False
+        return method
+
+    g = _generator(5)
+    views = [torch.randn(5, 3, 16, 16, generator=g, dtype=torch.float64) for _ in range(2)]
+    mask = torch.zeros(5, 2, 16, dtype=torch.bool)
+    mask[0, 0, :5] = True
+    batch = {"views": views, "mask": mask, "label": torch.zeros(5, dtype=torch.long)}
+    off, on = build(0.0), build(0.3)
+    loss_off = off.batch_loss(off.encode(batch), batch)["loss"]
+    torch.manual_seed(7)  # no trainer: the k-means++ draws come from torch's generator
+    loss_on = on.batch_loss(on.encode(batch), batch)["loss"]
+    vit = on.backbone
+    tokens = [output_tokens(vit, v, m, on.mask_token)[:, 1:] for v, m in zip(views, mask.unbind(1))]
+    torch.manual_seed(7)
+    want = dse_score(tokens, generator=None)
+    assert (loss_off - loss_on).item() == pytest.approx(0.3 * want.item(), rel=1e-10)
+    torch.manual_seed(7)
+    interleaved = dse_score([torch.stack(tokens, 1).flatten(0, 1)], generator=None)
+    assert abs(interleaved.item() - want.item()) > 1e-3 * abs(want.item())
+
+
 # --- EMP-SSL ---------------------------------------------------------------------------------------------------------
 
 

@@ -28,6 +28,7 @@ from solo.losses import (
     whiten,
 )
 from solo.losses.barlow_twins import _standardise
+from solo.losses.dse import _kmeans as dse_kmeans
 from solo.losses.msn import CHECK_PROTOTYPES, power_law_prior, prototype_logits
 from solo.losses.regression import _checker_queue, checker_bank_index
 from solo.losses.self_distillation import _sinkhorn, checker_groups, checker_queue_scores, sinkhorn
@@ -878,6 +879,58 @@ def detcon_local_negatives(z1, z2):
     return torch.stack(losses).mean()
 
 
+def official_dse(x, local_clusters, global_clusters, cluster):
+    """DSE as the paper's official code computes it on the images it is given, `x` (B, P, D), loop by loop: each
+    cluster's centred tokens alone through svdvals, boolean masks, Python means. `cluster(points, k, which)` gives
+    (labels, centroids) for the image or group `which` ("image", b) / ("group", g). Where a group has one centroid its
+    inter term is skipped (lightly's; the official code would add its 1e9 mask)."""
+    x = F.normalize(x, dim=-1)
+    _, tokens, dim = x.shape
+    l2 = (x - x.mean(dim=(0, 1))).norm(dim=-1).mean() + 1e-12
+
+    def spread(rows):
+        return torch.linalg.svdvals(rows - rows.mean(dim=0)).sum() / math.sqrt(max(len(rows) - 1, dim))
+
+    images = []
+    for b, image in enumerate(x):
+        labels, _ = cluster(image.detach(), min(local_clusters, tokens), ("image", b))
+        terms = [spread(image[labels == c]) for c in range(local_clusters) if (labels == c).sum() > 1]
+        if terms:
+            images.append(torch.stack(terms).mean())
+    per_group = max(global_clusters // local_clusters, 1)
+    inter, intra = [], []
+    for g, start in enumerate(range(0, len(x), per_group)):
+        rows = x[start : start + per_group].reshape(-1, dim)
+        labels, centroids = cluster(rows.detach(), min(global_clusters, len(rows)), ("group", g))
+        if len(centroids) > 1:
+            own = F.one_hot(labels, len(centroids)).bool()
+            inter.append(torch.cdist(rows, centroids).masked_fill(own, float("inf")).min(dim=1).values.mean())
+        intra += [spread(rows[labels == c]) for c in range(len(centroids)) if (labels == c).sum() > 1]
+    intra_image = torch.stack(images).mean() / l2 if images else torch.tensor(0.0, dtype=x.dtype)
+    inter_term = torch.stack(inter).mean() / l2 if inter else torch.tensor(0.0, dtype=x.dtype)
+    intra_batch = torch.stack(intra).mean() / l2 if intra else torch.tensor(1.0, dtype=x.dtype)
+    singular = torch.linalg.svdvals(x.reshape(-1, dim))
+    p = singular / (singular.sum() + 1e-12) + 1e-12
+    effective_rank = torch.exp(-(p * p.log()).sum()) / min(len(x) * tokens, dim)
+    return inter_term + effective_rank - 0.5 * (intra_batch + intra_image)
+
+
+def dse_per_rank(z1, z2):
+    """DSE as the official code and lightly's DSERegularizer distribute it: each rank's images alone (their own groups,
+    means and singular values), averaged over ranks by DDP; clustered by solo's k-means with the draws solo's
+    dse_score makes in one process, so that one process gives solo's value."""
+    tokens = torch.cat([z1.unflatten(1, (-1, 2)), z2.unflatten(1, (-1, 2))], dim=1)
+    groups = math.ceil(len(tokens) / 3)
+    draws = torch.rand(len(tokens) + groups, 6, generator=torch.Generator().manual_seed(0)).double()
+
+    def cluster(points, k, which):
+        row = which[1] if which[0] == "image" else len(tokens) + which[1]
+        members, centroids = dse_kmeans(points[None], k, draws[row : row + 1, :k])
+        return members[0].argmax(dim=1), centroids[0]
+
+    return -official_dse(tokens, 2, 6, cluster)
+
+
 WRONG_SSL = [
     f"tests.wrong_losses:{name}"
     for name in (
@@ -937,6 +990,7 @@ WRONG_SSL = [
         "co2_mean_of_rank_means",  # only wrong with uneven per-rank batches
         "vcreg_per_rank_statistics",
         "smog_per_rank_groups",
+        "dse_per_rank",
     )
 ]
 

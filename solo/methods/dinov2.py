@@ -10,6 +10,7 @@ from functools import partial
 import torch
 import torch.nn as nn
 
+from solo.backbones.stochastic import step_generator
 from solo.backbones.vit import (
     check_vit,
     first_positions,
@@ -25,6 +26,7 @@ from solo.losses import (
     centred_softmax,
     dino_center,
     dino_cross_entropy,
+    dse_score,
     gram_loss,
     ibot_patch_loss,
     koleo_loss,
@@ -76,6 +78,12 @@ class DINOv2Config:
     # PaKA's patch kernel alignment (DINOv3.1's post-training loss): the weight (0: off) of 1 - CKA between the linear
     # kernels of each global crop's patch tokens, the student's (masked ones too) and the EMA teacher's.
     paka_weight: float = ruled(0.0, NON_NEGATIVE)
+    # The DSE regulariser (dense structure estimator, 2025): the weight (0: off) of -DSE on the student's patch tokens of
+    # the global crops, k-means with dse_local_clusters per image and dse_global_clusters per group of
+    # dse_global_clusters // dse_local_clusters images (solo.losses.dse).
+    dse_weight: float = ruled(0.0, NON_NEGATIVE)
+    dse_local_clusters: int = ruled(3, AT_LEAST_ONE)
+    dse_global_clusters: int = ruled(24, AT_LEAST_ONE)
 
     def validate(self) -> None:
         if self.mask_ratio_min > self.mask_ratio_max:
@@ -119,6 +127,8 @@ class DINOv2(MaskedViT, SelfDistillation):
             self.register_buffer("gram_anchored", torch.tensor(False))
             self.anchored = None  # gram_anchored, read on the host once (after a resume's load), then kept here
         self.register_schedules(cfg)
+        if cfg.dse_weight:
+            self.draws = None  # the trainer's (solo.backbones.stochastic.Draws.attach): DSE's k-means++ draws of a step
         if cfg.centering == "centering":  # buffers: a resumed run goes on with the same centres (every level's)
             self.register_buffer("center", torch.zeros(sum(self.head.out_dims)))
             self.register_buffer("patch_center", torch.zeros(sum(self.head.patch_out_dims)))
@@ -176,6 +186,8 @@ class DINOv2(MaskedViT, SelfDistillation):
         if self.cfg.paka_weight:
             encoded["paka"] = [tokens[:, prefix:] for tokens in student]
             encoded["paka_teacher"] = [tokens[:, prefix:] for tokens in teacher]
+        if self.cfg.dse_weight:  # every patch of the global crops, masked ones too
+            encoded["dse"] = [tokens[:, prefix:] for tokens in student]
         return encoded | self.probe_features(batch)
 
     def patch_temperature(self) -> torch.Tensor:
@@ -236,12 +248,16 @@ class DINOv2(MaskedViT, SelfDistillation):
             terms["gram"] = gram_loss(torch.cat(encoded["gram"]), torch.cat(encoded["gram_anchor"]))
         if c.paka_weight:
             terms["paka"] = patch_kernel_alignment_loss(torch.cat(encoded["paka"]), torch.cat(encoded["paka_teacher"]))
+        if c.dse_weight:  # k-means++ seeded by (run, step): the same draws on every rank
+            generator = step_generator(self, "dse", encoded["dse"][0].device)
+            terms["dse"] = -dse_score(encoded["dse"], c.dse_local_clusters, c.dse_global_clusters, generator)
         weights = {
             "dino": 1.0,
             "ibot": c.ibot_weight,
             "koleo": c.koleo_weight,
             "gram": c.gram_anchor,
             "paka": c.paka_weight,
+            "dse": c.dse_weight,
         }
         loss = sum(weights[name] * term for name, term in terms.items())
         self.terms = {name: term.detach() for name, term in terms.items()}  # W times this rank's share
