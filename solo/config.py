@@ -95,6 +95,11 @@ class TrainerConfig:
     # auto: continue from the newest intact checkpoint in <run dir>/checkpoints (a warning names newer damaged ones);
     # strict: stop when the newest is damaged; never: start afresh (a checkpoint there is an error); true/false: auto/never
     resume: str = ruled("auto", RESUME)
+    # Start from other weights, with a new optimizer and schedule: a pretraining run directory or training checkpoint
+    # (its whole model: backbone, heads, teachers; the same method and backbone config), or a zoo name or solo weights
+    # file (a backbone: the method's heads start afresh, its teachers from it). A resume from the run's own
+    # checkpoints does not read them.
+    init_from: Optional[str] = None
     checkpoint_every_steps: int = ruled(0, NON_NEGATIVE)  # 0: only at epoch ends
     # Finish the step, checkpoint, (under SLURM) requeue, exit; a second SIGINT (Ctrl-C) exits at once.
     preempt_signals: List[str] = field(default_factory=lambda: ["SIGUSR1", "SIGTERM", "SIGINT"])
@@ -219,6 +224,7 @@ SAFE_TO_CHANGE = (
     "trainer.threads",
     "trainer.max_steps",
     "trainer.resume",
+    "trainer.init_from",
     "trainer.checkpoint_every_steps",
     "trainer.keep_checkpoints",
     "trainer.preempt_signals",

@@ -18,18 +18,18 @@ import torch.nn.functional as F
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
-from solo.backbones import WHERE_BLOCKS_ARE, blocks_of, feature_width
+from solo.backbones import WHERE_BLOCKS_ARE, blocks_of, build_backbone, feature_width
 from solo.backbones.stochastic import Draws
 from solo.config import changed_keys, check_required, plain, resume_policy, validate_pretrain
 from solo.data.decode import SkippedImages
 from solo.data.sampling.seeding import sample_seed
 from solo.data.sampling.source import DataSource, cores_per_process, loader_workers
 from solo.distributed import DistEnv, batch_sizes, world_size
-from solo.distributed.checkpoint import Checkpoints
+from solo.distributed.checkpoint import Checkpoints, find_checkpoints
 from solo.distributed.env import process_group
 from solo.distributed.run_dir import hold_run_dir
 from solo.dtypes import full_precision
-from solo.errors import CheckpointError, ConfigError, DataError, Interrupted
+from solo.errors import CheckpointError, ConfigError, DataError, Interrupted, SoloError
 from solo.eval.health import alignment_squares, collapse, lidar, lidar_sums
 from solo.loggers import Loggers
 from solo.methods import METHODS, build_method, create_method
@@ -42,7 +42,9 @@ from solo.train.loaders import Splits, build_loaders, build_splits
 from solo.train.preemption import Preemption, requeue_slurm_job
 from solo.train.state import Checkpointer, ModelState, OptimizerState, RNGState
 from solo.train.step import TrainStep, merge_encoded, precision_context
+from solo.zoo.pretrained import resolve
 from solo.zoo.teachers import load_teacher
+from solo.zoo.weights import Pretrained, load_strict
 
 log = logging.getLogger("solo")
 
@@ -309,7 +311,13 @@ class Trainer:
         if self.cfg.method.get("num_classes") == 0:  # a classifier's head, sized by the data unless set
             self.cfg.method.num_classes = splits.num_classes
             self.say(f"method.num_classes={splits.num_classes}: the train split's classes (a number chooses)")
+        start = self._starting_weights()
+        if start is not None and start.contents == "backbone":  # before the method copies it into its teachers
+            backbone, _ = build_backbone(self.cfg.backbone)
+            self._load_start(backbone, start.state, "backbone")
         model = build_model(self.cfg, splits.num_classes if t.probe else None, backbone)
+        if start is not None and start.contents == "model":
+            self._load_start(model.method, start.state, f"{self.cfg.method.name} model")
         for teacher in (m for m in model.modules() if isinstance(m, FrozenTeacher)):
             renormalised = ", the views renormalised to its own statistics" if teacher.renormalise else ""
             self.say(
@@ -330,6 +338,29 @@ class Trainer:
         if t.activation_checkpointing:
             checkpoint_blocks(model)
         return model
+
+    def _starting_weights(self) -> Pretrained | None:
+        """trainer.init_from's weights (every rank reads them whole), unless the run resumes from its own checkpoints,
+        which replace every weight."""
+        source = self.t.init_from
+        if source is None or find_checkpoints(self.run_dir / "checkpoints").intact is not None:
+            return None
+        try:
+            return resolve(source, contents="model")
+        except (SoloError, ValueError, KeyError, FileNotFoundError) as e:
+            raise ConfigError(f"trainer.init_from={source}: {e}") from None
+
+    def _load_start(self, module: nn.Module, state: dict, what: str) -> None:
+        source = self.t.init_from
+        try:
+            load_strict(module, state, f"the {what} of trainer.init_from={source}")
+        except KeyError as e:
+            raise ConfigError(
+                f"{e.args[0]}; start from a run of this method with the same method and backbone settings, or from a "
+                "backbone's weights (a zoo name or weights file)"
+            ) from None
+        fresh = "its optimizer and schedule start afresh" + ("" if what != "backbone" else ", the method's heads too")
+        self.say(f"init_from: the {what} of {source} ({len(state)} tensors); {fresh} (trainer.init_from)")
 
     def _set_threads(self) -> None:
         """torch's intra-op threads: trainer.threads; else OMP_NUM_THREADS where it is set (by you; by torchrun, 1 per

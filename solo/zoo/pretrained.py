@@ -19,13 +19,20 @@ from solo.zoo.weights import Pretrained, read_training_checkpoint, read_weights
 log = logging.getLogger("solo")
 
 
-def resolve(source: str | Path, *, cache: str | Path | None = None, offline: bool | None = None) -> Pretrained:
+def resolve(
+    source: str | Path,
+    *,
+    contents: str | None = None,
+    cache: str | Path | None = None,
+    offline: bool | None = None,
+) -> Pretrained:
     """A run directory gives its newest intact checkpoint (a warning names the damaged ones newer than it; the files
     of a finished run do not change, so every rank that resolves it reads the same); a checkpoint named on its own must
-    be intact (solo.distributed.checkpoint.damage)."""
+    be intact (solo.distributed.checkpoint.damage). `contents`: what to take from a training checkpoint (see
+    read_training_checkpoint); a weights file holds what it holds."""
     path = Path(source)
     if is_checkpoint(path):
-        return read_training_checkpoint(path)
+        return read_training_checkpoint(path, contents)
     if path.is_dir():
         found = find_checkpoints(path / "checkpoints")
         if found.intact is None:
@@ -36,13 +43,13 @@ def resolve(source: str | Path, *, cache: str | Path | None = None, offline: boo
             log.warning(
                 f"warning: {found.describe_damage()}; pretrained={source} reads {found.intact}, the newest intact one"
             )
-        return read_training_checkpoint(found.intact)
+        return read_training_checkpoint(found.intact, contents)
     if path.suffix == ".safetensors":
         return read_weights(path)
     if path.suffix == ".pt":
         if not path.exists():
             raise NotFound(f"training checkpoint {path} does not exist")
-        return read_training_checkpoint(path)
+        return read_training_checkpoint(path, contents)
     names = [e["name"] for e in read_manifest()]
     if str(source) in names:
         entry = find_entry(str(source))
