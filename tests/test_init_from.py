@@ -12,7 +12,7 @@ from solo.errors import ConfigError
 from solo.train.trainer import Trainer, pretrain
 from solo.zoo.pretrained import resolve
 from solo.zoo.weights import save_weights
-from tests.test_train import TINY, compose_cfg
+from tests.test_train import TINY, compose_cfg, run, weights
 
 # BYOL: a backbone, a projector, a predictor and an EMA teacher, which two steps move away from the backbone.
 BYOL = TINY + ["method=byol", "method.pred_hidden_dim=32", "data.batch_size=16"]
@@ -75,3 +75,22 @@ def test_a_start_it_cannot_load_is_one_line_naming_the_key(byol_run, tmp_path, o
     with pytest.raises(ConfigError, match=message) as e:
         built(BYOL + other + [f"trainer.init_from={source or byol_run}"], tmp_path)
     assert len(str(e.value).splitlines()) == 1
+
+
+@pytest.mark.slow
+def test_a_start_read_by_two_fsdp_processes_steps_as_one_process(byol_run, tmp_path):
+    """One process's run started from the BYOL run (float64), and two processes under FSDP started from it, with 8
+    samples each, both saying what they loaded: after a step their weights agree to 1e-10 of how far the step moved
+    them."""
+    start = BYOL + [f"trainer.init_from={byol_run}", "trainer.max_steps=1", "trainer.precision=64"]
+    for out in (
+        run(start, tmp_path / "one"),
+        run(start + ["data.batch_size=8", "trainer.strategy=fsdp"], tmp_path / "two", nproc=2),
+    ):
+        assert f"init_from: the byol model of {byol_run}" in out
+    before = {k: v for k, v in read_checkpoint(byol_run / "checkpoints" / "last")["model"].items()}
+    one, two = weights(tmp_path / "one"), weights(tmp_path / "two")
+    moved = max((one[k] - before[k].double()).abs().max().item() for k in one if k.startswith("method."))
+    assert moved > 0
+    for name in one:
+        assert (one[name] - two[name]).abs().max().item() <= 1e-10 * moved, name
