@@ -156,36 +156,31 @@ def _singular_values(x: torch.Tensor) -> torch.Tensor:
 
 def _kmeans(x: torch.Tensor, k: int, draws: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """k-means of each of the m sets of points `x` (m, points, D): (m, points, k) one-hot memberships to the nearest
-    of the final centroids, and those centroids (m, k, D). k-means++
-    seeds (a point drawn with probability proportional to its distance to the nearest seed, uniformly where all are
-    zero) from `draws` (m, k) uniforms, then KMEANS_ITERATIONS Lloyd steps."""
+    of the final centroids, and those centroids (m, k, D). k-means++ seeds (a point drawn with probability
+    proportional to its distance to the nearest seed, uniformly where all are zero) from `draws` (m, k) uniforms, then
+    KMEANS_ITERATIONS Lloyd steps. A fixed number of operations, whatever m."""
     m, points, _ = x.shape
     rows = torch.arange(m, device=x.device)
-    first = (draws[:, 0] * points).long().clamp_max(points - 1)
-    centroids = x[rows, first][:, None]
+    seed = x[rows, (draws[:, 0] * points).long().clamp_max(points - 1)]
+    seeds, nearest = [seed], (x - seed[:, None]).square().sum(dim=-1)  # squared distance to the nearest seed
     for j in range(1, k):
-        distance = _squared_distances(x, centroids).min(dim=2).values.sqrt()
+        distance = nearest.sqrt()
         weights = torch.where(distance.sum(dim=1, keepdim=True) > 0, distance, torch.ones_like(distance))
         cumulative = weights.cumsum(dim=1)
         pick = torch.searchsorted(cumulative, (draws[:, j] * cumulative[:, -1])[:, None]).clamp_max(points - 1)
-        centroids = torch.cat([centroids, x[rows, pick[:, 0]][:, None]], dim=1)
+        seeds.append(x[rows, pick[:, 0]])
+        nearest = torch.minimum(nearest, (x - seeds[-1][:, None]).square().sum(dim=-1))
+    centroids, labels = torch.stack(seeds, dim=1), torch.arange(k, device=x.device)
     for _ in range(KMEANS_ITERATIONS):
-        members = _one_hot(_squared_distances(x, centroids).argmin(dim=2), k, x.dtype)
+        members = (_nearest(x, centroids)[..., None] == labels).to(x.dtype)
         sizes = members.sum(dim=1)[..., None]
         centroids = torch.where(sizes > 0, (members.transpose(1, 2) @ x) / sizes.clamp_min(1), centroids)
-    return _one_hot(_squared_distances(x, centroids).argmin(dim=2), k, x.dtype), centroids
+    return (_nearest(x, centroids)[..., None] == labels).to(x.dtype), centroids
 
 
-def _one_hot(labels: torch.Tensor, k: int, dtype: torch.dtype) -> torch.Tensor:
-    """F.one_hot without its check of the labels' range, a read on the host."""
-    return (labels[..., None] == torch.arange(k, device=labels.device)).to(dtype)
-
-
-def _squared_distances(x: torch.Tensor, centroids: torch.Tensor) -> torch.Tensor:
-    """(m, points, k) squared distances of each set's points to its centroids."""
-    return (
-        x.square().sum(-1)[..., None] + centroids.square().sum(-1)[:, None] - 2 * x @ centroids.transpose(1, 2)
-    ).clamp_min(0)
+def _nearest(x: torch.Tensor, centroids: torch.Tensor) -> torch.Tensor:
+    """(m, points) index of each point's nearest centroid: argmin of |c|^2 - 2 x.c (|x|^2 is the same for all)."""
+    return torch.baddbmm(centroids.square().sum(-1)[:, None], x, centroids.transpose(1, 2), alpha=-2).argmin(dim=2)
 
 
 @LOSSES.register("dse")  # a case for the gradient checker (python -m solo.losses.check)
