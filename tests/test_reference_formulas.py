@@ -607,26 +607,38 @@ def test_paka_is_one_minus_the_centred_kernel_alignment_in_value_and_gradient():
         assert abs(got.item() - wrong.item()) > 1e-2 * got.item()
 
 
+def _tiny_dinov2(**keys):
+    """DINOv2 on the tiny float64 ViT, without KoLeo (and `keys`), its loss alone (no probe)."""
+    from solo.methods.dinov2 import DINOv2, DINOv2Config
+
+    cfg = DINOv2Config(proj_hidden_dim=16, bottleneck_dim=8, num_prototypes=12, koleo_weight=0, **keys)
+    method = DINOv2(_tiny_vit(0), 32, cfg).double()
+    method.feeds_probe = False
+    return method
+
+
+def _two_crops_one_masked(images: int, seed: int):
+    """`images` pairs of 16 px global crops, the first image's first crop with 5 patches masked: views, mask, batch."""
+    g = _generator(seed)
+    views = [torch.randn(images, 3, 16, 16, generator=g, dtype=torch.float64) for _ in range(2)]
+    mask = torch.zeros(images, 2, 16, dtype=torch.bool)
+    mask[0, 0, :5] = True
+    return views, mask, {"views": views, "mask": mask, "label": torch.zeros(images, dtype=torch.long)}
+
+
 def test_dinov2_adds_paka_weight_times_the_alignment_of_student_and_teacher_patch_tokens():
     """DINOv2 with method.paka_weight: its loss grows by the weight times PaKA between each global crop's student
     patch tokens (with the mask token in the masked places) and the EMA teacher's of the whole crop, every term else
     unchanged."""
-    from solo.methods.dinov2 import DINOv2, DINOv2Config
 
     def build(weight):
-        cfg = DINOv2Config(proj_hidden_dim=16, bottleneck_dim=8, num_prototypes=12, paka_weight=weight, koleo_weight=0)
-        method = DINOv2(_tiny_vit(0), 32, cfg).double()
-        method.feeds_probe = False
+        method = _tiny_dinov2(paka_weight=weight)
         with torch.no_grad():
             for p in method.teacher.parameters():
                 p.add_(0.2 * torch.randn(p.shape, generator=_generator(3), dtype=p.dtype))
         return method
 
-    g = _generator(4)
-    views = [torch.randn(3, 3, 16, 16, generator=g, dtype=torch.float64) for _ in range(2)]
-    mask = torch.zeros(3, 2, 16, dtype=torch.bool)
-    mask[0, 0, :5] = True
-    batch = {"views": views, "mask": mask, "label": torch.zeros(3, dtype=torch.long)}
+    views, mask, batch = _two_crops_one_masked(3, seed=4)
     off, on = build(0.0), build(0.7)
     loss_off = off.batch_loss(off.encode(batch), batch)["loss"]
     loss_on = on.batch_loss(on.encode(batch), batch)["loss"]
@@ -679,20 +691,9 @@ def test_dinov2_adds_dse_weight_times_minus_dse_of_the_student_patch_tokens():
     (the mask token in the masked places), the crops as images view by view; every term else unchanged. The crops'
     images interleaved would give another value."""
     from solo.losses import dse_score
-    from solo.methods.dinov2 import DINOv2, DINOv2Config
 
-    def build(weight):
-        cfg = DINOv2Config(proj_hidden_dim=16, bottleneck_dim=8, num_prototypes=12, dse_weight=weight, koleo_weight=0)
-        method = DINOv2(_tiny_vit(0), 32, cfg).double()
-        method.feeds_probe = False
-        return method
-
-    g = _generator(5)
-    views = [torch.randn(5, 3, 16, 16, generator=g, dtype=torch.float64) for _ in range(2)]
-    mask = torch.zeros(5, 2, 16, dtype=torch.bool)
-    mask[0, 0, :5] = True
-    batch = {"views": views, "mask": mask, "label": torch.zeros(5, dtype=torch.long)}
-    off, on = build(0.0), build(0.3)
+    views, mask, batch = _two_crops_one_masked(5, seed=5)
+    off, on = _tiny_dinov2(dse_weight=0.0), _tiny_dinov2(dse_weight=0.3)
     loss_off = off.batch_loss(off.encode(batch), batch)["loss"]
     torch.manual_seed(7)  # no trainer: the k-means++ draws come from torch's generator
     loss_on = on.batch_loss(on.encode(batch), batch)["loss"]
