@@ -920,15 +920,15 @@ def dse_per_rank(z1, z2):
     means and singular values), averaged over ranks by DDP; clustered by solo's k-means with the draws solo's
     dse_score makes in one process, so that one process gives solo's value."""
     tokens = torch.cat([z1.unflatten(1, (-1, 2)), z2.unflatten(1, (-1, 2))], dim=1)
-    groups = math.ceil(len(tokens) / 3)
-    draws = torch.rand(len(tokens) + groups, 6, generator=torch.Generator().manual_seed(0)).double()
+    groups = math.ceil(len(tokens) / 8)
+    draws = torch.rand(len(tokens) + groups, 16, generator=torch.Generator().manual_seed(0)).double()
 
     def cluster(points, k, which):
         row = which[1] if which[0] == "image" else len(tokens) + which[1]
         members, centroids = dse_kmeans(points[None], k, draws[row : row + 1, :k])
         return members[0].argmax(dim=1), centroids[0]
 
-    return -official_dse(tokens, 2, 6, cluster)
+    return -official_dse(tokens, 2, 16, cluster)
 
 
 WRONG_SSL = [

@@ -108,7 +108,9 @@ def _group_terms(images: torch.Tensor, per_group: int, clusters: int, draws: tor
     """For this rank's groups of `per_group` consecutive images (the last may hold fewer): (sum of the groups' inter
     terms, their number) and (sum of every cluster's singular-value sum, the number of clusters of two or more
     tokens), each summed over ranks."""
-    inter_sum, inter_count, spread_sum, spread_count = (images.new_zeros(()) for _ in range(4))
+    # Zeros on the gathered tokens' graph, also on a rank without a group: every rank's backward then runs the same
+    # collectives in the same order (a rank whose sums did not need a gradient would skip the all-reduce's).
+    inter_sum = inter_count = spread_sum = spread_count = images.sum() * 0
     whole = len(images) // per_group
     for start, stop, count in ((0, whole * per_group, whole), (whole * per_group, len(images), 1)):
         if stop == start:
@@ -185,7 +187,8 @@ def _nearest(x: torch.Tensor, centroids: torch.Tensor) -> torch.Tensor:
 
 @LOSSES.register("dse")  # a case for the gradient checker (python -m solo.losses.check)
 def dse_check(z1: torch.Tensor, z2: torch.Tensor) -> torch.Tensor:
-    # Each sample an image of 4 tokens in 2 dimensions (2 from each tower); 2 clusters per image, groups of 3 images
-    # (so that groups span ranks), k-means seeded alike on every rank.
+    # Each sample an image of 4 tokens in 2 dimensions (2 from each tower); 2 clusters per image, groups of 8 images
+    # (as the defaults'): groups span ranks, and with 4 samples a rank some ranks have none to cluster. k-means seeded
+    # alike on every rank.
     tokens = torch.cat([z1.unflatten(1, (-1, 2)), z2.unflatten(1, (-1, 2))], dim=1)
-    return -dse_score([tokens], local_clusters=2, global_clusters=6, generator=torch.Generator().manual_seed(0))
+    return -dse_score([tokens], local_clusters=2, global_clusters=16, generator=torch.Generator().manual_seed(0))
