@@ -31,6 +31,25 @@ BASE = [o for o in TINY if not o.startswith("method.")] + ["trainer.precision=64
 HEADS = ["method.proj_hidden_dim=32", "method.proj_output_dim=16"]
 TEXT = ["data=digits", "method.embed_dim=16", "method.text.width=16", "method.text.depth=1", "method.text.heads=2"]
 # Small heads; schedules short enough that a few steps cross them (4 steps per epoch at a global batch of 16).
+# DINOv2, iBOT and Franca on timm's test ViT (width 64, 6 blocks, any crop size) on 4 px patches, small heads, a teacher
+# that moves fast (momentum 0.9), the last layer frozen for half an epoch.
+TINY_DINO_FAMILY = [
+    "backbone.name=test_vit",
+    "backbone.small_stem=false",
+    "+backbone.kwargs.img_size=16",
+    "+backbone.kwargs.patch_size=4",
+    "augmentation=multicrop_digits",
+    "method.proj_hidden_dim=32",
+    "method.bottleneck_dim=16",
+    "method.num_prototypes=64",
+    "method.base_momentum=0.9",
+    "method.warmup_teacher_temperature_epochs=1",
+    "method.freeze_last_layer_epochs=0.5",
+    # Not the digits recipe's AdamW: it divides each element's step by that element's own gradient scale, which
+    # lifts float64 rounding in elements whose gradient is near 0 to 1.5e-10 of the movement here.
+    "optim=lars",
+]
+
 METHOD = {
     "byol": HEADS + ["method.pred_hidden_dim=32", "method.base_momentum=0.9"],
     # CO2 with the global batch's other keys as the negatives (co2_batch_loss), in MoCo v3 and SimCLR.
@@ -135,21 +154,11 @@ METHOD = {
     # The 16 px image and a 24 px view cut into 8 px tiles; a bank of the 51 train samples, which the 6 steps of 16
     # rows revisit (4 steps an epoch), so that steps 5 and 6 score against entries the run moved.
     "pirl": ["method.proj_output_dim=16", "augmentation=pirl_digits"],
-    # timm's test ViT (width 64, 6 blocks, any crop size) on 4 px patches with 2 registers: 2 global 16 px crops, most
-    # of them masked, and 4 local 8 px ones; the teacher temperature warms up over the first epoch.
-    "dinov2": [
-        "backbone.name=test_vit",
-        "backbone.small_stem=false",
+    # DINOv2 on TINY_DINO_FAMILY's ViT, with 2 registers: 2 global 16 px crops, most of them masked, and 4 local 8 px
+    # ones; the teacher temperature warms up over the first epoch.
+    "dinov2": TINY_DINO_FAMILY
+    + [
         "backbone.num_registers=2",
-        "+backbone.kwargs.img_size=16",
-        "+backbone.kwargs.patch_size=4",
-        "augmentation=multicrop_digits",
-        "method.proj_hidden_dim=32",
-        "method.bottleneck_dim=16",
-        "method.num_prototypes=64",
-        "method.base_momentum=0.9",
-        "method.warmup_teacher_temperature_epochs=1",
-        "method.freeze_last_layer_epochs=0.5",
         "method.mask_probability=0.8",
         # DINOv3's Gram anchoring: the anchor taken after steps 2 and 4 (a resume from step 3 reads it from the
         # checkpoint), its loss from step 3.
@@ -159,47 +168,19 @@ METHOD = {
         "method.paka_weight=0.5",  # PaKA between the student's and the EMA teacher's patch kernels
         # DSE on the student's patch tokens: k-means groups of 8 images of the global batch, which span ranks
         "method.dse_weight=0.1",
-        # Not the digits recipe's AdamW: it divides each element's step by that element's own gradient scale, which
-        # lifts float64 rounding in elements whose gradient is near 0 to 1.5e-10 of the movement here.
-        "optim=lars",
     ],
     # As DINOv2's, with iBOT's own: a last layer of 32 prototypes for the patches, their teacher temperature warming
     # up from 0.04 to 0.07 over the first epoch (4 steps), every global crop masked.
-    "ibot": [
-        "backbone.name=test_vit",
-        "backbone.small_stem=false",
-        "+backbone.kwargs.img_size=16",
-        "+backbone.kwargs.patch_size=4",
-        "augmentation=multicrop_digits",
-        "method.proj_hidden_dim=32",
-        "method.bottleneck_dim=16",
-        "method.num_prototypes=64",
-        "method.patch_prototypes=32",
-        "method.base_momentum=0.9",
-        "method.warmup_teacher_temperature_epochs=1",
-        "method.freeze_last_layer_epochs=0.5",
-        "optim=lars",  # as dinov2's
-    ],
+    "ibot": TINY_DINO_FAMILY + ["method.patch_prototypes=32"],
     # As DINOv2's, with Franca's: three nesting levels (16, 32 and 64 of the ViT's features; 16 to 64 prototypes), the
     # patches' own heads (8 to 32 prototypes), each level's Sinkhorn-Knopp targets over the global batch, rolled
     # inverse-block masks.
-    "franca": [
-        "backbone.name=test_vit",
-        "backbone.small_stem=false",
-        "+backbone.kwargs.img_size=16",
-        "+backbone.kwargs.patch_size=4",
-        "augmentation=multicrop_digits",
-        "method.proj_hidden_dim=32",
-        "method.bottleneck_dim=16",
-        "method.num_prototypes=64",
+    "franca": TINY_DINO_FAMILY
+    + [
         "method.patch_prototypes=32",
         "method.nesting_levels=3",
         "method.centering=sinkhorn_knopp",
-        "method.base_momentum=0.9",
-        "method.warmup_teacher_temperature_epochs=1",
-        "method.freeze_last_layer_epochs=0.5",
         "method.mask_probability=0.8",
-        "optim=lars",  # as dinov2's
     ],
     # timm's test ViT on a 2 x 2 grid of 8 px patches, distilled from the digits DINOv2 zoo ViT (width 192, 4 px
     # patches: its 4 x 4 grid interpolated to 2 x 2; its input renormalised from the synthetic data's statistics to the

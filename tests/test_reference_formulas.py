@@ -35,6 +35,7 @@ from solo.losses import (
     deepcluster_loss,
     detcon_loss,
     directclr_loss,
+    dse_score,
     emp_ssl_loss,
     fastsiam_loss,
     frossl_loss,
@@ -72,6 +73,7 @@ from solo.methods.simmim import SimMIM, SimMIMConfig
 from solo.train.trainer import build_model
 from tests.test_accumulate import CASES
 from tests.test_train import TINY, compose_cfg
+from tests.wrong_losses import official_dse, rank_sinkhorn
 
 
 def _generator(seed: int) -> torch.Generator:
@@ -668,9 +670,6 @@ def test_dse_is_the_official_formula_on_scikit_learn_clusters_in_value_and_gradi
     of the ten images give the same. Rejected: the images in another order (other groups of 8)."""
     from sklearn.cluster import KMeans
 
-    from solo.losses import dse_score
-    from tests.wrong_losses import official_dse
-
     def sklearn_kmeans(points, k, which):
         fitted = KMeans(n_clusters=k, n_init=10, random_state=0).fit(points.numpy())
         return torch.from_numpy(fitted.labels_).long(), torch.from_numpy(fitted.cluster_centers_)
@@ -690,7 +689,6 @@ def test_dinov2_adds_dse_weight_times_minus_dse_of_the_student_patch_tokens():
     """DINOv2 with method.dse_weight: its loss falls by the weight times DSE of the global crops' student patch tokens
     (the mask token in the masked places), the crops as images view by view; every term else unchanged. The crops'
     images interleaved would give another value."""
-    from solo.losses import dse_score
 
     views, mask, batch = _two_crops_one_masked(5, seed=5)
     off, on = _tiny_dinov2(dse_weight=0.0), _tiny_dinov2(dse_weight=0.3)
@@ -2658,18 +2656,6 @@ def _official_level(parameters: dict, x, width, normalise_bottleneck=False):
     return h @ (w / w.norm(dim=1, keepdim=True)).T
 
 
-def _official_franca_sinkhorn(scores, temperature, iterations=3):
-    """Franca's MRLDINOLoss / MRLiBOTPatchLoss.sinkhorn_knopp_teacher in one process: exp(scores / temperature), scaled
-    to total 1, then alternately every prototype's column to 1/K and every sample's row to 1/B; rows summing to 1."""
-    q = torch.exp(scores / temperature).T
-    q = q / q.sum()
-    k, b = q.shape
-    for _ in range(iterations):
-        q = q / q.sum(dim=1, keepdim=True) / k
-        q = q / q.sum(dim=0, keepdim=True) / b
-    return (q * b).T
-
-
 def _official_franca(method, views, mask, centering, normalise_bottleneck=False, reduce_levels=sum):
     """Franca's DINO and iBOT losses for two global crops as its ssl_meta_arch computes them, level by level: the
     student's class tokens against the teacher's targets of the other crop, the mean over the 2B rows; each masked
@@ -2694,7 +2680,7 @@ def _official_franca(method, views, mask, centering, normalise_bottleneck=False,
         mine, frozen = dict(own.named_parameters()), {k: v.detach() for k, v in theirs.named_parameters()}
         t_cls, t_patch = (_official_level(frozen, x, width) for x in (swapped, teacher_patches))
         if centering == "sinkhorn_knopp":
-            targets, patch_targets = (_official_franca_sinkhorn(t, temperature) for t in (t_cls, t_patch))
+            targets, patch_targets = (rank_sinkhorn(t, temperature) for t in (t_cls, t_patch))
         else:  # the first step's centres are zero
             targets, patch_targets = (F.softmax(t / temperature, dim=-1) for t in (t_cls, t_patch))
         s_cls = _official_level(mine, student_cls, width, normalise_bottleneck)

@@ -180,7 +180,10 @@ def dino_per_gpu_centre(z1, z2):
     return dino_loss([z1, z2], teacher, center, student_temperature=0.1, teacher_temperature=0.04)
 
 
-def _local_sinkhorn(scores, epsilon=0.05, iterations=3):
+def rank_sinkhorn(scores, epsilon=0.05, iterations=3):
+    """Sinkhorn-Knopp on the scores (n, K) one process holds, as SwAV's and Franca's code compute it: exp(scores /
+    epsilon), scaled to total 1, then alternately every prototype's column to 1/K and every row to 1/n; rows summing
+    to 1. No gradient."""
     q = torch.exp(scores.detach() / epsilon).T  # (K, n): SwAV's layout, with this rank's n as the batch
     q = q / q.sum()
     k, n = q.shape
@@ -196,7 +199,7 @@ def swav_per_gpu_sinkhorn(z1, z2):
     total = sum(batch_sizes(z1.shape[0]))
     loss = 0.0
     for i, j in ((0, 1), (1, 0)):
-        loss = loss - (_local_sinkhorn(views[i]) * F.log_softmax(views[j] / 0.1, dim=1)).sum()
+        loss = loss - (rank_sinkhorn(views[i]) * F.log_softmax(views[j] / 0.1, dim=1)).sum()
     return loss * world_size() / (2 * total)
 
 
@@ -784,7 +787,7 @@ def _msn_wrong(anchors, target, prior, sinkhorn_over="global", mean_over="global
     with torch.no_grad():
         log_sharpened = F.log_softmax(prototype_logits(target.detach(), prototypes, 0.5) / 0.5, dim=1)
         if sinkhorn_over == "rank":
-            targets = _local_sinkhorn(log_sharpened, epsilon=1.0)
+            targets = rank_sinkhorn(log_sharpened, epsilon=1.0)
         else:
             targets = sinkhorn(log_sharpened, 1.0, 3)
     log_probs = [F.log_softmax(prototype_logits(a, prototypes, 0.5), dim=1) for a in anchors]

@@ -359,8 +359,8 @@ class Trainer:
                 f"{e.args[0]}; start from a run of this method with the same method and backbone settings, or from a "
                 "backbone's weights (a zoo name or weights file)"
             ) from None
-        fresh = "its optimizer and schedule start afresh" + ("" if what != "backbone" else ", the method's heads too")
-        self.say(f"init_from: the {what} of {source} ({len(state)} tensors); {fresh} (trainer.init_from)")
+        afresh = "the method's heads, optimizer and schedule" if what == "backbone" else "its optimizer and schedule"
+        self.say(f"init_from: the {what} of {source} ({len(state)} tensors); {afresh} start afresh (trainer.init_from)")
 
     def _set_threads(self) -> None:
         """torch's intra-op threads: trainer.threads; else OMP_NUM_THREADS where it is set (by you; by torchrun, 1 per
