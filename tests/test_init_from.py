@@ -67,7 +67,11 @@ def test_a_backbones_weights_start_the_backbone_and_the_teacher(byol_run, tmp_pa
 @pytest.mark.parametrize(
     "other, source, message",
     [
-        ([], "/nowhere/at/all", r"^trainer.init_from=/nowhere/at/all: .*neither a zoo name"),
+        (
+            [],
+            "/nowhere/at/all",
+            r"^trainer.init_from=/nowhere/at/all: no such pretraining run directory, .* or zoo name",
+        ),
         (["method=simsiam"], None, r"^cannot load the simsiam model of trainer.init_from=.*missing key.*same method"),
     ],
 )

@@ -29,7 +29,7 @@ from solo.distributed.checkpoint import Checkpoints, find_checkpoints
 from solo.distributed.env import process_group
 from solo.distributed.run_dir import hold_run_dir
 from solo.dtypes import full_precision
-from solo.errors import CheckpointError, ConfigError, DataError, Interrupted, SoloError
+from solo.errors import CheckpointError, ConfigError, DataError, Interrupted, NotFound, SoloError
 from solo.eval.health import alignment_squares, collapse, lidar, lidar_sums
 from solo.loggers import Loggers
 from solo.methods import METHODS, build_method, create_method
@@ -347,6 +347,11 @@ class Trainer:
             return None
         try:
             return resolve(source, contents="model")
+        except NotFound:
+            raise ConfigError(
+                f"trainer.init_from={source}: no such pretraining run directory, training checkpoint, solo weights file "
+                "or zoo name (python -m solo.zoo list names them)"
+            ) from None
         except (SoloError, ValueError, KeyError, FileNotFoundError) as e:
             raise ConfigError(f"trainer.init_from={source}: {e}") from None
 
