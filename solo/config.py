@@ -96,9 +96,9 @@ class TrainerConfig:
     # strict: stop when the newest is damaged; never: start afresh (a checkpoint there is an error); true/false: auto/never
     resume: str = ruled("auto", RESUME)
     # Start from other weights, with a new optimizer and schedule: a pretraining run directory or training checkpoint
-    # (its whole model: backbone, heads, teachers; the same method and backbone config), or a zoo name or solo weights
-    # file (a backbone: the method's heads start afresh, its teachers from it). A resume from the run's own
-    # checkpoints does not read them.
+    # of this method (its whole model: backbone, heads, teachers; the same method and backbone config); another
+    # method's run, a zoo name or solo weights file (a backbone: the method's heads start afresh, its teachers from
+    # it). A resume from the run's own checkpoints does not read them.
     init_from: Optional[str] = None
     checkpoint_every_steps: int = ruled(0, NON_NEGATIVE)  # 0: only at epoch ends
     # Finish the step, checkpoint, (under SLURM) requeue, exit; a second SIGINT (Ctrl-C) exits at once.

@@ -64,6 +64,17 @@ def test_a_backbones_weights_start_the_backbone_and_the_teacher(byol_run, tmp_pa
         assert torch.equal(method.teacher[0].state_dict()[name], value), name
 
 
+def test_another_methods_run_starts_the_backbone_alone(byol_run, tmp_path):
+    """SimSiam from the BYOL run: its backbone is the BYOL run's, its projector and predictor start afresh."""
+    saved = read_checkpoint(byol_run / "checkpoints" / "last")["model"]
+    trainer = built(BYOL + ["method=simsiam", f"trainer.init_from={byol_run}"], tmp_path)
+    method = trainer.model.method
+    for name, value in method.backbone.state_dict().items():
+        assert torch.equal(value, saved[f"method.backbone.{name}"]), name
+    fresh = built(BYOL + ["method=simsiam"], tmp_path / "fresh").model.method
+    assert torch.equal(method.projector[0].weight, fresh.projector[0].weight)  # the seed's, not the BYOL run's
+
+
 @pytest.mark.parametrize(
     "other, source, message",
     [
@@ -72,7 +83,16 @@ def test_a_backbones_weights_start_the_backbone_and_the_teacher(byol_run, tmp_pa
             "/nowhere/at/all",
             r"^trainer.init_from=/nowhere/at/all: no such pretraining run directory, .* or zoo name",
         ),
-        (["method=simsiam"], None, r"^cannot load the simsiam model of trainer.init_from=.*missing key.*same method"),
+        (
+            ["method.pred_hidden_dim=16"],
+            None,
+            r"^cannot load the byol model of trainer.init_from=.*wrong shape.*same method and backbone settings",
+        ),
+        (
+            ["method=simsiam", "backbone.name=resnet18"],
+            None,
+            r"^cannot load the backbone of trainer.init_from=.*key\(s\).*with this backbone's settings",
+        ),
     ],
 )
 def test_a_start_it_cannot_load_is_one_line_naming_the_key(byol_run, tmp_path, other, source, message):

@@ -16,7 +16,7 @@ import torchvision
 from torch import nn
 
 from solo.backbones.stochastic import drawn_per_sample_modules
-from solo.backbones.vit import is_vit, take_empty_batches
+from solo.backbones.vit import is_vit, remove_positions, take_empty_batches
 from solo.errors import ConfigError
 from solo.registry import Registry
 from solo.schema import NON_NEGATIVE, PROBABILITY, Rule, ruled
@@ -52,6 +52,9 @@ class TimmBackboneConfig(BackboneConfig):
     # A ViT's register tokens (Darcet et al., 2024): learnt tokens beside the class token that every block attends to
     # and nothing reads (the probes, pools and masks take the class or patch tokens); timm's reg_tokens
     num_registers: int = ruled(0, NON_NEGATIVE)
+    # A ViT's patch tokens multiplied after its last norm by a (D, D) buffer, `norm.removal`, that removes their absolute
+    # position (RASA: method=rasa learns it; the identity until then). Weights with a removal need it to load.
+    remove_positions: bool = False
     kwargs: Dict[str, Any] = field(default_factory=dict)  # passed to timm.create_model (torchvision: get_model)
 
 
@@ -196,6 +199,13 @@ def _timm_or_torchvision(cfg) -> tuple[torch.nn.Module, int]:
         raise
     if registers and not is_vit(model):
         raise not_a_vit
+    if cfg.get("remove_positions"):
+        if not is_vit(model):
+            raise ConfigError(
+                f"backbone.remove_positions=true: RASA's removal acts on a Vision Transformer's patch tokens, and "
+                f"backbone.name={cfg['name']} is not one; unset it or pick a ViT"
+            )
+        remove_positions(model)
     return model, width
 
 

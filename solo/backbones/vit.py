@@ -63,6 +63,51 @@ def _taking_empty_batches(cls: type) -> type:
     return type(cls.__name__, (cls,), {"forward_features": forward_features})
 
 
+def remove_positions(vit: nn.Module) -> None:
+    """Give `vit`'s last norm a (D, D) buffer `removal` that multiplies its patch tokens (not the prefix) after the
+    norm: RASA's removal of what in the tokens tells their absolute position (Franca, Venkataramanan et al., 2025),
+    learnt by method=rasa and the identity until then. Every path through the norm (timm's forward, the pooled
+    feature, `run_blocks`) applies it, and it travels with the backbone's weights as `norm.removal`. The norm's class
+    becomes a subclass of its own that differs in this only (its other keys are timm's)."""
+    norm = vit.norm
+    if isinstance(norm, nn.Identity):
+        raise ConfigError(
+            "backbone.remove_positions=true multiplies the patch tokens after the ViT's last norm, and this ViT has "
+            "none (its global pool takes an fc_norm instead): unset it or use a ViT with a final norm"
+        )
+    norm.__class__ = _removing_positions(type(norm))
+    norm.num_prefix_tokens = vit.num_prefix_tokens
+    norm.register_buffer("removal", torch.eye(vit.embed_dim))
+
+
+def removes_positions(vit: nn.Module) -> bool:
+    return hasattr(getattr(vit, "norm", None), "removal")
+
+
+def with_nothing_removed(vit: nn.Module, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """`state`, weights of a backbone, for `vit`: where `vit` removes positions and `state` has no removal (another
+    run's backbone that method=rasa starts from), the identity, which removes nothing."""
+    if removes_positions(vit) and "norm.removal" not in state:
+        return {**state, "norm.removal": torch.eye(vit.embed_dim, dtype=vit.norm.removal.dtype)}
+    return state
+
+
+class _RemovingPositions:
+    def forward(self, x: torch.Tensor, keep_positions: bool = False) -> torch.Tensor:
+        """`keep_positions`: the norm alone (what method=rasa learns the removal on); through forward, so that FSDP
+        gathers the norm's weights around it."""
+        x = super().forward(x)
+        if keep_positions:
+            return x
+        prefix = self.num_prefix_tokens
+        return torch.cat([x[:, :prefix], x[:, prefix:] @ self.removal.to(x.dtype)], dim=1)
+
+
+@functools.cache
+def _removing_positions(cls: type) -> type:
+    return type(cls.__name__, (_RemovingPositions, cls), {})
+
+
 def pool_patch_tokens(backbone: nn.Module) -> None:
     """Make a timm ViT's pooled feature the mean of its patch tokens (after the last norm) instead of its class token:
     MAE's and I-JEPA's probes read the patches."""

@@ -8,6 +8,7 @@ import random
 import time
 import warnings
 from contextlib import nullcontext
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 
@@ -20,6 +21,7 @@ from tqdm import tqdm
 
 from solo.backbones import WHERE_BLOCKS_ARE, blocks_of, build_backbone, feature_width
 from solo.backbones.stochastic import Draws
+from solo.backbones.vit import with_nothing_removed
 from solo.config import changed_keys, check_required, plain, resume_policy, validate_pretrain
 from solo.data.decode import SkippedImages
 from solo.data.sampling.seeding import sample_seed
@@ -314,7 +316,7 @@ class Trainer:
         start = self._starting_weights()
         if start is not None and start.contents == "backbone":  # before the method copies it into its teachers
             backbone, _ = build_backbone(self.cfg.backbone)
-            self._load_start(backbone, start.state, "backbone")
+            self._load_start(backbone, with_nothing_removed(backbone, start.state), "backbone")
         model = build_model(self.cfg, splits.num_classes if t.probe else None, backbone)
         if start is not None and start.contents == "model":
             self._load_start(model.method, start.state, f"{self.cfg.method.name} model")
@@ -346,7 +348,7 @@ class Trainer:
         if source is None or find_checkpoints(self.run_dir / "checkpoints").intact is not None:
             return None
         try:
-            return resolve(source, contents="model")
+            start = resolve(source, contents="model")
         except NotFound:
             raise ConfigError(
                 f"trainer.init_from={source}: no such pretraining run directory, training checkpoint, solo weights file "
@@ -354,6 +356,9 @@ class Trainer:
             ) from None
         except (SoloError, ValueError, KeyError, FileNotFoundError) as e:
             raise ConfigError(f"trainer.init_from={source}: {e}") from None
+        if start.contents == "model" and start.method["name"] != self.cfg.method.name:  # another method's run
+            start = replace(start, state=start.backbone_state(), contents="backbone")
+        return start
 
     def _load_start(self, module: nn.Module, state: dict, what: str) -> None:
         source = self.t.init_from
@@ -361,8 +366,8 @@ class Trainer:
             load_strict(module, state, f"the {what} of trainer.init_from={source}")
         except KeyError as e:
             raise ConfigError(
-                f"{e.args[0]}; start from a run of this method with the same method and backbone settings, or from a "
-                "backbone's weights (a zoo name or weights file)"
+                f"{e.args[0]}; start from a run of this method with the same method and backbone settings, or from "
+                "another method's run, zoo name or weights file with this backbone's settings"
             ) from None
         afresh = "the method's heads, optimizer and schedule" if what == "backbone" else "its optimizer and schedule"
         self.say(f"init_from: the {what} of {source} ({len(state)} tensors); {afresh} start afresh (trainer.init_from)")
