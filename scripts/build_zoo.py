@@ -55,6 +55,8 @@ RECIPES = {
     "dinov2-digits-vittiny6": "method=dinov2",
     "ibot-digits-vittiny6": "method=ibot",
     "franca-digits-vittiny6": "method=franca",
+    # RASA's post-training of the Franca entry above (trainer.init_from's digits default): its positions removed.
+    "rasa-digits-vittiny6": "method=rasa",
     # Trained with the squared error, before smooth L1 (the official code's) became I-JEPA's default.
     "ijepa-digits-vittiny6": "method=ijepa method.loss=mse",
     "data2vec-digits-vittiny6": "method=data2vec",

@@ -102,6 +102,7 @@ WRONG_SSL_OF = {
     "simmim_mean_of_rank_means": "simmim",
     "aim_mean_of_rank_means": "aim",
     "nepa_mean_of_rank_means": "nepa",
+    "rasa_mean_of_rank_means": "rasa",
     "data2vec2_class_term_by_rank_hidden_share": "data2vec2",
     "co2_batch_local_negatives": "co2_batch",
     "swav_sinkhorn_local_batch_times_world": "swav",
@@ -160,6 +161,7 @@ def test_wrong_self_supervised_variants_are_right_in_one_process():
 UNEVEN_ONLY = (
     "byol_mean_of_rank_means",
     "nepa_mean_of_rank_means",
+    "rasa_mean_of_rank_means",
     "supervised_mean_of_rank_means",
     "swav_sinkhorn_local_batch_times_world",
     "franca_sinkhorn_local_batch_times_world",

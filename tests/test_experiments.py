@@ -803,6 +803,25 @@ EXPECTED = {
         "view_sizes": [224],
     },
     # NEPA's ViT-B/14 with LayerScale and QK-Norm; MAE's optimisation and views (the paper's settings unread)
+    # valeoai/Franca's rasa_dito.yml: VOC at 518 px, 128 images, 9 stages of 5 epochs, AdamW 2e-4 without decay
+    "rasa_voc": {
+        "backbone.name": "vit_base_patch14_dinov2",
+        "backbone.kwargs.patch_size": 14,
+        "backbone.remove_positions": True,
+        "data.image_size": 518,
+        "data.batch_size": 128,
+        "method.name": "rasa",
+        "method.stages": 9,
+        "optim.name": "adamw",
+        "optim.lr": 2e-4,
+        "optim.final_lr": 2e-4,
+        "optim.lr_scaling": "none",
+        "optim.weight_decay": 0.0,
+        "trainer.max_epochs": 45,
+        "views": [(0.4, 0.4, 0.2, 0.1, 0.0, 0.0, 0.0, 0.0, 0.2)],
+        "geometry": [(None, 1, 1.0, 0.5)],
+        "view_sizes": [518],
+    },
     "nepa_imagenet": {
         "backbone.name": "vit_base_patch16_224",
         "backbone.kwargs.patch_size": 14,
@@ -1387,9 +1406,13 @@ def test_clip_recipe_cited_numbers():
             assert got == value, key
 
 
+# What a recipe cannot run without and leaves to the command line: the weights that RASA post-trains.
+GIVEN = {"experiment=rasa_voc": ("trainer.init_from=/runs/franca_imagenet21k",)}
+
+
 def _compose(*overrides: str):
     """The validated config, a copy of this worker's first composition of it: several tests read each recipe."""
-    return copy.deepcopy(_composed(overrides))
+    return copy.deepcopy(_composed(overrides + tuple(o for given in overrides for o in GIVEN.get(given, ()))))
 
 
 @functools.cache

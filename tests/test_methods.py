@@ -320,6 +320,17 @@ METHOD = {
         "+backbone.kwargs.img_size=16",
         "+backbone.kwargs.patch_size=4",
     ],
+    # The digits' Franca zoo backbone (its shape, frozen), 3 stages of 2 steps: two planes fold into the removal mid-run.
+    "rasa": [
+        "backbone.name=vit_tiny_patch16_224",
+        "backbone.small_stem=false",
+        "+backbone.kwargs.img_size=16",
+        "+backbone.kwargs.patch_size=4",
+        "+backbone.kwargs.depth=6",
+        "+backbone.kwargs.dynamic_img_size=true",
+        "trainer.init_from=franca-digits-vittiny6",
+        "method.stages=3",
+    ],
     # timm's test ViT on a 4 x 4 grid of 4 px patches, a prefix of 1 to 15 per sample; a one-block head.
     "aim": [
         "backbone.name=test_vit",
@@ -392,9 +403,10 @@ EVERY_STEP = ["trainer.checkpoint_every_steps=1", "trainer.keep_checkpoints=10"]
 # v3's alike), a memory bank with k-means (DeepClusterV2), per-sample masks (MAE, DINOv2, iBOT and its second
 # temperature schedule, I-JEPA), a frozen pretrained
 # teacher saved with the weights (distill; LiT's locked tower is loaded and saved the same way), a running covariance
-# of the global batch (TiCo); and VICReg for the rest, whose state (weights, BatchNorm buffers, optimizer, data
-# position, random state) is the trainer's alike.
-RESUMED = set("vicreg mocov2plus dino nnclr deepclusterv2 mae dinov2 ibot ijepa distill tico smog".split())
+# of the global batch (TiCo), a removal that stages fold in by step (RASA: the resumed run crosses a fold); and
+# VICReg for the rest, whose state (weights, BatchNorm buffers, optimizer, data position, random state) is the
+# trainer's alike.
+RESUMED = set("vicreg mocov2plus dino nnclr deepclusterv2 mae dinov2 ibot ijepa distill tico smog rasa".split())
 
 
 INVARIANCE_TEST = "test_step_is_world_size_invariant_and_resumes_exactly"
@@ -641,7 +653,7 @@ def test_unknown_method_lists_every_method():
     with pytest.raises(MissingConfigException) as err:
         compose_cfg(["method=bool"])
     builtin = [m.name for m in METHODS if m.target.__module__.startswith("solo.")]  # other tests register their own
-    assert len(builtin) == 59 and all(name in str(err.value) for name in builtin)
+    assert len(builtin) == 60 and all(name in str(err.value) for name in builtin)
 
 
 @pytest.mark.parametrize(

@@ -402,6 +402,14 @@ def aim_mean_of_rank_means(z1, z2):
     return local(z1, z2) + local(z2, z1)
 
 
+def rasa_mean_of_rank_means(z1, z2):
+    """RASA's position error as the official code's F.mse_loss over this rank's patches, then averaged over ranks by
+    DDP: the global mean only when every rank holds as many images."""
+    predicted = torch.sigmoid(z1 - z2).unflatten(1, (-1, 2))
+    grid = torch.linspace(0, 1, predicted.shape[1] * 2, dtype=z1.dtype).unflatten(0, (-1, 2))
+    return F.mse_loss(predicted, grid.expand_as(predicted))
+
+
 def nepa_mean_of_rank_means(z1, z2):
     """NEPA's negative cosine as a per-GPU mean over this rank's images, then averaged over ranks by DDP: the global
     mean only when every rank holds as many images (every image makes as many predictions)."""
@@ -954,6 +962,7 @@ WRONG_SSL = [
         "simmim_mean_of_rank_means",
         "aim_mean_of_rank_means",
         "nepa_mean_of_rank_means",  # only wrong with uneven per-rank batches
+        "rasa_mean_of_rank_means",  # likewise
         "data2vec2_class_term_by_rank_hidden_share",
         "co2_batch_local_negatives",
         "swav_sinkhorn_local_batch_times_world",  # only wrong with uneven per-rank batches

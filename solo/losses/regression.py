@@ -1,5 +1,5 @@
 """Losses against a target branch's outputs: BYOL's and SimSiam's regression, MoCo's InfoNCE and CO2's consistency,
-PIRL's memory bank, ReSSL's relations, NEPA's next embeddings.
+PIRL's memory bank, ReSSL's relations, NEPA's next embeddings, RASA's patch positions.
 
 The teacher's side (`z`, `k`) is detached here: it is a target, not a path for gradients. Both are
 per-sample losses, so each rank returns W/N times the sum of its samples' losses (N the global batch,
@@ -27,6 +27,7 @@ __all__ = [
     "moco_queue_loss",
     "mocov3_loss",
     "next_embedding_loss",
+    "position_loss",
     "ressl_loss",
     "simsiam_loss",
 ]
@@ -169,6 +170,18 @@ def next_embedding_loss(outputs: torch.Tensor, embeddings: torch.Tensor) -> torc
         return per_image.sum() * (world_size() / sum(batch_sizes(outputs.shape[0], outputs.device)))
 
 
+def position_loss(predicted: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """RASA (Franca, Venkataramanan et al., 2025): the squared error of each patch's predicted position (B, N, 2) to
+    its place in the grid (N, 2), averaged over the two coordinates, the N patches and the global batch (the official
+    code's mse_loss over one rank's batch). Every image has N patches, so W/B_global times this rank's sum of image
+    means."""
+    if predicted.dim() != 3 or predicted.shape[1:] != positions.shape:
+        raise ValueError(f"predicted must be (batch, *positions.shape): {predicted.shape}, {positions.shape}")
+    with torch.autocast(predicted.device.type, enabled=False):
+        per_image = (full_precision(predicted) - positions).pow(2).mean(dim=(1, 2))
+        return per_image.sum() * (world_size() / sum(batch_sizes(predicted.shape[0], predicted.device)))
+
+
 def memory_bank_loss(
     z: torch.Tensor, bank: torch.Tensor, index: torch.Tensor, temperature: float | torch.Tensor
 ) -> torch.Tensor:
@@ -280,3 +293,11 @@ def nepa_check(z1: torch.Tensor, z2: torch.Tensor) -> torch.Tensor:
     # Each row as 2 positions of 2 values: the first position's output against the other's second embedding.
     a, b = z1.unflatten(1, (2, -1)), z2.unflatten(1, (2, -1))  # (an empty rank's 0 rows too)
     return next_embedding_loss(a, b) + next_embedding_loss(b, a)
+
+
+@LOSSES.register("rasa")
+def rasa_check(z1: torch.Tensor, z2: torch.Tensor) -> torch.Tensor:
+    # Each row as 2 patches' predicted coordinates in (0, 1); z2 the sample's own targets (the grid in the method).
+    predicted = torch.sigmoid(z1 - z2).unflatten(1, (-1, 2))
+    grid = torch.linspace(0, 1, predicted.shape[1] * 2, dtype=z1.dtype, device=z1.device).unflatten(0, (-1, 2))
+    return position_loss(predicted, grid)
