@@ -5,6 +5,7 @@ import signal
 import subprocess
 import sys
 import time
+from contextlib import nullcontext
 
 import pytest
 import torch
@@ -339,6 +340,33 @@ def test_saved_activations_are_counted_once_without_the_weights():
     weights = {p.untyped_storage().data_ptr() for p in linear.parameters()}
     assert saved_bytes(lambda: torch.relu(linear(x)), weights) == (8 * 100 + 8 * 50) * 4
     assert saved_bytes(lambda: torch.relu(linear(x)), set()) == (8 * 100 + 8 * 50 + 100 * 50) * 4  # weights counted
+
+
+def test_the_cpu_time_probe_skips_a_batch_the_loss_refuses_and_raises_anything_else():
+    """W-MSE's loss refuses the probe's 2 samples (a ValueError, alike on every rank, which probe the same samples): no
+    estimate. Any other error is raised, not swallowed: a rank that went on alone would leave the others waiting in the
+    probe's collectives."""
+    from solo.losses import wmse_loss
+    from solo.train.estimates import step_seconds
+
+    class Loss(torch.nn.Module):
+        def __init__(self, loss):
+            super().__init__()
+            self.layer, self.loss = torch.nn.Linear(4, 8), loss
+
+        def forward(self, batch):
+            z = self.layer(batch["x"])
+            return {"loss": self.loss(z[:1], z[1:])}
+
+    batch = {"x": torch.randn(2, 4)}
+    assert step_seconds(Loss(lambda a, b: (a - b).pow(2).sum()), batch, 64, nullcontext) > 0
+    assert step_seconds(Loss(lambda a, b: wmse_loss(a, b, 64, 0.0)), batch, 64, nullcontext) is None
+
+    def broken(a, b):
+        raise RuntimeError("a collective's peer is gone")
+
+    with pytest.raises(RuntimeError, match="peer is gone"):
+        step_seconds(Loss(broken), batch, 64, nullcontext)
 
 
 @pytest.mark.slow  # whole runs: the quick suite keeps under 4 min

@@ -86,7 +86,10 @@ def activation_bytes(model, batch: dict, micro_batch: int, autocast) -> int:
 def step_seconds(model, batch: dict, batch_size: int, autocast) -> float | None:
     """About how long the step takes on `batch_size` samples: the method's forward and backward timed on `batch`
     (PROBE_BATCH samples; the second of two runs, the first picks the kernels) on a copy of `model`, scaled to the
-    batch. None for a method that cannot take so small a batch. For the CPU, where time grows with the batch."""
+    batch. None for a method that cannot take so small a batch (its loss refuses it with a ValueError, as W-MSE's
+    whitening sub-batches: every rank probes the same samples, so every rank returns None). Any other error is raised:
+    a rank that went on alone would leave the others waiting in the probe's collectives. For the CPU, where time grows
+    with the batch."""
     probe = copy.deepcopy(model)
     with torch.random.fork_rng(devices=[]):
         try:
@@ -94,7 +97,7 @@ def step_seconds(model, batch: dict, batch_size: int, autocast) -> float | None:
                 started = time.perf_counter()
                 with autocast():
                     probe(batch)["loss"].backward()
-        except Exception:  # W-MSE's whitening sub-batches: no estimate
+        except ValueError:
             return None
     return (time.perf_counter() - started) * batch_size / PROBE_BATCH
 
