@@ -58,8 +58,9 @@ def reads_in_a_step(overrides: list[str], run_dir, env, device) -> HostReads:
 
 
 # The one read a method's step cannot do without: torch's SVD checks on the host that it converged, and torch has no
-# SVD without that check (MMCR's nuclear norms; the singular values of DSE, which the dinov2 case turns on).
-UNAVOIDABLE = {"mmcr": "torch.linalg.svd's error check", "dinov2": "torch.linalg.svd's error check"}  # dinov2: DSE's
+# SVD without that check (MMCR's nuclear norms; the singular values of DSE, which the dinov2 and mae cases turn on).
+SVD_CHECK = "torch.linalg.svd's error check"
+UNAVOIDABLE = {"mmcr": SVD_CHECK, "dinov2": SVD_CHECK, "mae": SVD_CHECK}
 
 
 @pytest.mark.slow

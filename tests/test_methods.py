@@ -195,7 +195,8 @@ METHOD = {
         "method.patch_weight=0.5",
         "method.proj_hidden_dim=32",
     ],
-    # timm's test ViT (width 64, 6 blocks) on a 4 x 4 grid of 4 px patches, 12 of them masked; a one-block decoder.
+    # timm's test ViT (width 64, 6 blocks) on a 4 x 4 grid of 4 px patches, 12 of them masked; a one-block decoder;
+    # DSE on the encoded visible patches (groups of 8 images of the global batch, which span ranks).
     "mae": [
         "backbone.name=test_vit",
         "backbone.small_stem=false",
@@ -204,6 +205,7 @@ METHOD = {
         "method.decoder_embed_dim=16",
         "method.decoder_depth=1",
         "method.decoder_heads=2",
+        "method.dse_weight=0.1",
     ],
     # timm's test ViT on a 4 x 4 grid of 4 px patches, 10 of them masked; one-block decoders; a momentum target
     # encoder on the ImageNet recipe's views (the target's box moved from the online one's, flipped with it).

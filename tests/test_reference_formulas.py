@@ -14,6 +14,7 @@ variant they must reject (what solo used to compute, or a likely slip). Their ex
 
 import cmath
 import copy
+import dataclasses
 import math
 import random
 
@@ -21,7 +22,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from solo.backbones.vit import output_tokens, patchify, take
+from solo.backbones.vit import embed_patches, output_tokens, patchify, prefix_tokens, run_blocks, take
 from solo.data.views.masks import CoarseRandomMask, Data2Vec2Masks, InverseBlockMask, PrefixMask
 from solo.errors import ConfigError
 from solo.losses import (
@@ -703,6 +704,34 @@ def test_dinov2_adds_dse_weight_times_minus_dse_of_the_student_patch_tokens():
     torch.manual_seed(7)
     interleaved = dse_score([torch.stack(tokens, 1).flatten(0, 1)], generator=None)
     assert abs(interleaved.item() - want.item()) > 1e-3 * abs(want.item())
+
+
+def test_mae_adds_dse_weight_times_minus_dse_of_the_encoded_visible_patches():
+    """MAE with method.dse_weight: its loss falls by the weight times DSE of the encoder's output for each image's
+    visible patches (the class token left out); the pixel loss unchanged. DSE of all the patches would differ."""
+    from solo.methods.mae import MAE, MAEConfig
+
+    cfg = MAEConfig(mask_ratio=0.5, decoder_embed_dim=16, decoder_depth=1, decoder_heads=2, dse_weight=0.3)
+    on = MAE(_tiny_vit(9), 32, cfg).double()
+    off = copy.deepcopy(on)
+    off.cfg = dataclasses.replace(cfg, dse_weight=0.0)
+    on.feeds_probe = off.feeds_probe = False
+    g = _generator(35)
+    images = torch.randn(10, 3, 16, 16, generator=g, dtype=torch.float64)
+    mask = torch.stack([torch.randperm(16, generator=g) < 8 for _ in range(10)])
+    batch = {"views": [images], "mask": mask, "label": torch.zeros(10)}
+    loss_off = off.batch_loss(off.encode(batch), batch)["loss"]
+    torch.manual_seed(7)  # no trainer: the k-means++ draws come from torch's generator
+    loss_on = on.batch_loss(on.encode(batch), batch)["loss"]
+    vit = on.backbone
+    visible = torch.stack([embed_patches(vit, images)[i][~mask[i]] for i in range(10)])
+    encoded = run_blocks(vit, torch.cat([prefix_tokens(vit, 10), visible], 1))[:, 1:]
+    torch.manual_seed(7)
+    want = dse_score([encoded], generator=None)
+    assert (loss_off - loss_on).item() == pytest.approx(0.3 * want.item(), rel=1e-10)
+    torch.manual_seed(7)
+    every_patch = dse_score([output_tokens(vit, images)[:, 1:]], generator=None)
+    assert abs(every_patch.item() - want.item()) > 1e-3 * abs(want.item())
 
 
 # --- EMP-SSL ---------------------------------------------------------------------------------------------------------

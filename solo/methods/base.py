@@ -43,11 +43,11 @@ import torch
 import torch.nn as nn
 from torch.distributed.tensor import DTensor
 
-from solo.backbones.stochastic import without_randomness
+from solo.backbones.stochastic import step_generator, without_randomness
 from solo.data.views.batch_spec import BatchSpec
 from solo.distributed.batchnorm import normalises_row_groups, row_groups
 from solo.errors import ConfigError
-from solo.losses import koleo_loss
+from solo.losses import dse_score, koleo_loss
 from solo.optim import param_groups
 from solo.registry import Registry
 from solo.schema import AT_LEAST_ONE, NON_NEGATIVE, ruled
@@ -317,6 +317,26 @@ class KoLeoOption:
     its paper has it."""
 
     koleo_weight: float = ruled(0.0, NON_NEGATIVE)
+
+
+@dataclass
+class DSEOption:
+    """The DSE regulariser (Dai et al., 2025; lightly's `DSERegularizer`) as an option of a method with dense tokens:
+    `dse_weight` (0: off) times -DSE of the tokens the method names (DINOv2's student patch tokens of the global
+    crops, MAE's encoded visible patches), k-means with `dse_local_clusters` per image and `dse_global_clusters` per
+    group of dse_global_clusters // dse_local_clusters images, over the global batch (solo.losses.dse_score). A method
+    that takes it sets `draws = None` when it is on, for the trainer's per-step draws (`dse_term`)."""
+
+    dse_weight: float = ruled(0.0, NON_NEGATIVE)
+    dse_local_clusters: int = ruled(3, AT_LEAST_ONE)
+    dse_global_clusters: int = ruled(24, AT_LEAST_ONE)
+
+
+def dse_term(method: nn.Module, tokens: list[torch.Tensor], cfg: DSEOption) -> torch.Tensor:
+    """-DSE of `tokens` (one (n, P, D) tensor of this rank's images per view), its k-means++ drawn from the method's
+    generator of the step (seeded by run and step: the same draws on every rank)."""
+    generator = step_generator(method, "dse", tokens[0].device)
+    return -dse_score(tokens, cfg.dse_local_clusters, cfg.dse_global_clusters, generator)
 
 
 class TwoViewMethod(Method):

@@ -10,7 +10,6 @@ from functools import partial
 import torch
 import torch.nn as nn
 
-from solo.backbones.stochastic import step_generator
 from solo.backbones.vit import (
     check_vit,
     first_positions,
@@ -26,7 +25,6 @@ from solo.losses import (
     centred_softmax,
     dino_center,
     dino_cross_entropy,
-    dse_score,
     gram_loss,
     ibot_patch_loss,
     koleo_loss,
@@ -34,7 +32,7 @@ from solo.losses import (
     patch_kernel_alignment_loss,
     sinkhorn,
 )
-from solo.methods.base import ema_update, encode_views, make_teacher, register_method
+from solo.methods.base import DSEOption, dse_term, ema_update, encode_views, make_teacher, register_method
 from solo.methods.dino import DINOHead, SelfDistillation
 from solo.methods.masked_image import MaskedViT
 from solo.schema import AT_LEAST_ONE, FRACTION, MOMENTUM, NON_NEGATIVE, POSITIVE, PROBABILITY, choices, ruled
@@ -45,7 +43,7 @@ Centering = choices("Centering", "sinkhorn_knopp", "centering")
 
 
 @dataclass
-class DINOv2Config:
+class DINOv2Config(DSEOption):  # DSE on the student's patch tokens of the global crops
     name: str = "dinov2"
     proj_hidden_dim: int = ruled(2048, AT_LEAST_ONE)
     bottleneck_dim: int = ruled(256, AT_LEAST_ONE)
@@ -78,12 +76,6 @@ class DINOv2Config:
     # PaKA's patch kernel alignment (DINOv3.1's post-training loss): the weight (0: off) of 1 - CKA between the linear
     # kernels of each global crop's patch tokens, the student's (masked ones too) and the EMA teacher's.
     paka_weight: float = ruled(0.0, NON_NEGATIVE)
-    # The DSE regulariser (dense structure estimator, 2025): the weight (0: off) of -DSE on the student's patch tokens of
-    # the global crops, k-means with dse_local_clusters per image and dse_global_clusters per group of
-    # dse_global_clusters // dse_local_clusters images (solo.losses.dse).
-    dse_weight: float = ruled(0.0, NON_NEGATIVE)
-    dse_local_clusters: int = ruled(3, AT_LEAST_ONE)
-    dse_global_clusters: int = ruled(24, AT_LEAST_ONE)
 
     def validate(self) -> None:
         if self.mask_ratio_min > self.mask_ratio_max:
@@ -248,9 +240,8 @@ class DINOv2(MaskedViT, SelfDistillation):
             terms["gram"] = gram_loss(torch.cat(encoded["gram"]), torch.cat(encoded["gram_anchor"]))
         if c.paka_weight:
             terms["paka"] = patch_kernel_alignment_loss(torch.cat(encoded["paka"]), torch.cat(encoded["paka_teacher"]))
-        if c.dse_weight:  # k-means++ seeded by (run, step): the same draws on every rank
-            generator = step_generator(self, "dse", encoded["dse"][0].device)
-            terms["dse"] = -dse_score(encoded["dse"], c.dse_local_clusters, c.dse_global_clusters, generator)
+        if c.dse_weight:
+            terms["dse"] = dse_term(self, encoded["dse"], c)
         weights = {
             "dino": 1.0,
             "ibot": c.ibot_weight,

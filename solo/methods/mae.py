@@ -20,13 +20,13 @@ from solo.backbones.vit import (
 )
 from solo.data.views.masks import RandomMask
 from solo.losses import masked_patch_mse
-from solo.methods.base import register_method
+from solo.methods.base import DSEOption, dse_term, register_method
 from solo.methods.masked_image import PixelReconstruction, check_transformer_width
 from solo.schema import AT_LEAST_ONE, FRACTION, ruled
 
 
 @dataclass
-class MAEConfig:
+class MAEConfig(DSEOption):  # DSE on the encoder's output for the visible patches
     name: str = "mae"
     mask_ratio: float = ruled(0.75, FRACTION)  # the share of each image's patches hidden from the encoder
     decoder_embed_dim: int = ruled(512, AT_LEAST_ONE)
@@ -99,6 +99,8 @@ class MAE(PixelReconstruction):
             backbone.num_prefix_tokens,
             self.patch**2 * 3,
         )
+        if cfg.dse_weight:
+            self.draws = None  # the trainer's (solo.backbones.stochastic.Draws.attach): DSE's k-means++ draws of a step
 
     @classmethod
     def check_config(cls, cfg) -> None:
@@ -107,11 +109,33 @@ class MAE(PixelReconstruction):
     def mask_generator(self) -> RandomMask:
         return RandomMask(num_patches(self.backbone), self.cfg.mask_ratio)
 
-    def predict(self, batch: dict) -> torch.Tensor:
+    def encode_visible(self, batch: dict) -> torch.Tensor:
+        """The encoder's output (B, prefix + visible, D) for each image's prefix and visible patches."""
         images, mask = batch["views"][0], batch["mask"]
         vit = self.backbone
         tokens = torch.cat([prefix_tokens(vit, len(images)), keep(embed_patches(vit, images), mask, self.visible)], 1)
-        return self.decoder(run_blocks(vit, tokens), mask)
+        return run_blocks(vit, tokens)
+
+    def predict(self, batch: dict) -> torch.Tensor:
+        return self.decoder(self.encode_visible(batch), batch["mask"])
+
+    def encode(self, batch: dict) -> dict:
+        if not self.cfg.dse_weight:
+            return super().encode(batch)
+        visible = self.encode_visible(batch)
+        dense = visible[:, self.backbone.num_prefix_tokens :]
+        return {"prediction": self.decoder(visible, batch["mask"]), "dse": dense, **self.probe_features(batch)}
+
+    def batch_loss(self, encoded: dict, batch: dict) -> dict:
+        out = super().batch_loss(encoded, batch)
+        if self.cfg.dse_weight:
+            term = dse_term(self, [encoded["dse"]], self.cfg)
+            out["loss"] = out["loss"] + self.cfg.dse_weight * term
+            self.dse = term.detach()
+        return out
+
+    def metrics(self) -> dict[str, torch.Tensor]:
+        return {**super().metrics(), **({"train/dse_loss": self.dse} if hasattr(self, "dse") else {})}
 
     def pixel_loss(self, prediction: torch.Tensor, target: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         return masked_patch_mse(prediction, target, mask)
