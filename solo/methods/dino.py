@@ -3,6 +3,7 @@ sharpened teacher."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import torch
@@ -58,7 +59,7 @@ def teacher_temperature(cfg, step: int, steps_per_epoch: int) -> float:
     )
 
 
-def init_head_layers(mlp: nn.Sequential) -> None:
+def init_head_layers(mlp: Iterable[nn.Module]) -> None:
     """DINO's initialisation of a head's linear layers (DINOv2's and Franca's alike): small weights (trunc_normal, std
     0.02, its bounds +-2), zero biases."""
     for layer in mlp:

@@ -6,8 +6,8 @@ Each masked crop hides all but one rolled rectangle of its patches (CAPI's inver
 
 Read from valeoai/Franca: the head (franca/layers/mrl_dino_head.py), the losses (franca/loss/mrl_dino_loss.py,
 mrl_ibot_patch_loss.py), the masks (franca/data/masking.py) and the ViT-B/14 recipe (franca/configs/train/IN21K/
-vitb14.yaml). RASA, Franca's post-training that removes the patch tokens' positional directions, is a separate stage
-and not offered here (docs/methods/franca.md)."""
+vitb14.yaml). RASA, Franca's post-training that removes the patch tokens' positional directions, is a method of its
+own (solo/methods/rasa.py)."""
 
 from __future__ import annotations
 
@@ -42,34 +42,62 @@ class FrancaConfig(DINOv2Config):
     base_momentum: float = ruled(0.994, PROBABILITY)  # teacher.momentum_teacher of the ViT-B/14 recipe
 
 
-class NestedLevel(nn.Module):
-    """One level of Franca's head: a square linear layer on the level's leading features, an MLP of three layers each
-    followed by GELU (and BatchNorm before it, with `use_bn`), then the prototypes. As the official MRLDINOHead, the
-    bottleneck is not L2-normalised (DINOv2's head normalises it); the prototypes keep unit norm, as solo's DINOv2."""
+class LevelsLinear(nn.Module):
+    """A linear layer of each level's MLP, the levels side by side: (N, levels x in_dim) -> (N, levels x out_dim) in
+    one batched product, level l's columns through its own (out_dim, in_dim) weight. The biases are one vector, as a
+    linear layer's: the optimizers' rule keeps vectors out of weight decay."""
 
-    def __init__(self, in_dim: int, hidden_dim: int, bottleneck_dim: int, out_dim: int, use_bn: bool):
+    def __init__(self, levels: int, in_dim: int, out_dim: int):
         super().__init__()
-        self.in_dim = in_dim
-        layers: list[nn.Module] = [nn.Linear(in_dim, in_dim)]
-        for width_in, width_out in ((in_dim, hidden_dim), (hidden_dim, hidden_dim), (hidden_dim, bottleneck_dim)):
-            layers += [
-                nn.Linear(width_in, width_out),
-                nn.BatchNorm1d(width_out) if use_bn else nn.Identity(),
-                nn.GELU(),
-            ]
-        self.mlp = nn.Sequential(*layers)
-        init_head_layers(self.mlp)  # the official initialisation, DINO's
-        self.last_layer = nn.Linear(bottleneck_dim, out_dim, bias=False)
+        self.weight = nn.Parameter(torch.empty(levels, out_dim, in_dim))
+        self.bias = nn.Parameter(torch.zeros(levels * out_dim))
+        nn.init.trunc_normal_(self.weight, std=0.02)  # DINO's initialisation, as init_head_layers
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(self.mlp(x[..., : self.in_dim]), F.normalize(self.last_layer.weight, dim=1))
+        levels, out_dim, in_dim = self.weight.shape
+        by_level = x.view(len(x), levels, in_dim).transpose(0, 1)  # (levels, N, in_dim)
+        y = torch.baddbmm(self.bias.view(levels, 1, out_dim), by_level, self.weight.transpose(1, 2))
+        return y.transpose(0, 1).reshape(len(x), levels * out_dim)
+
+
+class NestedLevels(nn.Module):
+    """Franca's levels, as the official MRLDINOHead: level l reads the first widths[l] features through a square
+    linear layer, then an MLP of three linear layers each followed by GELU (and BatchNorm before it, with `use_bn`),
+    then its out_dims[l] prototypes. As the official head, the bottleneck is not L2-normalised (DINOv2's head
+    normalises it); the prototypes keep unit norm, as solo's DINOv2. From the MLP's first BatchNorm on the levels run
+    side by side: one BatchNorm over every level's channels (per channel, so each level's statistics its own) and one
+    batched product per linear layer, instead of one of each per level (a level's layers are launches)."""
+
+    def __init__(self, widths: list[int], hidden_dim: int, bottleneck_dim: int, out_dims: list[int], use_bn: bool):
+        super().__init__()
+        levels = len(widths)
+        self.widths = widths
+        self.projections = nn.ModuleList(nn.Linear(w, w) for w in widths)
+        self.inputs = nn.ModuleList(nn.Linear(w, hidden_dim) for w in widths)
+        init_head_layers([*self.projections, *self.inputs])  # the official initialisation, DINO's
+        self.hidden = LevelsLinear(levels, hidden_dim, hidden_dim)
+        self.bottleneck = LevelsLinear(levels, hidden_dim, bottleneck_dim)
+        self.norms = nn.ModuleList(
+            nn.BatchNorm1d(levels * width) if use_bn else nn.Identity()
+            for width in (hidden_dim, hidden_dim, bottleneck_dim)
+        )
+        self.last_layers = nn.ModuleList(nn.Linear(bottleneck_dim, k, bias=False) for k in out_dims)
+
+    def forward(self, x: torch.Tensor) -> list[torch.Tensor]:
+        h = torch.cat([inp(proj(x[:, :w])) for w, proj, inp in zip(self.widths, self.projections, self.inputs)], 1)
+        h = F.gelu(self.norms[0](h))
+        h = F.gelu(self.norms[1](self.hidden(h)))
+        h = F.gelu(self.norms[2](self.bottleneck(h)))
+        return [
+            F.linear(level, F.normalize(last.weight, dim=1))
+            for level, last in zip(h.chunk(len(self.widths), dim=1), self.last_layers)
+        ]
 
 
 class MatryoshkaHead(nn.Module):
-    """Franca's head: a NestedLevel per nesting level, coarsest first, reading the first in_dim / 2^(levels - 1), ...,
-    in_dim / 2, in_dim features, each of `width` features scoring out_dim * width // in_dim prototypes (`out_dims`).
-    With `patch_out_dim`, the patch tokens (forward's `patches`) take levels of their own (Franca's
-    ibot.separate_head)."""
+    """Franca's head: NestedLevels, coarsest first, reading the first in_dim / 2^(levels - 1), ..., in_dim / 2, in_dim
+    features, each of `width` features scoring out_dim * width // in_dim prototypes (`out_dims`). With
+    `patch_out_dim`, the patch tokens (forward's `patches`) take levels of their own (Franca's ibot.separate_head)."""
 
     def __init__(
         self,
@@ -84,25 +112,23 @@ class MatryoshkaHead(nn.Module):
         super().__init__()
         widths = [in_dim >> k for k in reversed(range(levels))]  # coarsest first, as the official nesting list
 
-        def heads(prototypes: int) -> nn.ModuleList:
-            return nn.ModuleList(
-                NestedLevel(w, hidden_dim, bottleneck_dim, prototypes * w // in_dim, use_bn) for w in widths
-            )
+        def nested(prototypes: int) -> NestedLevels:
+            out_dims = [prototypes * w // in_dim for w in widths]
+            return NestedLevels(widths, hidden_dim, bottleneck_dim, out_dims, use_bn)
 
-        self.levels = heads(out_dim)
-        self.patch_levels = heads(patch_out_dim) if patch_out_dim else None
-        self.out_dims = [level.last_layer.out_features for level in self.levels]
-        self.patch_out_dims = [level.last_layer.out_features for level in (self.patch_levels or self.levels)]
+        self.levels = nested(out_dim)
+        self.patch_levels = nested(patch_out_dim) if patch_out_dim else None
+        self.out_dims = [last.out_features for last in self.levels.last_layers]
+        self.patch_out_dims = [last.out_features for last in (self.patch_levels or self.levels).last_layers]
 
     def forward(self, x: torch.Tensor, patches: bool = False) -> list[torch.Tensor]:
         """Each level's scores of the rows of `x`, coarsest first (a flag of forward, not a method of its own: FSDP
         gathers a unit's parameters around its forward only)."""
-        levels = self.patch_levels if patches and self.patch_levels is not None else self.levels
-        return [level(x) for level in levels]
+        return (self.patch_levels if patches and self.patch_levels is not None else self.levels)(x)
 
     def last_layers(self) -> list[nn.Parameter]:
         """The prototypes' weights, which the first epochs keep frozen."""
-        return [level.last_layer.weight for level in [*self.levels, *(self.patch_levels or [])]]
+        return [last.weight for levels in (self.levels, self.patch_levels) if levels for last in levels.last_layers]
 
 
 @register_method("franca", schema=FrancaConfig)
