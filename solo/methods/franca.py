@@ -128,7 +128,12 @@ class MatryoshkaHead(nn.Module):
 
     def last_layers(self) -> list[nn.Parameter]:
         """The prototypes' weights, which the first epochs keep frozen."""
-        return [last.weight for levels in (self.levels, self.patch_levels) if levels for last in levels.last_layers]
+        return [
+            last.weight
+            for levels in (self.levels, self.patch_levels)
+            if levels is not None
+            for last in levels.last_layers
+        ]
 
 
 @register_method("franca", schema=FrancaConfig)
