@@ -82,6 +82,33 @@ def test_a_batchnorm_backbone_with_row_groups_takes_the_views_of_one_size_in_one
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12, msg=name)
 
 
+def test_shared_statistics_take_each_crop_size_in_one_call_as_the_multi_crop_references():
+    """per_view_statistics=False (SwAV, DINO, LeJEPA, MMCR): 2 global 16 px views and 2 local 8 px ones in two calls
+    of 6 rows, each without row groups, with or without BatchNorms that take them; outputs, every gradient and every
+    running statistic equal the references' multi-crop forward written out (one plain call on each size's views
+    concatenated; float64, to rounding). The known-wrong variant, each view's own statistics, gives other outputs."""
+    resnet = _backbone("test_resnet").requires_grad_(True)
+    plain, grouped = copy.deepcopy(resnet), group_batchnorms(copy.deepcopy(resnet))
+    views = _views([16, 16, 8, 8])
+    reference = [part for size in (views[:2], views[2:]) for part in plain(torch.cat(size)).split(3)]
+    upstream = torch.randn(4, *reference[0].shape, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    sum((o * u).sum() for o, u in zip(reference, upstream)).backward()
+    for model in (resnet, grouped):
+        rows = _calls(model)
+        out = encode_views(model, views, per_view_statistics=False)
+        assert rows == [6, 6]
+        for got, expected in zip(out, reference):
+            torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)
+        sum((o * u).sum() for o, u in zip(out, upstream)).backward()
+        for (name, a), b in zip(model.named_parameters(), plain.parameters()):
+            torch.testing.assert_close(a.grad, b.grad, rtol=1e-10, atol=1e-12, msg=name)
+        for (name, a), b in zip(model.named_buffers(), plain.buffers()):
+            torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12, msg=name)
+    with torch.no_grad():
+        per_view = encode_views(group_batchnorms(copy.deepcopy(plain)), views)
+    assert float((per_view[0] - reference[0]).abs().max()) > 1e-3
+
+
 def test_a_nested_head_with_row_grouped_batchnorm_gives_each_view_its_levels_from_one_call():
     """Franca's head (three levels, BatchNorm taking row groups) on 4 views of 5 rows: one call of 20 rows, each view
     its list of levels, equal to a call per view on a plain copy in value and gradient (float64); the known-wrong

@@ -600,6 +600,66 @@ def test_dino_head_is_the_papers(use_bn):
         assert torch.allclose(head(x), bottleneck @ F.normalize(head.last_layer.weight, dim=1).T, atol=1e-6)
 
 
+def multi_crop(backbone, head, views: list[torch.Tensor], sizes: list[int]) -> list[torch.Tensor]:
+    """The official multi-crop forward (DINO's MultiCropWrapper, SwAV's ResNet.forward): the backbone once on each
+    crop size's views concatenated (`sizes`: views per size), the head once on every crop's output."""
+    starts = [sum(sizes[:i]) for i in range(len(sizes) + 1)]
+    outputs = [backbone(torch.cat(views[a:b])) for a, b in zip(starts, starts[1:])]
+    return list(head(torch.cat(outputs)).chunk(len(views)))
+
+
+def one_view_at_a_time(backbone, head, views: list[torch.Tensor], sizes: list[int]) -> list[torch.Tensor]:
+    """The known-wrong variant for SwAV and DINO: each view's own BatchNorm statistics in the backbone and the head."""
+    return [head(backbone(v)) for v in views]
+
+
+def cross_entropies(targets: list[torch.Tensor], logits: list[torch.Tensor]) -> torch.Tensor:
+    """The mean over pairs (target g, view v != g) of the batch mean of sum_k -target_g[k] log softmax(logits_v)[k]."""
+    pairs = [(g, v) for g in range(len(targets)) for v in range(len(logits)) if v != g]
+    terms = [-(targets[g] * F.log_softmax(logits[v], dim=1)).sum(1).mean() for g, v in pairs]
+    return sum(terms) / len(pairs)
+
+
+@pytest.mark.parametrize("forward, matches", [(multi_crop, True), (one_view_at_a_time, False)])
+@pytest.mark.parametrize("method", ["dino", "swav"])
+def test_multi_crop_batchnorm_statistics_are_the_official_codes(method, forward, matches):
+    """DINO and SwAV on 2 global 16 px crops and 4 local 8 px ones (a ResNet, BatchNorm in the heads; float64): the
+    loss equals its formula on the outputs of the official code's multi-crop forward (the crops of one size through
+    the backbone together, every crop through the head at once; the DINO teacher's on the global crops), and not on
+    those of one call per view."""
+    import copy
+
+    from solo.backbones import create_backbone
+    from solo.methods import build_method
+    from tests.wrong_losses import rank_sinkhorn
+
+    g = torch.Generator().manual_seed(0)
+    views = [torch.randn(6, 3, s, s, generator=g, dtype=torch.float64) for s in (16, 16, 8, 8, 8, 8)]
+    sizes = [2, 4]
+    torch.manual_seed(0)
+    backbone, width = create_backbone("test_resnet", small_stem=True, pretrained=False)
+    cfg = compose_cfg(BASE + [f"method={method}", *METHOD[method], "data.batch_size=16"])  # multi-crop; DINO: BN heads
+    model = build_method(cfg.method, backbone, width).double()
+    reference = copy.deepcopy(model)
+    loss = model({"views": views, "label": torch.arange(6) % 3})["loss"]
+    c = cfg.method
+    with torch.no_grad():
+        if method == "dino":
+            student = forward(reference.backbone, reference.head, views, sizes)
+            teacher = forward(reference.teacher[0], reference.teacher[1], views[:2], sizes[:1])
+            temperature = float(reference.teacher_temperature)
+            targets = [F.softmax((t - reference.center) / temperature, dim=1) for t in teacher]
+            expected = cross_entropies(targets, [s / c.student_temperature for s in student])
+        else:
+            projected = forward(reference.backbone, reference.projector, views, sizes)
+            embeddings = [F.normalize(e, dim=1) for e in projected]
+            scores = [reference.prototypes(e) for e in embeddings]
+            targets = [rank_sinkhorn(s, c.epsilon, c.sinkhorn_iterations) for s in scores[:2]]  # one process's
+            expected = cross_entropies(targets, [s / c.temperature for s in scores])
+    difference = float((loss - expected).abs())
+    assert difference < 1e-10 if matches else difference > 1e-4, difference
+
+
 @pytest.mark.slow
 @pytest.mark.one_process
 def test_dino_freezes_its_last_layer_warms_its_teacher_and_centres_on_the_batch(tmp_path):

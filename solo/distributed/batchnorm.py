@@ -1,7 +1,7 @@
 """BatchNorm over views that share one call, and with statistics over the global batch.
 
-A method's views each keep their batch statistics (solo.methods.base.encode_views), yet the views of one size go through
-the backbone in one call: inside `row_groups(module, G)` the call's rows are G equal groups, each normalised with its
+Most methods' views each keep their batch statistics (solo.methods.base.encode_views), yet the views of one size go
+through the backbone in one call: inside `row_groups(module, G)` the call's rows are G equal groups, each normalised with its
 own statistics, as G calls would normalise them (an attribute of each BatchNorm, set and put back around the call:
 state a compiled step can carry, where a ContextVar's setting cannot be traced). `group_batchnorms` makes a model's BatchNorms do so: each group through
 the layer's own kernel in turn (the same kernel, the same rows, so the same numbers and running statistics as a call

@@ -33,6 +33,7 @@ solo.methods.masked_image's `MaskedViT`, `PixelReconstruction` and `TargetEncode
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import itertools
 import math
@@ -238,22 +239,31 @@ class Method(nn.Module):
 
 
 def encode_views(
-    encoder: nn.Module, views: list[torch.Tensor], *per_view: list, forward: Callable | None = None
+    encoder: nn.Module,
+    views: list[torch.Tensor],
+    *per_view: list,
+    forward: Callable | None = None,
+    per_view_statistics: bool = True,
 ) -> list:
     """[forward(view, *its own inputs) for each view] (`forward` defaults to `encoder`; `per_view`: lists of inputs
     with one entry per view, such as each view's patch mask). An encoder without BatchNorm (a ViT: its LayerNorm is
     per token) gives each sample the same output in any batch: the views of one size, with their inputs, are
     concatenated and go through one call (fewer kernels; under FSDP one all-gather per block, not one per view),
-    rows j of it sample j % n of view j // n, as per-sample randomness (solo.backbones.stochastic) reads them. An
-    encoder with BatchNorm keeps each view's batch statistics, which are part of the method: where its BatchNorms take
-    row groups (the trainer's models: solo.distributed.batchnorm.group_batchnorms, solo's global BatchNorm) the views of
+    rows j of it sample j % n of view j // n, as per-sample randomness (solo.backbones.stochastic) reads them.
+
+    Which rows a BatchNorm takes its statistics over is part of the method. By default each view keeps its own, as
+    the references that call the backbone once per view (BYOL, Barlow Twins, VICReg): where its BatchNorms take row
+    groups (the trainer's models: solo.distributed.batchnorm.group_batchnorms, solo's global BatchNorm) the views of
     one size go through one call too, each view a group of rows with its own statistics (with solo's global BatchNorm,
     one collective per layer for all of them); otherwise (plain BatchNorms, in your own loop) each view goes through a
-    call of its own. `forward` may return a list of tensors (a nested head's levels): each view gets its list."""
+    call of its own. `per_view_statistics=False`: the views of one size share their statistics in one call without
+    row groups, as the references that run a batch's views together (SwAV's and DINO's one call per crop size).
+    `forward` may return a list of tensors (a nested head's levels): each view gets its list."""
     forward = forward or encoder
     inputs = list(zip(views, *per_view))
     has_batchnorm = any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in encoder.modules())
-    if has_batchnorm and not normalises_row_groups(encoder):
+    grouped = per_view_statistics and has_batchnorm
+    if grouped and not normalises_row_groups(encoder):
         return [forward(*args) for args in inputs]
     out = []
     for _, same_size in itertools.groupby(inputs, key=lambda args: args[0].shape[1:]):
@@ -261,7 +271,7 @@ def encode_views(
         if len(same_size) == 1:
             out.append(forward(*same_size[0]))
             continue
-        with row_groups(encoder, len(same_size)):
+        with row_groups(encoder, len(same_size)) if grouped else contextlib.nullcontext():
             joined = forward(*(torch.cat(column) for column in zip(*same_size)))
         sizes = [len(args[0]) for args in same_size]
         if isinstance(joined, torch.Tensor):
@@ -269,6 +279,12 @@ def encode_views(
         else:
             out += [list(parts) for parts in zip(*(levels.split(sizes) for levels in joined))]
     return out
+
+
+def one_call(module: nn.Module, parts: list[torch.Tensor]) -> list[torch.Tensor]:
+    """[module(part) for each part] from one call on the parts concatenated: a BatchNorm in `module` takes its
+    statistics over all of them, as the references that run a head on every view at once (SwAV, DINO, MMCR, LeJEPA)."""
+    return list(module(torch.cat(parts)).split([len(p) for p in parts]))
 
 
 def make_teacher(module: nn.Module) -> nn.Module:

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from solo.errors import ConfigError, DataError
 from solo.losses import deepcluster_loss
-from solo.methods.base import KoLeoOption, Method, encode_views, mlp, register_method
+from solo.methods.base import KoLeoOption, Method, encode_views, mlp, one_call, register_method
 from solo.methods.memory_banks import MemoryBank, kmeans
 from solo.schema import AT_LEAST_ONE, POSITIVE, ruled
 
@@ -60,11 +60,12 @@ class DeepClusterV2(Method):
         )
 
     def encode(self, batch: dict) -> dict:
-        return {"features": encode_views(self.backbone, batch["views"])}
+        # SwAV's multi-crop forward (the same official code): the crops of one size share their BatchNorm statistics.
+        return {"features": encode_views(self.backbone, batch["views"], per_view_statistics=False)}
 
     def batch_loss(self, encoded: dict, batch: dict) -> dict:
         features = encoded["features"]
-        z = [F.normalize(self.projector(f), dim=1) for f in features]
+        z = [F.normalize(e, dim=1) for e in one_call(self.projector, features)]  # every crop at once, as SwAV
         both, index = torch.cat(z), batch["index"]
         scores = [both @ getattr(self, f"centroids_{h}").T for h in range(len(self.cfg.num_prototypes))]
         loss = deepcluster_loss(scores, list(self.assignments[:, index].repeat(1, 2)), self.cfg.temperature)

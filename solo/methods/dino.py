@@ -18,6 +18,7 @@ from solo.methods.base import (
     ema_update,
     encode_views,
     make_teacher,
+    one_call,
     register_method,
     with_group_settings,
 )
@@ -165,14 +166,16 @@ class DINO(SelfDistillation):
 
     def encode(self, batch: dict) -> dict:
         views = batch["views"]
+        # The official MultiCropWrapper: the crops of one size share their BatchNorm statistics, the head takes all
+        # of them at once; the teacher sees the global crops only.
         with torch.no_grad():
-            teacher = encode_views(self.teacher[0], views[: self.num_views])  # the global crops only
-        return {"features": encode_views(self.backbone, views), "teacher": teacher}
+            teacher = encode_views(self.teacher[0], views[: self.num_views], per_view_statistics=False)
+        return {"features": encode_views(self.backbone, views, per_view_statistics=False), "teacher": teacher}
 
     def batch_loss(self, encoded: dict, batch: dict) -> dict:
-        student = [self.head(f) for f in encoded["features"]]
+        student = one_call(self.head, encoded["features"])
         with torch.no_grad():
-            teacher = [self.teacher[1](t) for t in encoded["teacher"]]
+            teacher = one_call(self.teacher[1], encoded["teacher"])
         loss = dino_loss(student, teacher, self.center, self.cfg.student_temperature, self.teacher_temperature)
         with torch.no_grad():  # after the loss, from this batch's teacher outputs: the next step's centre
             self.center.copy_(dino_center(teacher, self.center, self.cfg.center_momentum))

@@ -10,7 +10,7 @@ from torch import nn
 
 from solo.backbones.stochastic import step_generator
 from solo.losses import lejepa_loss, random_directions
-from solo.methods.base import KoLeoOption, Method, encode_views, mlp, register_method
+from solo.methods.base import KoLeoOption, Method, encode_views, mlp, one_call, register_method
 from solo.schema import AT_LEAST_ONE, POSITIVE, PROBABILITY, Rule, ruled
 
 # The stream of draws that the directions come from, keyed with the run's seed and the step.
@@ -55,11 +55,12 @@ class LeJEPA(Method):
         return lejepa_loss(projected, directions, c.lambd, self.num_views, c.t_max, c.num_points)
 
     def encode(self, batch: dict) -> dict:
-        return {"features": encode_views(self.backbone, batch["views"])}
+        # The reference runs every view through the backbone in one call: the views of one size share BatchNorm's
+        # statistics.
+        return {"features": encode_views(self.backbone, batch["views"], per_view_statistics=False)}
 
     def batch_loss(self, encoded: dict, batch: dict) -> dict:
         features = encoded["features"]
-        # One call on every view: the projector's BatchNorm takes its statistics over all of them, as the reference's.
-        projected = self.projector(torch.cat(features)).split([len(f) for f in features])
-        loss = self.loss(list(projected), self.directions(projected[0]))
+        projected = one_call(self.projector, features)  # every view at once, as the reference
+        loss = self.loss(projected, self.directions(projected[0]))
         return self.view_outputs(loss, features[: self.num_views], batch)

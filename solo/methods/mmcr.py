@@ -5,10 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
-
 from solo.losses import mmcr_loss
-from solo.methods.base import KoLeoOption, Method, encode_views, mlp, register_method
+from solo.methods.base import KoLeoOption, Method, encode_views, mlp, one_call, register_method
 from solo.schema import AT_LEAST_ONE, NON_NEGATIVE, ruled
 
 
@@ -31,12 +29,12 @@ class MMCR(Method):
         self.projector = mlp([feature_dim, cfg.proj_hidden_dim, cfg.proj_hidden_dim, cfg.proj_output_dim])
 
     def encode(self, batch: dict) -> dict:
-        return {"features": encode_views(self.backbone, batch["views"])}
+        # The authors' code runs a batch's views through the backbone together: the views of one size share
+        # BatchNorm's statistics.
+        return {"features": encode_views(self.backbone, batch["views"], per_view_statistics=False)}
 
     def batch_loss(self, encoded: dict, batch: dict) -> dict:
         features = encoded["features"]
-        # One call on every view, as the authors' code runs all of a batch's views together: the projector's
-        # BatchNorm takes its statistics over all of them.
-        projected = self.projector(torch.cat(features)).split([len(f) for f in features])
-        loss = mmcr_loss(list(projected), self.lambd)
+        projected = one_call(self.projector, features)  # every view at once, as the authors' code
+        loss = mmcr_loss(projected, self.lambd)
         return self.view_outputs(loss, features[: self.num_views], batch)

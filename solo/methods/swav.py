@@ -11,7 +11,15 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from solo.losses import swav_loss
-from solo.methods.base import KoLeoOption, Method, encode_views, mlp, register_method, with_group_settings
+from solo.methods.base import (
+    KoLeoOption,
+    Method,
+    encode_views,
+    mlp,
+    one_call,
+    register_method,
+    with_group_settings,
+)
 from solo.methods.memory_banks import GlobalQueue, check_queue_size
 from solo.schema import AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, ruled
 
@@ -69,14 +77,16 @@ class SwAV(Method):
         return with_group_settings(groups, self.prototypes.parameters(), frozen_steps=frozen_steps)
 
     def encode(self, batch: dict) -> dict:
-        return {"features": encode_views(self.backbone, batch["views"])}
+        # The official code's multi-crop forward: the crops of one size share their BatchNorm statistics.
+        return {"features": encode_views(self.backbone, batch["views"], per_view_statistics=False)}
 
     def prepare_step(self, index: int, total_steps: int) -> None:
         if self.queues is not None:
             self.queue_on.fill_(index >= round(self.cfg.queue_start_epochs * self.steps_per_epoch))
 
     def batch_loss(self, encoded: dict, batch: dict) -> dict:
-        embeddings = [F.normalize(self.projector(f), dim=1) for f in encoded["features"]]
+        # Every crop through the projector at once, as the official code: its BatchNorm's statistics over all of them.
+        embeddings = [F.normalize(e, dim=1) for e in one_call(self.projector, encoded["features"])]
         scores = [self.prototypes(e) for e in embeddings]
         c = self.cfg
         queue = valid = None
