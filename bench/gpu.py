@@ -482,7 +482,7 @@ def step_launches(ctx: Context) -> list[str]:
     lines = [
         f"One steady-state step (after 2 warm-up steps, not a logging step), batch {s.launched_batch} (2 views each), "
         f"{s.image} px, precision {s.launched_precision}, on {ctx.device}: the bare loop (the model on tensors already "
-        "on the device, each view's BatchNorm statistics: a ResNet called per view; bench/launches.py) and solo's "
+        "on the device, once on both views, as solo's SimCLR and its official code; bench/launches.py) and solo's "
         "loop (reading JPEGs, the views made on the device, the probe on). Launch calls: the CUDA runtime's kernel "
         "and graph launches from the host; kernels: those that ran on the GPU.",
         "",
@@ -492,7 +492,7 @@ def step_launches(ctx: Context) -> list[str]:
     for model in s.launched:
         job = Job(model.backbone, dict(model.kwargs), (f"backbone.small_stem={str(model.small_stem).lower()}",))
         sizes = dict(image_size=s.image, precision=s.launched_precision, device=device)
-        bare = bare_count(job, s.launched_batch, 2, views_apart=True, **sizes)
+        bare = bare_count(job, s.launched_batch, 2, views_apart=False, **sizes)
         _release(ctx.device)
         solo = solo_count(job, s.launched_batch, 2, images, **sizes)
         _release(ctx.device)

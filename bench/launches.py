@@ -20,12 +20,12 @@ needs no GPU: torch's profiler records every aten operation the step dispatches 
   the views made on the device, here the CPU), `TrainStep`, the metrics window. The files: `--images` JPEGs of 96 x 72
   px in 4 class folders, generated once under .bench/.
 - bare: the bare loop of bench/throughput.py, the same step by hand: two views of random tensors already in memory,
-  the backbone, a projector, NT-Xent, torch's fused SGD. No views are made, no probe trained. BatchNorm normalises
-  each view with its own statistics, as solo's methods do: the bare loop calls each part that has BatchNorm (the
-  projector, a ResNet) once per view (as solo-learn, lightly and the BYOL, Barlow Twins and VICReg references do), a
-  ViT once for both; solo calls each part once for both, each view a group of rows (solo.distributed.batchnorm).
-  Also shown, "bare, one call": the model once on both views, BatchNorm's statistics over both together (SimCLR's
-  TensorFlow code): fewer operations, another step.
+  the backbone, a projector, NT-Xent, torch's fused SGD, the model once on both views, BatchNorm's statistics over
+  both together (SimCLR's official code, and solo's SimCLR since 2026-12-05). No views are made, no probe trained.
+  Also shown, "bare, views apart": each part that has BatchNorm (the projector, a ResNet) called once per view, each
+  view its own statistics (solo-learn's and lightly's SimCLR, and the BYOL, Barlow Twins and VICReg references, which
+  solo's methods of that kind take in one call, each view a group of rows: solo.distributed.batchnorm): another
+  step, with more operations.
 
 Both at 64 px, at each of `--batches` (samples per step, two views each). The goals (issue 58): solo / bare at most
 1.25 at every batch, and solo's count at the largest batch at most 1.10 times its count at the smallest, so that no
@@ -250,8 +250,8 @@ def main() -> None:
         for batch in args.batches:
             job = MODELS[model]
             loops = {
-                "bare": bare_count(job, batch, args.warmup, views_apart=True),
-                "bare, one call": bare_count(job, batch, args.warmup, views_apart=False),
+                "bare": bare_count(job, batch, args.warmup, views_apart=False),
+                "bare, views apart": bare_count(job, batch, args.warmup, views_apart=True),
             }
             loops["solo"] = solo = solo_count(job, batch, args.warmup, images)
             solo_leaves[batch] = solo.leaves
@@ -300,6 +300,9 @@ def methods_table(args, images: Path) -> None:
                 f"| {c_high.kernels:,} | {c_high.leaves / simclr:.2f} |",
                 flush=True,
             )
+            if args.by_part:
+                parts = " / ".join(", ".join(f"{p} {c.parts[p]:,}" for p in (*PARTS, "other")) for c in (c_low, c_high))
+                print(f"| {model} | {method}: leaf ops by part, batch {low} / {high}: {parts} | | | | | |", flush=True)
 
 
 if __name__ == "__main__":

@@ -13,8 +13,10 @@ from solo.errors import ConfigError
 from solo.train.trainer import Trainer, pretrain
 from tests.test_train import TINY, compose_cfg, weights, weights_at_init
 
-# SimCLR on a ResNet with BatchNorm everywhere (its views in one call, each its own statistics), LARS.
 SIMCLR = TINY + ["trainer.max_steps=3", "trainer.knn_k=0"]
+# BYOL on a ResNet with BatchNorm everywhere (its views in one call, each its own statistics: row groups, in the
+# student and its EMA teacher), LARS.
+BYOL = SIMCLR + ["method=byol", "method.pred_hidden_dim=32"]
 # DINO on a ViT with stochastic depth (drawn per sample), AdamW with a weight-decay schedule, an EMA teacher whose
 # temperature and momentum follow schedules: every per-step state a compiled step must read as a tensor.
 DINO = [o for o in SIMCLR if not o.startswith(("method.", "backbone."))] + [
@@ -38,7 +40,7 @@ DINO = [o for o in SIMCLR if not o.startswith(("method.", "backbone."))] + [
     "optim.weight_decay=0.04",
     "optim.weight_decay_end=0.4",
 ]
-CASES = {"simclr_resnet": SIMCLR, "dino_vit_drop_path": DINO}
+CASES = {"byol_resnet": BYOL, "dino_vit_drop_path": DINO}
 
 
 def _explained_step(case: str, tmp_path: Path, compiled: bool):

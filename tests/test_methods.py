@@ -621,12 +621,12 @@ def cross_entropies(targets: list[torch.Tensor], logits: list[torch.Tensor]) -> 
 
 
 @pytest.mark.parametrize("forward, matches", [(multi_crop, True), (one_view_at_a_time, False)])
-@pytest.mark.parametrize("method", ["dino", "swav"])
-def test_multi_crop_batchnorm_statistics_are_the_official_codes(method, forward, matches):
-    """DINO and SwAV on 2 global 16 px crops and 4 local 8 px ones (a ResNet, BatchNorm in the heads; float64): the
-    loss equals its formula on the outputs of the official code's multi-crop forward (the crops of one size through
-    the backbone together, every crop through the head at once; the DINO teacher's on the global crops), and not on
-    those of one call per view."""
+@pytest.mark.parametrize("method", ["dino", "swav", "simclr"])
+def test_batchnorm_statistics_are_the_official_codes(method, forward, matches):
+    """DINO and SwAV on 2 global 16 px crops and 4 local 8 px ones, SimCLR on 2 views (a ResNet, BatchNorm in the
+    heads; float64): the loss equals its formula on the outputs of the official code's forward (the crops of one size
+    through the backbone together, every crop through the head at once; the DINO teacher's on the global crops), and
+    not on those of one call per view."""
     import copy
 
     from solo.backbones import create_backbone
@@ -634,11 +634,12 @@ def test_multi_crop_batchnorm_statistics_are_the_official_codes(method, forward,
     from tests.wrong_losses import rank_sinkhorn
 
     g = torch.Generator().manual_seed(0)
-    views = [torch.randn(6, 3, s, s, generator=g, dtype=torch.float64) for s in (16, 16, 8, 8, 8, 8)]
-    sizes = [2, 4]
+    sizes = [2] if method == "simclr" else [2, 4]
+    views = [torch.randn(6, 3, s, s, generator=g, dtype=torch.float64) for s in (16, 16, 8, 8, 8, 8)[: sum(sizes)]]
     torch.manual_seed(0)
     backbone, width = create_backbone("test_resnet", small_stem=True, pretrained=False)
-    cfg = compose_cfg(BASE + [f"method={method}", *METHOD[method], "data.batch_size=16"])  # multi-crop; DINO: BN heads
+    extra = HEADS if method == "simclr" else METHOD[method]  # multi-crop; DINO's heads with BatchNorm
+    cfg = compose_cfg(BASE + [f"method={method}", *extra, "data.batch_size=16"])
     model = build_method(cfg.method, backbone, width).double()
     reference = copy.deepcopy(model)
     loss = model({"views": views, "label": torch.arange(6) % 3})["loss"]
@@ -650,6 +651,10 @@ def test_multi_crop_batchnorm_statistics_are_the_official_codes(method, forward,
             temperature = float(reference.teacher_temperature)
             targets = [F.softmax((t - reference.center) / temperature, dim=1) for t in teacher]
             expected = cross_entropies(targets, [s / c.student_temperature for s in student])
+        elif method == "simclr":  # NT-Xent: each of the 2N rows against the other 2N - 1, its other view the positive
+            z = F.normalize(torch.cat(forward(reference.backbone, reference.projector, views, sizes)), dim=1)
+            logits = (z @ z.T / c.temperature).fill_diagonal_(float("-inf"))
+            expected = F.cross_entropy(logits, torch.arange(12).roll(6))
         else:
             projected = forward(reference.backbone, reference.projector, views, sizes)
             embeddings = [F.normalize(e, dim=1) for e in projected]

@@ -358,17 +358,25 @@ def dse_term(method: nn.Module, tokens: list[torch.Tensor], cfg: DSEOption) -> t
 class TwoViewMethod(Method):
     """Two views through the backbone and `self.projector`; subclasses give `loss(z1, z2)`."""
 
+    # Each view's own BatchNorm statistics in the backbone and the projector, as the references that call them once
+    # per view (Barlow Twins, VICReg); False: both views' together, as those that run the views in one call (SimCLR's
+    # and SupCon's official code).
+    per_view_statistics: ClassVar[bool] = True
+
     def loss(self, z1: torch.Tensor, z2: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 
     def encode(self, batch: dict) -> dict:
-        # A BatchNorm backbone takes each view apart: statistics per view, as in the SimCLR/Barlow Twins papers.
-        return {"features": encode_views(self.backbone, batch["views"])}
+        return {"features": encode_views(self.backbone, batch["views"], per_view_statistics=self.per_view_statistics)}
 
     def batch_loss(self, encoded: dict, batch: dict) -> dict:
         f1, f2 = encoded["features"]
-        loss = self.loss(*encode_views(self.projector, [f1, f2]))  # each view's BatchNorm statistics, in one call
+        loss = self.loss(*self.project([f1, f2]))
         return self.view_outputs(loss, [f1, f2], batch)
+
+    def project(self, features: list[torch.Tensor]) -> list[torch.Tensor]:
+        """The views' projections, in one call (with the backbone's BatchNorm convention)."""
+        return encode_views(self.projector, features, per_view_statistics=self.per_view_statistics)
 
 
 @dataclass

@@ -24,6 +24,8 @@ class SimCLRConfig(KoLeoOption):
 
 @register_method("simclr", schema=SimCLRConfig)
 class SimCLR(TwoViewMethod):
+    per_view_statistics = False  # the official code runs both views through the model in one call
+
     def __init__(self, backbone, feature_dim: int, cfg: SimCLRConfig):
         super().__init__(backbone, feature_dim)
         self.koleo_weight = cfg.koleo_weight

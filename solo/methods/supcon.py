@@ -22,6 +22,7 @@ class SupConConfig(KoLeoOption):
 @register_method("supcon", schema=SupConConfig)
 class SupCon(TwoViewMethod):
     needs_labels = True
+    per_view_statistics = False  # the official code runs both views through the model in one call
 
     def __init__(self, backbone, feature_dim: int, cfg: SupConConfig):
         super().__init__(backbone, feature_dim)
@@ -34,5 +35,5 @@ class SupCon(TwoViewMethod):
 
     def batch_loss(self, encoded: dict, batch: dict) -> dict:
         f1, f2 = encoded["features"]
-        loss = supcon_loss(self.projector(f1), self.projector(f2), batch["label"], self.temperature)
+        loss = supcon_loss(*self.project([f1, f2]), batch["label"], self.temperature)
         return self.view_outputs(loss, [f1, f2], batch)
