@@ -227,26 +227,29 @@ def test_two_processes_accumulating_equal_one_process_on_the_whole_batch(tmp_pat
 
 
 class GhostBatchNorm(nn.Module):
-    """The reference for a BatchNorm backbone: the same BatchNorm applied to each chunk of `chunk` samples (of one view:
-    the views, concatenated in one call, hold whole chunks)."""
+    """The reference for a BatchNorm backbone: the same BatchNorm applied to each micro-batch of `chunk` samples, its
+    rows of the call's `views` views (concatenated one after the other) together, as SimCLR's one call per
+    micro-batch normalises them."""
 
-    def __init__(self, bn: nn.BatchNorm2d, chunk: int):
+    def __init__(self, bn: nn.BatchNorm2d, chunk: int, views: int):
         super().__init__()
-        self.bn, self.chunk = bn, chunk
+        self.bn, self.chunk, self.views = bn, chunk, views
 
     def forward(self, x):
         from solo.distributed.batchnorm import row_groups
 
-        with row_groups(self.bn, 1):  # each chunk's own statistics, whatever groups the call holds
-            return torch.cat([self.bn(part) for part in x.split(self.chunk)])
+        per_view = [v.split(self.chunk) for v in x.chunk(self.views)]  # [view][micro-batch]
+        with row_groups(self.bn, 1):  # each micro-batch's own statistics, whatever groups the call holds
+            normalised = [self.bn(torch.cat(parts)).chunk(self.views) for parts in zip(*per_view)]
+        return torch.cat([part for v in range(self.views) for part in (m[v] for m in normalised)])
 
 
 @pytest.mark.slow
 @pytest.mark.one_process
 def test_a_batchnorm_backbone_sees_micro_batch_statistics(tmp_path, monkeypatch):
     """With BatchNorm in the backbone, accumulate=k equals the whole-batch step of a backbone whose BatchNorm
-    takes its statistics over each micro-batch (ghost batch norm); the projector's BatchNorm and the loss still
-    see the whole batch. It does not equal the plain whole-batch step."""
+    takes its statistics over each micro-batch (ghost batch norm; SimCLR's: both views of the micro-batch together);
+    the projector's BatchNorm and the loss still see the whole batch. It does not equal the plain whole-batch step."""
     base = TINY + ONE_STEP + ["data.batch_size=16"]
     pretrain(compose_cfg(base + ["trainer.accumulate=4"]), tmp_path / "k4")
     pretrain(compose_cfg(base), tmp_path / "plain")
@@ -257,7 +260,7 @@ def test_a_batchnorm_backbone_sees_micro_batch_statistics(tmp_path, monkeypatch)
         for _name, module in list(model.method.backbone.named_modules()):
             for child_name, child in list(module.named_children()):
                 if isinstance(child, nn.BatchNorm2d):
-                    setattr(module, child_name, GhostBatchNorm(child, 4))
+                    setattr(module, child_name, GhostBatchNorm(child, 4, views=2))
         return model
 
     monkeypatch.setattr(trainer, "build_model", ghost_model)
