@@ -281,12 +281,6 @@ def encode_views(
     return out
 
 
-def one_call(module: nn.Module, parts: list[torch.Tensor]) -> list[torch.Tensor]:
-    """[module(part) for each part] from one call on the parts concatenated: a BatchNorm in `module` takes its
-    statistics over all of them, as the references that run a head on every view at once (SwAV, DINO, MMCR, LeJEPA)."""
-    return list(module(torch.cat(parts)).split([len(p) for p in parts]))
-
-
 def make_teacher(module: nn.Module) -> nn.Module:
     """A copy of `module` that no optimizer trains, with no stochastic depth or dropout (as the references' teachers
     are built): the start of an EMA teacher."""

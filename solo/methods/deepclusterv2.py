@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from solo.errors import ConfigError, DataError
 from solo.losses import deepcluster_loss
-from solo.methods.base import KoLeoOption, Method, encode_views, mlp, one_call, register_method
+from solo.methods.base import KoLeoOption, Method, encode_views, mlp, register_method
 from solo.methods.memory_banks import MemoryBank, kmeans
 from solo.schema import AT_LEAST_ONE, POSITIVE, ruled
 
@@ -65,7 +65,8 @@ class DeepClusterV2(Method):
 
     def batch_loss(self, encoded: dict, batch: dict) -> dict:
         features = encoded["features"]
-        z = [F.normalize(e, dim=1) for e in one_call(self.projector, features)]  # every crop at once, as SwAV
+        projected = encode_views(self.projector, features, per_view_statistics=False)  # every crop at once, as SwAV
+        z = [F.normalize(e, dim=1) for e in projected]
         both, index = torch.cat(z), batch["index"]
         scores = [both @ getattr(self, f"centroids_{h}").T for h in range(len(self.cfg.num_prototypes))]
         loss = deepcluster_loss(scores, list(self.assignments[:, index].repeat(1, 2)), self.cfg.temperature)

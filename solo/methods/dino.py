@@ -18,7 +18,6 @@ from solo.methods.base import (
     ema_update,
     encode_views,
     make_teacher,
-    one_call,
     register_method,
     with_group_settings,
 )
@@ -173,9 +172,9 @@ class DINO(SelfDistillation):
         return {"features": encode_views(self.backbone, views, per_view_statistics=False), "teacher": teacher}
 
     def batch_loss(self, encoded: dict, batch: dict) -> dict:
-        student = one_call(self.head, encoded["features"])
+        student = encode_views(self.head, encoded["features"], per_view_statistics=False)
         with torch.no_grad():
-            teacher = one_call(self.teacher[1], encoded["teacher"])
+            teacher = encode_views(self.teacher[1], encoded["teacher"], per_view_statistics=False)
         loss = dino_loss(student, teacher, self.center, self.cfg.student_temperature, self.teacher_temperature)
         with torch.no_grad():  # after the loss, from this batch's teacher outputs: the next step's centre
             self.center.copy_(dino_center(teacher, self.center, self.cfg.center_momentum))

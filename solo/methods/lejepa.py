@@ -10,7 +10,7 @@ from torch import nn
 
 from solo.backbones.stochastic import step_generator
 from solo.losses import lejepa_loss, random_directions
-from solo.methods.base import KoLeoOption, Method, encode_views, mlp, one_call, register_method
+from solo.methods.base import KoLeoOption, Method, encode_views, mlp, register_method
 from solo.schema import AT_LEAST_ONE, POSITIVE, PROBABILITY, Rule, ruled
 
 # The stream of draws that the directions come from, keyed with the run's seed and the step.
@@ -61,6 +61,8 @@ class LeJEPA(Method):
 
     def batch_loss(self, encoded: dict, batch: dict) -> dict:
         features = encoded["features"]
-        projected = one_call(self.projector, features)  # every view at once, as the reference
+        projected = encode_views(
+            self.projector, features, per_view_statistics=False
+        )  # every view at once, as the reference
         loss = self.loss(projected, self.directions(projected[0]))
         return self.view_outputs(loss, features[: self.num_views], batch)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from solo.losses import mmcr_loss
-from solo.methods.base import KoLeoOption, Method, encode_views, mlp, one_call, register_method
+from solo.methods.base import KoLeoOption, Method, encode_views, mlp, register_method
 from solo.schema import AT_LEAST_ONE, NON_NEGATIVE, ruled
 
 
@@ -35,6 +35,8 @@ class MMCR(Method):
 
     def batch_loss(self, encoded: dict, batch: dict) -> dict:
         features = encoded["features"]
-        projected = one_call(self.projector, features)  # every view at once, as the authors' code
+        projected = encode_views(
+            self.projector, features, per_view_statistics=False
+        )  # every view at once, as the authors'
         loss = mmcr_loss(projected, self.lambd)
         return self.view_outputs(loss, features[: self.num_views], batch)

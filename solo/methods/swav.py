@@ -16,7 +16,6 @@ from solo.methods.base import (
     Method,
     encode_views,
     mlp,
-    one_call,
     register_method,
     with_group_settings,
 )
@@ -86,7 +85,8 @@ class SwAV(Method):
 
     def batch_loss(self, encoded: dict, batch: dict) -> dict:
         # Every crop through the projector at once, as the official code: its BatchNorm's statistics over all of them.
-        embeddings = [F.normalize(e, dim=1) for e in one_call(self.projector, encoded["features"])]
+        projected = encode_views(self.projector, encoded["features"], per_view_statistics=False)
+        embeddings = [F.normalize(e, dim=1) for e in projected]
         scores = [self.prototypes(e) for e in embeddings]
         c = self.cfg
         queue = valid = None
