@@ -1429,10 +1429,13 @@ def test_nepa_is_the_negative_cosine_to_the_next_embedding_in_value_and_gradient
     assert torch.autograd.grad(through_targets, embeddings)[0].abs().max() > 1e-2
 
 
-def test_nepa_attention_is_causal_and_its_targets_are_the_patch_embeddings_before_positions():
-    """Each patch of an image changed in turn: the outputs that change are those of its own and the later positions
-    (bidirectional attention would change every one); and the targets are the patch embedding layer's output on the
-    image, without the position embeddings."""
+def test_nepa_attention_is_causal_and_the_class_token_predicts_the_first_patch():
+    """As the authors' ViTNepaForPreTraining shifts its whole sequence (the class token, then the patches): row 0 of
+    the outputs is the class token's, which under causal attention sees only itself (the same for every image) and
+    predicts the first patch; each patch of an image changed in turn changes the outputs of its own and the later
+    positions only (bidirectional attention would change every one); the targets are the patch embedding layer's
+    output on the image, without the position embeddings. Rejected: the outputs of the patches alone (the class
+    token's prediction dropped), a loss over N - 1 predictions that differs."""
     vit = _tiny_vit(2)
     method = NEPA(vit, 32, NEPAConfig()).double()
     method.feeds_probe = False
@@ -1443,15 +1446,23 @@ def test_nepa_attention_is_causal_and_its_targets_are_the_patch_embeddings_befor
         return method.encode({"views": [x]})
 
     before = encode(images)
-    torch.testing.assert_close(before["embeddings"], vit.patch_embed(images), rtol=0, atol=0)
+    assert before["outputs"].shape[1] == before["embeddings"].shape[1] == 17
+    torch.testing.assert_close(before["embeddings"][:, 1:], vit.patch_embed(images), rtol=0, atol=0)
+    torch.testing.assert_close(before["outputs"][0, 0], before["outputs"][1, 0], rtol=0, atol=0)
     for patch in range(16):
         changed = images.clone()
         row, col = divmod(patch, 4)
         changed[0, :, 4 * row : 4 * row + 4, 4 * col : 4 * col + 4] += 1.0
         after = encode(changed)["outputs"]
         moved = (after[0] - before["outputs"][0]).abs().amax(dim=-1) > 0
-        assert moved.tolist() == [i >= patch for i in range(16)], patch
+        assert moved.tolist() == [False] + [i >= patch for i in range(16)], patch
         assert torch.equal(after[1], before["outputs"][1])
+
+    loss = method.batch_loss(before, {"label": None})["loss"]
+    official = _nepa_paper_loss(before["outputs"], before["embeddings"])  # the class token's output counted
+    assert loss.item() == pytest.approx(official.item(), rel=1e-12)
+    patches_only = _nepa_paper_loss(before["outputs"][:, 1:], before["embeddings"][:, 1:])
+    assert abs(loss.item() - patches_only.item()) > 1e-4
 
 
 # --- VICRegL ---------------------------------------------------------------------------------------------------------

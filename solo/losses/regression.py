@@ -154,11 +154,12 @@ def co2_batch_loss(q: torch.Tensor, k: torch.Tensor, temperature: float | torch.
 
 
 def next_embedding_loss(outputs: torch.Tensor, embeddings: torch.Tensor) -> torch.Tensor:
-    """NEPA (Xu et al., 2025): each position's output predicts the input embedding of the next patch in raster order
-    (a target: detached), scored by their negative cosine similarity, averaged over each image's N - 1 predictions and
-    then over the global batch. `outputs`, `embeddings`: (B, N, D); row i of `outputs` predicts row i + 1 of
-    `embeddings` (the last output predicts nothing). Every image makes N - 1 predictions, so this is the mean over
-    every prediction of the global batch too: W/B_global times this rank's sum of image means."""
+    """NEPA (Xu et al., 2025): each position's output predicts the input embedding of the next position in raster
+    order (a target: detached), scored by their negative cosine similarity, averaged over each image's L - 1
+    predictions and then over the global batch. `outputs`, `embeddings`: (B, L, D); row i of `outputs` predicts row
+    i + 1 of `embeddings` (the last output predicts nothing, the first embedding is no target), the authors'
+    `prediction_loss`. Every image makes L - 1 predictions, so this is the mean over every prediction of the global
+    batch too: W/B_global times this rank's sum of image means."""
     if outputs.dim() != 3 or outputs.shape != embeddings.shape:
         raise ValueError(
             f"outputs and embeddings must be (batch, positions, width) alike: {outputs.shape}, {embeddings.shape}"

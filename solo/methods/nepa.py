@@ -2,7 +2,8 @@
 each position's output predicts the input embedding of the next patch (the patch embedding layer's output, before the
 positions are added; a target, which takes no gradient): their negative cosine similarity is the loss. No head, no
 decoder, no mask and no teacher: the shift by one patch and the causal attention are what keep the task from being
-trivial, the stop-gradient what keeps the embeddings from collapsing."""
+trivial, the stop-gradient what keeps the embeddings from collapsing. As in the authors' code (SihanXU/nepa,
+`ViTNepaForPreTraining`), the class token's output predicts the first patch: every image makes N predictions."""
 
 from __future__ import annotations
 
@@ -31,16 +32,19 @@ class NEPAConfig:
 
 @register_method("nepa", schema=NEPAConfig)
 class NEPA(Method):
-    """One view per image. `encode` embeds its patches (`embeddings`, the targets), adds the positions, prepends the
-    class token, and runs the backbone under causal attention (each token sees itself and the tokens before it);
-    `outputs` are the patch positions' final tokens, row i predicting embedding i + 1 (solo.losses.next_embedding_loss).
+    """One view per image. `encode` embeds its patches, adds the positions, prepends the class token (and registers),
+    and runs the backbone under causal attention (each token sees itself and the tokens before it). `outputs` are the
+    final tokens from the last prefix token on and `embeddings` that token's input followed by the patch embeddings (the
+    targets), row i of the one predicting row i + 1 of the other (solo.losses.next_embedding_loss): the authors' code
+    shifts the whole sequence, class token included, so that its output predicts the first patch. A ViT without prefix
+    tokens starts at the first patch (N - 1 predictions).
     When an online probe reads them, also the backbone on the whole image as validation sees it, under bidirectional
     attention (`BatchSpec.probe_image`), without a graph: NEPA's paper fine-tunes with bidirectional attention. The
     backbone's pooled feature becomes the mean patch token."""
 
     num_views = 1
     pool = "mean"
-    augmentations = {"digits": "one_view_digits", "natural": "mae"}  # MAE's crop and flip: NEPA's could not be read
+    augmentations = {"digits": "one_view_digits", "natural": "nepa"}
 
     def __init__(self, backbone, feature_dim: int, cfg: NEPAConfig):
         super().__init__(backbone, feature_dim)
@@ -54,11 +58,13 @@ class NEPA(Method):
         images = batch["views"][0]
         vit = self.backbone
         embeddings, grid = patch_contents(vit, images)
-        tokens = torch.cat([prefix_tokens(vit, len(images)), with_positions(vit, embeddings, grid)], dim=1)
+        prefix = prefix_tokens(vit, len(images))
+        tokens = torch.cat([prefix, with_positions(vit, embeddings, grid)], dim=1)
         length = tokens.shape[1]
         causal = torch.ones(length, length, dtype=torch.bool, device=images.device).tril()
-        outputs = run_blocks(vit, tokens, causal.expand(len(images), -1, -1))[:, vit.num_prefix_tokens :]
-        encoded = {"outputs": outputs, "embeddings": embeddings}
+        first = max(vit.num_prefix_tokens - 1, 0)  # the last prefix token predicts the first patch
+        outputs = run_blocks(vit, tokens, causal.expand(len(images), -1, -1))[:, first:]
+        encoded = {"outputs": outputs, "embeddings": torch.cat([prefix[:, first:], embeddings], dim=1)}
         if self.feeds_probe:
             with torch.no_grad():
                 encoded["features"] = pooled_feature(vit, batch["probe_image"])
