@@ -614,6 +614,7 @@ EXPECTED = {
         "data.batch_size": 32,
         "method.name": "franca",
         "method.nesting_levels": 5,
+        "method.normalize_bottleneck": False,
         "method.centering": "sinkhorn_knopp",
         "method.use_bn_in_head": False,
         "method.num_prototypes": 131072,

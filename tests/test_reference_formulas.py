@@ -2708,10 +2708,11 @@ def _official_level(weights: tuple[list, torch.Tensor], x, width, normalise_bott
     return h @ (w / w.norm(dim=1, keepdim=True)).T
 
 
-def _official_franca(method, views, mask, centering, normalise_bottleneck=False, reduce_levels=sum):
+def _official_franca(method, views, mask, centering, normalise_bottleneck=False, reduce_levels=sum, teacher_too=False):
     """Franca's DINO and iBOT losses for two global crops as its ssl_meta_arch computes them, level by level: the
     student's class tokens against the teacher's targets of the other crop, the mean over the 2B rows; each masked
-    patch's cross-entropy weighted by 1 / its image's masked patches, summed, over the 2B crops; the levels summed."""
+    patch's cross-entropy weighted by 1 / its image's masked patches, summed, over the 2B crops; the levels summed.
+    `normalise_bottleneck` L2-normalises the student's bottleneck, and with `teacher_too` the teacher's as well."""
     vit, teacher_vit = method.backbone, method.teacher[0]
     student = [output_tokens(vit, v, m, method.mask_token) for v, m in zip(views, mask.unbind(1))]
     with torch.no_grad():
@@ -2729,7 +2730,9 @@ def _official_franca(method, views, mask, centering, normalise_bottleneck=False,
     levels, temperature = [], method.teacher_temperature.item()  # 0.04 as a float32 buffer's
     for level, width in enumerate(method.head.levels.widths):
         mine, frozen = _level_weights(method.head.levels, level), _level_weights(method.teacher[1].levels, level, True)
-        t_cls, t_patch = (_official_level(frozen, x, width) for x in (swapped, teacher_patches))
+        t_cls, t_patch = (
+            _official_level(frozen, x, width, normalise_bottleneck and teacher_too) for x in (swapped, teacher_patches)
+        )
         if centering == "sinkhorn_knopp":
             targets, patch_targets = (rank_sinkhorn(t, temperature) for t in (t_cls, t_patch))
         else:  # the first step's centres are zero
@@ -2743,12 +2746,15 @@ def _official_franca(method, views, mask, centering, normalise_bottleneck=False,
 
 
 @pytest.mark.parametrize("centering", ["sinkhorn_knopp", "centering"])
-def test_franca_is_the_official_nested_dino_and_ibot_losses_in_value_and_gradient(centering):
+@pytest.mark.parametrize("normalize_bottleneck", [False, True])
+def test_franca_is_the_official_nested_dino_and_ibot_losses_in_value_and_gradient(centering, normalize_bottleneck):
     """A ViT of width 32, three levels (8, 16 and 32 features; 4, 8 and 16 prototypes, shared by the class token and the
     patches), two global crops of 3 images with 0 to 6 masked patches: solo's loss against Franca's code written out
     level by level, in value and in the gradient of every student parameter; with DINO's centring, each level's
     centre moves with its own scores' mean. Rejected: a bottleneck L2-normalised as in DINOv2's head, and the levels
-    averaged instead of summed."""
+    averaged instead of summed. With method.normalize_bottleneck (the digits default), the same code with every
+    level's bottleneck L2-normalised in the student and the teacher, as DINOv2's head; the official, unnormalised,
+    is rejected."""
     from solo.methods.franca import Franca, FrancaConfig
 
     cfg = FrancaConfig(
@@ -2760,6 +2766,7 @@ def test_franca_is_the_official_nested_dino_and_ibot_losses_in_value_and_gradien
         koleo_weight=0.0,
         centering=centering,
         teacher_temperature=0.04,
+        normalize_bottleneck=normalize_bottleneck,
     )
     method = Franca(_tiny_vit(0), 32, cfg).double()
     method.feeds_probe = False
@@ -2780,7 +2787,7 @@ def test_franca_is_the_official_nested_dino_and_ibot_losses_in_value_and_gradien
     mask[1, 1, 4:10] = True
     batch = {"views": views, "mask": mask, "label": torch.zeros(3, dtype=torch.long)}
     got = method.batch_loss(method.encode(batch), batch)["loss"]
-    want = _official_franca(method, views, mask, centering)
+    want = _official_franca(method, views, mask, centering, normalize_bottleneck, teacher_too=True)
     assert got.item() == pytest.approx(want.item(), rel=1e-10)
     params = [p for p in method.parameters() if p.requires_grad]
     for a, b in zip(
@@ -2796,8 +2803,18 @@ def test_franca_is_the_official_nested_dino_and_ibot_losses_in_value_and_gradien
         torch.testing.assert_close(method.center, 0.1 * torch.cat([s.mean(0) for s in scores]))
     with torch.no_grad():
         for wrong in (
-            _official_franca(method, views, mask, centering, normalise_bottleneck=True),
-            _official_franca(method, views, mask, centering, reduce_levels=lambda levels: sum(levels) / len(levels)),
+            _official_franca(
+                method, views, mask, centering, not normalize_bottleneck, teacher_too=normalize_bottleneck
+            ),
+            _official_franca(
+                method,
+                views,
+                mask,
+                centering,
+                normalize_bottleneck,
+                reduce_levels=lambda levels: sum(levels) / len(levels),
+                teacher_too=True,
+            ),
         ):
             assert abs(got.item() - wrong.item()) > 1e-3 * abs(got.item())
 

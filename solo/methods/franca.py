@@ -37,6 +37,8 @@ class FrancaConfig(DINOv2Config):
     # level (Franca's ibot.separate_head, whole heads, not DINOv2's last layer of their own)
     patch_prototypes: int = ruled(131072, NON_NEGATIVE)
     nesting_levels: int = ruled(5, AT_LEAST_ONE)  # the official nesting list: D / 16, D / 8, D / 4, D / 2 and D
+    # each level's bottleneck L2-normalised before its prototypes, as DINOv2's head (the official Franca head: not)
+    normalize_bottleneck: bool = False
     centering: Centering = Centering("sinkhorn_knopp")
     mask_ratio_max: float = ruled(0.65, FRACTION)  # ibot.mask_ratio_min_max (0.1, 0.65)
     base_momentum: float = ruled(0.994, PROBABILITY)  # teacher.momentum_teacher of the ViT-B/14 recipe
@@ -68,10 +70,18 @@ class NestedLevels(nn.Module):
     side by side: one BatchNorm over every level's channels (per channel, so each level's statistics its own) and one
     batched product per linear layer, instead of one of each per level (a level's layers are launches)."""
 
-    def __init__(self, widths: list[int], hidden_dim: int, bottleneck_dim: int, out_dims: list[int], use_bn: bool):
+    def __init__(
+        self,
+        widths: list[int],
+        hidden_dim: int,
+        bottleneck_dim: int,
+        out_dims: list[int],
+        use_bn: bool,
+        normalize: bool = False,
+    ):
         super().__init__()
         levels = len(widths)
-        self.widths = widths
+        self.widths, self.normalize = widths, normalize
         self.projections = nn.ModuleList(nn.Linear(w, w) for w in widths)
         self.inputs = nn.ModuleList(nn.Linear(w, hidden_dim) for w in widths)
         init_head_layers([*self.projections, *self.inputs])  # the official initialisation, DINO's
@@ -88,6 +98,8 @@ class NestedLevels(nn.Module):
         h = F.gelu(self.norms[0](h))
         h = F.gelu(self.norms[1](self.hidden(h)))
         h = F.gelu(self.norms[2](self.bottleneck(h)))
+        if self.normalize:
+            h = F.normalize(h.unflatten(1, (len(self.widths), -1)), dim=-1).flatten(1)
         return [
             F.linear(level, F.normalize(last.weight, dim=1))
             for level, last in zip(h.chunk(len(self.widths), dim=1), self.last_layers)
@@ -108,13 +120,14 @@ class MatryoshkaHead(nn.Module):
         levels: int,
         use_bn: bool = False,
         patch_out_dim: int = 0,
+        normalize: bool = False,
     ):
         super().__init__()
         widths = [in_dim >> k for k in reversed(range(levels))]  # coarsest first, as the official nesting list
 
         def nested(prototypes: int) -> NestedLevels:
             out_dims = [prototypes * w // in_dim for w in widths]
-            return NestedLevels(widths, hidden_dim, bottleneck_dim, out_dims, use_bn)
+            return NestedLevels(widths, hidden_dim, bottleneck_dim, out_dims, use_bn, normalize)
 
         self.levels = nested(out_dim)
         self.patch_levels = nested(patch_out_dim) if patch_out_dim else None
@@ -167,6 +180,7 @@ class Franca(DINOv2):
             cfg.nesting_levels,
             cfg.use_bn_in_head,
             cfg.patch_prototypes,
+            cfg.normalize_bottleneck,
         )
 
     def head_levels(self, head: nn.Module, x: torch.Tensor, patches: bool = False) -> list[torch.Tensor]:
