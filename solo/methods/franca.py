@@ -65,10 +65,11 @@ class LevelsLinear(nn.Module):
 class NestedLevels(nn.Module):
     """Franca's levels, as the official MRLDINOHead: level l reads the first widths[l] features through a square
     linear layer, then an MLP of three linear layers each followed by GELU (and BatchNorm before it, with `use_bn`),
-    then its out_dims[l] prototypes. As the official head, the bottleneck is not L2-normalised (DINOv2's head
-    normalises it); the prototypes keep unit norm, as solo's DINOv2. From the MLP's first BatchNorm on the levels run
-    side by side: one BatchNorm over every level's channels (per channel, so each level's statistics its own) and one
-    batched product per linear layer, instead of one of each per level (a level's layers are launches)."""
+    then its out_dims[l] prototypes. As the official head, the bottleneck is not L2-normalised, unless `normalize`
+    (DINOv2's head: the digits default); the prototypes keep unit norm, as solo's DINOv2. From the MLP's first
+    BatchNorm on the levels run side by side: one BatchNorm over every level's channels (per channel, so each level's
+    statistics its own) and one batched product per linear layer, instead of one of each per level (a level's layers
+    are launches)."""
 
     def __init__(
         self,
