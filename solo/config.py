@@ -171,6 +171,9 @@ class LinearEvalConfig:
     # A ViT's features: cls (its class token) or mean (its patch tokens' mean); unset: the pooling the method that
     # trained the weights probes (Method.pool: mean for I-JEPA and DINOv2, else cls).
     pool: Optional[Pool] = None
+    # A ViT's features read after its first N blocks (then its final norm and the pool); fine-tuning runs them all.
+    # Unset: where the method that trained the weights reads them (Method.feature_depth: NEPA the middle, else all).
+    feature_blocks: Optional[int] = ruled(None, AT_LEAST_ONE)
     feature_cache: bool = True  # features under $SOLO_CACHE/features (default ~/.cache/solo), keyed by weights + data
     plots: bool = True  # embedding.png (val features, 2-D) and curves.png in the run dir
     data: Any = MISSING  # typed as in PretrainConfig

@@ -246,6 +246,45 @@ def test_main_linear_probes_the_feature_the_method_probed_unless_told(tmp_path):
     assert results[None]["linear"] != results["cls"]["linear"]
 
 
+def test_main_linear_reads_nepa_s_middle_block_unless_told(tmp_path):
+    """NEPA's weights are probed after the middle of their blocks (Method.feature_depth) as its online probe was:
+    main_linear records feature_blocks=2 of a 4-block ViT, and the result is feature_blocks=2's, not that of all 4;
+    an explicit value wins; one past the depth, or on a ResNet, is an error that names the key."""
+    from solo.backbones import build_backbone
+    from solo.zoo.weights import Pretrained, save_weights
+
+    backbone_cfg = {"name": "vit_tiny_patch16_224", "kwargs": {"img_size": 16, "patch_size": 4, "depth": 4}}
+    digits = {"name": "digits", "image_size": 16, "mean": [0.3054] * 3, "std": [0.3187] * 3}
+    torch.manual_seed(0)
+    vit, _ = build_backbone(backbone_cfg)
+    nepa = save_weights(
+        Pretrained(vit.state_dict(), "backbone", backbone_cfg, {"name": "nepa"}, digits, "test"),
+        tmp_path / "n.safetensors",
+    )
+    common = [f"pretrained={nepa}", "data=digits", "data.image_size=16", "data.num_workers=0", "linear.epochs=1"]
+    common += ["plots=false", "feature_cache=false"]
+    results = {
+        blocks: evaluate_pretrained(
+            compose_linear(common + ([f"feature_blocks={blocks}"] if blocks else [])), tmp_path / str(blocks)
+        )
+        for blocks in (None, 2, 4)
+    }
+    assert OmegaConf.load(tmp_path / "None" / "config.yaml").feature_blocks == 2
+    assert results[None]["knn"] == results[2]["knn"] != results[4]["knn"]
+    with pytest.raises(SoloError, match="feature_blocks=5: the ViT has 4 blocks"):
+        evaluate_pretrained(compose_linear(common + ["feature_blocks=5"]), tmp_path / "5")
+    resnet_cfg = {"name": "resnet18", "small_stem": True}
+    resnet, _ = build_backbone(resnet_cfg)
+    simclr = save_weights(
+        Pretrained(resnet.state_dict(), "backbone", resnet_cfg, {"name": "simclr"}, digits, "test"),
+        tmp_path / "r.safetensors",
+    )
+    with pytest.raises(SoloError, match="feature_blocks=2 reads a Vision Transformer"):
+        evaluate_pretrained(
+            compose_linear([f"pretrained={simclr}"] + common[1:] + ["feature_blocks=2"]), tmp_path / "r"
+        )
+
+
 FINETUNE_32 = [
     "data=synthetic",
     "data.image_size=16",

@@ -1465,6 +1465,33 @@ def test_nepa_attention_is_causal_and_the_class_token_predicts_the_first_patch()
     assert abs(loss.item() - patches_only.item()) > 1e-4
 
 
+def test_nepa_probes_read_the_middle_block_as_timm_s_intermediate_features():
+    """NEPA's last blocks become the next embedding's prediction, so its probes read the middle of the trunk: the
+    online probe's features (`encode`) and the backbone's own forward (what the evaluator's k-NN and main_linear.py
+    call) are the mean patch token after the first half of the blocks and the final norm, as timm's
+    forward_intermediates gives it. The loss still runs every block; the last block's mean patch token, what the other
+    methods' probes read, differs."""
+    vit = _tiny_vit(3)
+    method = NEPA(vit, 32, NEPAConfig()).double()
+    method.feeds_probe = True
+    images = torch.randn(3, 3, 16, 16, generator=_generator(17), dtype=torch.float64)
+
+    def intermediate(block):
+        tokens = vit.forward_intermediates(images, [block], norm=True, output_fmt="NLC", intermediates_only=True)
+        return tokens[0].mean(dim=1)  # the patch tokens (timm leaves the prefix out)
+
+    encoded = method.encode({"views": [images], "probe_image": images})
+    with torch.no_grad():
+        torch.testing.assert_close(encoded["features"], intermediate(0), rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(vit(images), intermediate(0), rtol=1e-12, atol=1e-12)
+        assert (vit(images) - intermediate(1)).abs().max() > 1e-3
+        assert vit(images[:0]).shape == (0, 32)  # a rank without images this step
+    loss = method.batch_loss(encoded, {"label": None})["loss"]
+    names, parameters = zip(*vit.named_parameters())
+    grads = torch.autograd.grad(loss, parameters, allow_unused=True)
+    assert any(n.startswith("blocks.1.") and g is not None for n, g in zip(names, grads))
+
+
 # --- VICRegL ---------------------------------------------------------------------------------------------------------
 
 

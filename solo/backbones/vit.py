@@ -63,6 +63,43 @@ def _taking_empty_batches(cls: type) -> type:
     return type(cls.__name__, (cls,), {"forward_features": forward_features})
 
 
+def read_features_after(vit: nn.Module, blocks: int) -> None:
+    """Make `vit`'s own forward (its pooled feature: the online probe's, the k-NN's, `main_linear.py`'s) read the
+    tokens after its first `blocks` blocks, then its final norm and pool; the later blocks are not run there. The
+    methods' losses still run every block (`run_blocks`). A next-embedding predictor without a head (NEPA) turns its
+    last blocks into the prediction, so its general features lie in the middle, as iGPT found for pixels. The
+    instance's class becomes a subclass of its own that differs in this only (its keys are timm's)."""
+    depth = len(vit.blocks)
+    if not 1 <= blocks <= depth:
+        raise ConfigError(
+            f"feature_blocks={blocks}: the ViT has {depth} blocks; read its features after 1 to {depth} of them"
+        )
+    vit.feature_blocks = blocks
+    vit.__class__ = _reading_features_after(type(vit))
+
+
+def blocks_at(vit: nn.Module, depth: float) -> int:
+    """The number of `vit`'s blocks at `depth`, a fraction of them (Method.feature_depth), at least one."""
+    return max(1, round(len(vit.blocks) * depth))
+
+
+def feature_blocks(vit: nn.Module) -> int:
+    """How many blocks `vit`'s pooled feature runs (read_features_after): all unless told."""
+    return getattr(vit, "feature_blocks", len(vit.blocks))
+
+
+@functools.cache
+def _reading_features_after(cls: type) -> type:
+    def forward_features(self, x: torch.Tensor, attn_mask=None, is_causal: bool = False) -> torch.Tensor:
+        if self.feature_blocks == len(self.blocks):  # timm's own
+            return cls.forward_features(self, x, attn_mask, is_causal)
+        if attn_mask is not None or is_causal:  # the methods run masked attention through run_blocks
+            raise ValueError("a ViT that reads its features after some blocks takes no attention mask in forward")
+        return output_tokens(self, x, blocks=self.feature_blocks)
+
+    return type(cls.__name__, (cls,), {"forward_features": forward_features})
+
+
 def remove_positions(vit: nn.Module) -> None:
     """Give `vit`'s last norm a (D, D) buffer `removal` that multiplies its patch tokens (not the prefix) after the
     norm: RASA's removal of what in the tokens tells their absolute position (Franca, Venkataramanan et al., 2025),
@@ -170,17 +207,21 @@ def prefix_tokens(vit: nn.Module, batch: int) -> torch.Tensor:
 
 
 def run_blocks(
-    vit: nn.Module, tokens: torch.Tensor, attends: torch.Tensor | None = None, final_norm: bool = True
+    vit: nn.Module,
+    tokens: torch.Tensor,
+    attends: torch.Tensor | None = None,
+    final_norm: bool = True,
+    blocks: int | None = None,
 ) -> torch.Tensor:
     """The transformer on `tokens` (B, L, D), prefix first: pre-norm, blocks, final norm, as timm's forward_features
-    (without the final norm unless `final_norm`: CMAE's target encoder). With `attends` (B, L), only the tokens where it
-    is True are attended to: padding that changes nothing else; with `attends` (B, L, L), query i attends to key j where
-    [:, i, j] is True (AIM's prefix-causal attention)."""
+    (without the final norm unless `final_norm`: CMAE's target encoder; the first `blocks` blocks only if given). With
+    `attends` (B, L), only the tokens where it is True are attended to: padding that changes nothing else; with
+    `attends` (B, L, L), query i attends to key j where [:, i, j] is True (AIM's prefix-causal attention)."""
     x = vit.norm_pre(tokens)
     mask = attends
     if attends is not None:  # (B, heads, queries, keys), True: attend
         mask = attends[:, None, None, :] if attends.dim() == 2 else attends[:, None]
-    for block in vit.blocks:
+    for block in vit.blocks[:blocks]:
         x = block(x, attn_mask=mask)
     return vit.norm(x) if final_norm else x
 
@@ -205,19 +246,23 @@ class BlockOutputs(nn.Module):
 
 
 def output_tokens(
-    vit: nn.Module, images: torch.Tensor, mask: torch.Tensor | None = None, mask_token: torch.Tensor | None = None
+    vit: nn.Module,
+    images: torch.Tensor,
+    mask: torch.Tensor | None = None,
+    mask_token: torch.Tensor | None = None,
+    blocks: int | None = None,
 ) -> torch.Tensor:
     """(B, P + N, D): timm's `forward_features`, prefix tokens first, optionally with the masked patches' embeddings
-    replaced by `mask_token` (see `embed_patches`). Also for an empty batch, on which timm's own fails with
-    `dynamic_img_size`; `vit.forward_head` of it is the model's pooled feature."""
+    replaced by `mask_token` (see `embed_patches`), after the first `blocks` blocks if given. Also for an empty batch,
+    on which timm's own fails with `dynamic_img_size`; `vit.forward_head` of it is the model's pooled feature."""
     patches = embed_patches(vit, images, mask, mask_token)
-    return run_blocks(vit, torch.cat([prefix_tokens(vit, len(images)), patches], dim=1))
+    return run_blocks(vit, torch.cat([prefix_tokens(vit, len(images)), patches], dim=1), blocks=blocks)
 
 
 def pooled_feature(vit: nn.Module, images: torch.Tensor) -> torch.Tensor:
     """The model's pooled feature (`vit(images)`) through `output_tokens`: its blocks called one by one as the methods
-    call them (FSDP's units), and an empty batch allowed."""
-    return vit.forward_head(output_tokens(vit, images))
+    call them (FSDP's units), an empty batch allowed, as many blocks as its forward runs (read_features_after)."""
+    return vit.forward_head(output_tokens(vit, images, blocks=feature_blocks(vit)))
 
 
 def first_positions(mask: torch.Tensor, count: int) -> torch.Tensor:

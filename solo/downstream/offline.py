@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 from omegaconf import DictConfig, OmegaConf
 
-from solo.backbones.vit import pool_patch_tokens
+from solo.backbones.vit import blocks_at, is_vit, pool_patch_tokens, read_features_after
 from solo.config import check_required, plain, validate_linear
 from solo.data import DATASETS, EvalDataset, build_eval_transform, build_split, data_locations, eval_loader
 from solo.data.decode import SkippedImages
@@ -59,13 +59,9 @@ def _evaluate(cfg: DictConfig, run_dir: Path, env: DistEnv, device: torch.device
         say(
             f"note: {cfg.pretrained} was pretrained at {pretrained.data['image_size']}px, evaluated at data.image_size={d.image_size}"
         )
-    if cfg.pool is None:  # recorded in config.yaml and the feature cache's key as chosen
-        name = pretrained.method["name"]
-        cfg.pool = METHODS[name].target.pool if name in METHODS else "cls"
     torch.manual_seed(cfg.seed)  # random_init: the baseline's weights depend on the seed only
     backbone = pretrained.build_backbone(random_init=cfg.random_init).to(device)
-    if cfg.pool == "mean":
-        pool_patch_tokens(backbone)
+    _choose_features(cfg, pretrained, backbone, say)
     # Image data sets as images; csv (image-text) by its pairs, which index as (image, label) too.
     dataset = DATASETS[d.name]
     train_base, val_base = (build_split(d, split, cfg.seed, pairs=not dataset.images) for split in ("train", "val"))
@@ -97,6 +93,8 @@ def _evaluate(cfg: DictConfig, run_dir: Path, env: DistEnv, device: torch.device
     if cfg.finetune.enabled:
         if env.world_size > 1:
             dist.barrier()
+        if is_vit(backbone):  # fine-tuning trains and reads every block
+            read_features_after(backbone, len(backbone.blocks))
         summary["finetune"] = finetune(cfg, backbone, pretrained.backbone, len(classes), run_dir, env, device)
         if summary["finetune"] is None:  # preempted: checkpointed, no summary until it is done
             return summary
@@ -117,6 +115,30 @@ def _evaluate(cfg: DictConfig, run_dir: Path, env: DistEnv, device: torch.device
     return summary
 
 
+def _choose_features(cfg: DictConfig, pretrained, backbone, say) -> None:
+    """Set `backbone`'s frozen feature: `pool` and, for a ViT, `feature_blocks`; unset, the ones the method that
+    trained the weights probes (Method.pool, Method.feature_depth), recorded in config.yaml and the feature cache's
+    key as chosen."""
+    method = METHODS[pretrained.method["name"]].target if pretrained.method["name"] in METHODS else None
+    if cfg.pool is None:
+        cfg.pool = method.pool if method else "cls"
+    if cfg.pool == "mean":
+        pool_patch_tokens(backbone)
+    if not is_vit(backbone):
+        if cfg.feature_blocks is not None:
+            raise ConfigError(
+                f"feature_blocks={cfg.feature_blocks} reads a Vision Transformer's features after some of its blocks, "
+                f"and {cfg.pretrained} has a {type(backbone).__name__}: unset it"
+            )
+        return
+    depth = len(backbone.blocks)
+    if cfg.feature_blocks is None:
+        cfg.feature_blocks = blocks_at(backbone, method.feature_depth if method else 1.0)
+    read_features_after(backbone, cfg.feature_blocks)
+    if cfg.feature_blocks < depth:
+        say(f"features: after block {cfg.feature_blocks} of {depth} (feature_blocks; fine-tuning runs all)")
+
+
 class CachedFeatures:
     """Frozen-backbone features of a split, from the feature cache or extracted in shards over the ranks."""
 
@@ -133,7 +155,7 @@ class CachedFeatures:
         images = json.dumps(
             {k: v for k, v in plain(d).items() if k not in read_only}
             | data_locations(d)  # relative paths made whole
-            | {"mean": mean, "std": std, "seed": cfg.seed, "pool": str(cfg.pool)},
+            | {"mean": mean, "std": std, "seed": cfg.seed, "pool": str(cfg.pool), "blocks": cfg.feature_blocks},
             sort_keys=True,
         )
         self.key_prefix = f"{state_fingerprint(backbone)}|{images}"

@@ -21,8 +21,8 @@ A method is an nn.Module from a batch to its loss. Besides `forward`, it tells t
   projector BatchNorm, the loss), which gradient accumulation (`trainer.accumulate`) needs.
 
 Why these remain. The class attributes (`inputs`, `num_views`, `local_crops`, `needs_labels`, `pool`,
-`augmentations`, `teachers`, `sync_teacher_batchnorm`, `pretrained_teacher`) are read before the method is built:
-the config is checked and the data, augmentation and teacher chosen from them. Everything a batch carries beyond the
+`feature_depth`, `augmentations`, `teachers`, `sync_teacher_batchnorm`, `pretrained_teacher`) are read before the
+method is built: the config is checked and the data, augmentation and teacher chosen from them. Everything a batch carries beyond the
 views is one hook, `batch_spec`, asked once the method exists, since masks depend on its patch grid; a new need is a
 new field there (solo.data.views.batch_spec), not a new attribute here. The other hooks are the points of the
 lifecycle where the trainer hands over: built (`set_data`), scheduled (`set_schedule`), each step before and after
@@ -101,6 +101,9 @@ class Method(nn.Module):
     # A ViT's feature that the probes read: its class token, or "mean", its patch tokens' mean (the method's __init__
     # sets it: solo.backbones.vit.pool_patch_tokens); main_linear.py reads the same unless told `pool=`.
     pool: ClassVar[str] = "cls"
+    # Where in a ViT the probes read that feature: after this fraction of its blocks (the method's __init__ sets it:
+    # solo.backbones.vit.read_features_after); main_linear.py reads the same unless told `feature_blocks=`.
+    feature_depth: ClassVar[float] = 1.0
     # The augmentation recipes (options of the `augmentation` group) that augmentation=auto, the default, chooses: one
     # for the embedded digits, one for any other data (natural images: the paper's views at data.image_size).
     augmentations: ClassVar[dict[str, str]] = {"digits": "digits", "natural": "simclr"}

@@ -12,11 +12,13 @@ from dataclasses import dataclass
 import torch
 
 from solo.backbones.vit import (
+    blocks_at,
     check_vit,
     patch_contents,
     pool_patch_tokens,
     pooled_feature,
     prefix_tokens,
+    read_features_after,
     run_blocks,
     with_positions,
 )
@@ -40,16 +42,20 @@ class NEPA(Method):
     tokens starts at the first patch (N - 1 predictions).
     When an online probe reads them, also the backbone on the whole image as validation sees it, under bidirectional
     attention (`BatchSpec.probe_image`), without a graph: NEPA's paper fine-tunes with bidirectional attention. The
-    backbone's pooled feature becomes the mean patch token."""
+    backbone's pooled feature becomes the mean patch token after the middle block (`feature_depth`)."""
 
     num_views = 1
     pool = "mean"
+    # The last blocks become the next embedding's prediction, close to the patch embeddings (the paper finds NEPA's
+    # outputs weak under linear probing); the middle of the trunk holds the image's features, as iGPT's did.
+    feature_depth = 0.5
     augmentations = {"digits": "one_view_digits", "natural": "nepa"}
 
     def __init__(self, backbone, feature_dim: int, cfg: NEPAConfig):
         super().__init__(backbone, feature_dim)
         check_vit(backbone, self.name)
         pool_patch_tokens(backbone)
+        read_features_after(backbone, blocks_at(backbone, self.feature_depth))
 
     def batch_spec(self) -> BatchSpec:
         return BatchSpec(probe_image=self.feeds_probe)  # no patch mask: causal attention is all that hides
