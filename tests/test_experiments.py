@@ -603,6 +603,40 @@ EXPECTED = {
         "geometry": [(None, 1, 1.0, 0.5), (None, 1, 1.0, 0.5), (96, 8, 0.32, 0.5)],
         "view_sizes": [224, 224] + [96] * 8,
     },
+    # LightlyTrain's DINOv3.1 (dinov31.py's recipe): DINOv2 ViT-S/14 post-trained with PaKA at 518 px, weight decay
+    # held at 0.04, 1,000 warm-up steps (1.08 epochs of COCO's 924 steps of 128); DINOv2's views, the local crops
+    # scaled with the global ones (96 px at 224, 224 px at 518)
+    "dinov2_paka_coco": {
+        "backbone.name": "vit_small_patch14_dinov2",
+        "backbone.kwargs.patch_size": 14,
+        "data.name": "imagefolder",
+        "data.image_size": 518,
+        "data.batch_size": 128,
+        "method.name": "dinov2",
+        "method.paka_weight": 1.0,
+        "method.centering": "centering",
+        "method.num_prototypes": 65536,
+        "method.bottleneck_dim": 256,
+        "method.teacher_temperature": 0.07,
+        "method.warmup_teacher_temperature": 0.04,
+        "method.warmup_teacher_temperature_epochs": 1.08,
+        "method.koleo_weight": 0.1,
+        "method.base_momentum": 0.992,
+        "optim.name": "adamw",
+        "optim.lr": 0.002,
+        "optim.lr_scaling": "sqrt",
+        "optim.weight_decay": 0.04,
+        "optim.weight_decay_end": 0.04,
+        "optim.warmup_epochs": 1.08,
+        "trainer.max_epochs": 5,
+        "views": [
+            (0.4, 0.4, 0.2, 0.1, 0.8, 0.2, 1.0, 0.0, 0.32),
+            (0.4, 0.4, 0.2, 0.1, 0.8, 0.2, 0.1, 0.2, 0.32),
+            (0.4, 0.4, 0.2, 0.1, 0.8, 0.2, 0.5, 0.0, 0.05),
+        ],
+        "geometry": [(None, 1, 1.0, 0.5), (None, 1, 1.0, 0.5), (224, 8, 0.32, 0.5)],
+        "view_sizes": [518, 518] + [224] * 8,
+    },
     # valeoai/Franca's ViT-B/14 on ImageNet-21k: DINOv2's views with 98 px local crops (7 patches of 14 px a side)
     "franca_imagenet21k": {
         "backbone.name": "vit_base_patch14_dinov2",
