@@ -74,8 +74,9 @@ def read_features_after(vit: nn.Module, blocks: int) -> None:
         raise ConfigError(
             f"feature_blocks={blocks}: the ViT has {depth} blocks; read its features after 1 to {depth} of them"
         )
+    if "feature_blocks" not in vars(vit):  # its class is changed once
+        vit.__class__ = _reading_features_after(type(vit))
     vit.feature_blocks = blocks
-    vit.__class__ = _reading_features_after(type(vit))
 
 
 def blocks_at(vit: nn.Module, depth: float) -> int:
