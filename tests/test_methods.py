@@ -106,7 +106,7 @@ METHOD = {
     # Four views of one size: each view's target the mean of the other three's projections.
     "fastsiam": HEADS + ["method.pred_hidden_dim=8"],
     # The temperature from the global batch's alignment, every other view of it a negative.
-    "macl": HEADS,
+    "macl": HEADS + ["method.co2_weight=1.0"],
     # Four global views, their mean, standard deviation and sorted projections on 16 directions over the global batch.
     "visreg": HEADS + ["augmentation=digits_four_views", "method.num_slices=16"],
     # Support sets of 64 that 6 steps of 16 wrap, as MoCo v2+'s queue.
@@ -124,7 +124,7 @@ METHOD = {
     # Multi-crop: every view pulled to the 2 global crops' centre, SIGReg on all 6; 16 directions, new every step.
     "lejepa": HEADS + ["augmentation=multicrop_digits", "method.num_slices=16"],
     # DCLW: DCL's global negatives, and the positive's weights over the global batch.
-    "dcl": HEADS + ["method.weight_fn=vmf"],
+    "dcl": HEADS + ["method.weight_fn=vmf", "method.co2_weight=1.0"],  # CO2 with the batch's negatives, as SimCLR's
     # Multi-crop: centroids of all 6 views; 8 dimensions (the centroids' 16 x 8 matrix has no vanishing singular
     # value) and the per-sample nuclear norms too.
     "mmcr": [

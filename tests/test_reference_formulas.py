@@ -2303,6 +2303,30 @@ def test_mocov2plus_adds_co2_times_its_weight_to_each_directions_loss():
     _assert_same_value_and_gradient(losses[0.7] - losses[0.0], 0.7 * co2, (p1, p2))
 
 
+@pytest.mark.parametrize("name", ["simclr", "dcl", "macl"])
+def test_contrastive_methods_add_co2_times_its_weight_both_ways(name):
+    """SimCLR's, DCL's and MACL's `method.co2_weight` 0.7: the loss minus the same step's without CO2 is 0.7 times the
+    mean over the two directions of lightly's CO2, each view's projection against the other's with the batch's other
+    samples' embeddings as the negatives, in value and in both projections' gradient. Told apart: one direction."""
+    from solo.methods import METHODS
+
+    z1, z2, _, _ = _views(11, 4, n=5, d=6)
+    losses = {}
+    for weight in (0.0, 0.7):
+        cfg = METHODS[name].schema(proj_hidden_dim=6, proj_output_dim=6, co2_weight=weight)
+        losses[weight] = METHODS[name].target(torch.nn.Identity(), 6, cfg).double().loss(z1, z2)
+
+    def lightly_one_way(q, k):
+        unit = F.normalize(k.detach(), dim=1)
+        return torch.stack(
+            [_lightly_co2(q[i : i + 1], k[i : i + 1], torch.cat([unit[:i], unit[i + 1 :]]), 0.05) for i in range(5)]
+        ).mean()
+
+    both = (lightly_one_way(z1, z2) + lightly_one_way(z2, z1)) / 2
+    _assert_same_value_and_gradient(losses[0.7] - losses[0.0], 0.7 * both, (z1, z2))
+    assert abs((losses[0.7] - losses[0.0]).item() - 0.7 * lightly_one_way(z1, z2).item()) > 1e-4
+
+
 def test_co2_without_a_queue_takes_the_other_samples_keys_as_its_negatives():
     """SimCLR's and MoCo v3's CO2 (co2_batch_loss): each sample is lightly's form with the batch's other keys as its
     memory bank, in value and in the queries' gradient; the keys take none. Told apart: the own key among the

@@ -48,10 +48,10 @@ from solo.backbones.stochastic import step_generator, without_randomness
 from solo.data.views.batch_spec import BatchSpec
 from solo.distributed.batchnorm import normalises_row_groups, row_groups
 from solo.errors import ConfigError
-from solo.losses import dse_score, koleo_loss
+from solo.losses import co2_batch_loss, dse_score, koleo_loss
 from solo.optim import param_groups
 from solo.registry import Registry
-from solo.schema import AT_LEAST_ONE, NON_NEGATIVE, ruled
+from solo.schema import AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, ruled
 
 METHODS = Registry("method", "method", group="method")
 
@@ -330,6 +330,23 @@ class KoLeoOption:
     its paper has it."""
 
     koleo_weight: float = ruled(0.0, NON_NEGATIVE)
+
+
+@dataclass
+class CO2Option:
+    """CO2's consistency regulariser (Wei, Wang, Shen and Yuille, 2021; lightly's `CO2Regularizer`) as an option of a
+    contrastive method: `co2_weight` (0: off) times the symmetric KL divergence between how a view's embedding and the
+    other view's score the negatives (solo.losses.co2_loss), at `co2_temperature`."""
+
+    co2_weight: float = ruled(0.0, NON_NEGATIVE)  # CO2's alpha
+    co2_temperature: float = ruled(0.05, POSITIVE)  # CO2's softmaxes' temperature (lightly's default)
+
+
+def co2_term(z1: torch.Tensor, z2: torch.Tensor, cfg: CO2Option) -> torch.Tensor:
+    """`cfg.co2_weight` times CO2 with the global batch's other samples' embeddings as the negatives, each view's
+    embedding against the other's (the other a target), the two directions' mean: SimCLR's, DCL's and MACL's."""
+    t = cfg.co2_temperature
+    return cfg.co2_weight * (co2_batch_loss(z1, z2, t) + co2_batch_loss(z2, z1, t)) / 2
 
 
 @dataclass

@@ -1,5 +1,6 @@
 """MACL (Huang et al., 2023): SimCLR's views, projector and negatives, with a temperature that grows with the global
-batch's alignment and each anchor's loss reweighted by 1 / (1 - P(positive)) (`solo.losses.macl_loss`)."""
+batch's alignment and each anchor's loss reweighted by 1 / (1 - P(positive)) (`solo.losses.macl_loss`); optionally
+CO2's consistency term (Wei et al., 2021) with the global batch's other samples as the negatives."""
 
 from __future__ import annotations
 
@@ -7,12 +8,12 @@ from dataclasses import dataclass
 
 from solo.errors import ConfigError
 from solo.losses import macl_loss
-from solo.methods.base import KoLeoOption, TwoViewMethod, mlp, register_method
+from solo.methods.base import CO2Option, KoLeoOption, TwoViewMethod, co2_term, mlp, register_method
 from solo.schema import AT_LEAST_ONE, POSITIVE, PROBABILITY, ruled
 
 
 @dataclass
-class MACLConfig(KoLeoOption):
+class MACLConfig(CO2Option, KoLeoOption):
     name: str = "macl"
     proj_hidden_dim: int = ruled(2048, AT_LEAST_ONE)
     proj_output_dim: int = ruled(128, AT_LEAST_ONE)
@@ -42,4 +43,5 @@ class MACL(TwoViewMethod):
 
     def loss(self, z1, z2):
         c = self.cfg
-        return macl_loss(z1, z2, c.temperature, c.alpha, c.a0)
+        loss = macl_loss(z1, z2, c.temperature, c.alpha, c.a0)
+        return loss + co2_term(z1, z2, c) if c.co2_weight else loss

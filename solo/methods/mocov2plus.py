@@ -9,13 +9,13 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from solo.losses import co2_loss, moco_queue_loss
-from solo.methods.base import KoLeoOption, MomentumTwoViewMethod, register_method
+from solo.methods.base import CO2Option, KoLeoOption, MomentumTwoViewMethod, register_method
 from solo.methods.memory_banks import GlobalQueue, check_queue_size
-from solo.schema import AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, PROBABILITY, ruled
+from solo.schema import AT_LEAST_ONE, POSITIVE, PROBABILITY, ruled
 
 
 @dataclass
-class MoCoV2PlusConfig(KoLeoOption):
+class MoCoV2PlusConfig(CO2Option, KoLeoOption):
     name: str = "mocov2plus"
     proj_hidden_dim: int = ruled(2048, AT_LEAST_ONE)
     proj_output_dim: int = ruled(256, AT_LEAST_ONE)
@@ -23,8 +23,6 @@ class MoCoV2PlusConfig(KoLeoOption):
     temperature: float = ruled(0.2, POSITIVE)
     base_momentum: float = ruled(0.99, PROBABILITY)  # the teacher's share in its EMA update, at the start
     final_momentum: float = ruled(1.0, PROBABILITY)  # ... and at the end (cosine schedule)
-    co2_weight: float = ruled(0.0, NON_NEGATIVE)  # CO2's alpha: 0 leaves MoCo v2+ as it is
-    co2_temperature: float = ruled(0.05, POSITIVE)  # CO2's softmaxes' temperature (lightly's default)
 
 
 @register_method("mocov2plus", schema=MoCoV2PlusConfig)

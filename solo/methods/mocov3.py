@@ -6,12 +6,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from solo.losses import co2_batch_loss, mocov3_loss
-from solo.methods.base import KoLeoOption, MomentumTwoViewMethod, mlp, register_method
-from solo.schema import AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, PROBABILITY, ruled
+from solo.methods.base import CO2Option, KoLeoOption, MomentumTwoViewMethod, mlp, register_method
+from solo.schema import AT_LEAST_ONE, POSITIVE, PROBABILITY, ruled
 
 
 @dataclass
-class MoCoV3Config(KoLeoOption):
+class MoCoV3Config(CO2Option, KoLeoOption):
     name: str = "mocov3"
     proj_hidden_dim: int = ruled(4096, AT_LEAST_ONE)
     proj_output_dim: int = ruled(256, AT_LEAST_ONE)
@@ -19,8 +19,6 @@ class MoCoV3Config(KoLeoOption):
     temperature: float = ruled(1.0, POSITIVE)  # MoCo v3: 1.0 for ResNet-50, 0.2 for ViTs
     base_momentum: float = ruled(0.99, PROBABILITY)  # the teacher's share in its EMA update, at the start
     final_momentum: float = ruled(1.0, PROBABILITY)  # ... and at the end (cosine schedule)
-    co2_weight: float = ruled(0.0, NON_NEGATIVE)  # CO2's alpha: 0 leaves MoCo v3 as it is
-    co2_temperature: float = ruled(0.05, POSITIVE)  # CO2's softmaxes' temperature (lightly's default)
 
 
 @register_method("mocov3", schema=MoCoV3Config)

@@ -5,21 +5,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from solo.losses import co2_batch_loss, nt_xent_loss
+from solo.losses import nt_xent_loss
 from solo.losses.tiled import config_tile
-from solo.methods.base import KoLeoOption, TwoViewMethod, mlp, register_method
-from solo.schema import AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, TILE, ruled
+from solo.methods.base import CO2Option, KoLeoOption, TwoViewMethod, co2_term, mlp, register_method
+from solo.schema import AT_LEAST_ONE, POSITIVE, TILE, ruled
 
 
 @dataclass
-class SimCLRConfig(KoLeoOption):
+class SimCLRConfig(CO2Option, KoLeoOption):
     name: str = "simclr"
     proj_hidden_dim: int = ruled(2048, AT_LEAST_ONE)
     proj_output_dim: int = ruled(128, AT_LEAST_ONE)
     temperature: float = ruled(0.2, POSITIVE)
     loss_tile: str = ruled("none", TILE)  # none | auto | candidates per tile: NT-Xent in memory B_local x tile
-    co2_weight: float = ruled(0.0, NON_NEGATIVE)  # CO2's alpha: 0 leaves SimCLR as it is
-    co2_temperature: float = ruled(0.05, POSITIVE)  # CO2's softmaxes' temperature (lightly's default)
 
 
 @register_method("simclr", schema=SimCLRConfig)
@@ -32,11 +30,10 @@ class SimCLR(TwoViewMethod):
         self.projector = mlp([feature_dim, cfg.proj_hidden_dim, cfg.proj_output_dim])
         self.temperature = cfg.temperature
         self.tile = config_tile(cfg.loss_tile)
-        self.co2_weight, self.co2_temperature = cfg.co2_weight, cfg.co2_temperature
+        self.cfg = cfg
 
     def loss(self, z1, z2):
         loss = nt_xent_loss(z1, z2, self.temperature, tile=self.tile)
-        if self.co2_weight:  # each view's projection against the other's, the other as the key (a target)
-            t = self.co2_temperature
-            loss = loss + self.co2_weight * (co2_batch_loss(z1, z2, t) + co2_batch_loss(z2, z1, t)) / 2
+        if self.cfg.co2_weight:  # each view's projection against the other's, the other as the key (a target)
+            loss = loss + co2_term(z1, z2, self.cfg)
         return loss
