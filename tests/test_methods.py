@@ -87,7 +87,7 @@ METHOD = {
     "mocov2plus": HEADS
     + ["method.queue_size=64", "method.base_momentum=0.9", "method.co2_weight=1.0", "method.koleo_weight=0.1"],
     # Queues of 32 (two global batches) that the 6 steps' 96 keys wrap; the momentum encoder moving fast enough to tell.
-    "densecl": HEADS + ["method.queue_size=32", "method.momentum=0.9"],
+    "densecl": HEADS + ["method.queue_size=32", "method.momentum=0.9", "method.co2_weight=1.0"],
     "supervised": ["method.num_classes=10", "augmentation=supervised"],  # one view: main_linear.py's fine-tuning
     # The test ResNet's four stages, every position of each a row of its variance and covariance terms.
     "vcreg": ["method.num_classes=10"],

@@ -2327,6 +2327,32 @@ def test_contrastive_methods_add_co2_times_its_weight_both_ways(name):
     assert abs((losses[0.7] - losses[0.0]).item() - 0.7 * lightly_one_way(z1, z2).item()) > 1e-4
 
 
+def test_densecl_adds_co2_of_its_global_branch_times_its_weight():
+    """DenseCL with co2_weight 0.7: its loss minus the same step's without CO2 is 0.7 times lightly's CO2 of the pooled
+    query embedding against the momentum key over the global queue's filled rows, in value and in the query
+    features' gradient."""
+    from solo.methods.densecl import DenseCL, DenseCLConfig
+
+    g = _generator(12)
+    pooled = torch.randn(5, 4, generator=g, dtype=torch.float64, requires_grad=True)
+    encoded = {
+        "features": pooled,
+        "query_map": torch.randn(5, 4, 2, 2, generator=g, dtype=torch.float64),
+        "key_pooled": torch.randn(5, 4, generator=g, dtype=torch.float64),
+        "key_map": torch.randn(5, 4, 2, 2, generator=g, dtype=torch.float64),
+    }
+    queue = F.normalize(torch.randn(8, 3, generator=g, dtype=torch.float64), dim=1)
+    losses = {}
+    for weight in (0.0, 0.7):
+        torch.manual_seed(0)
+        cfg = DenseCLConfig(proj_hidden_dim=6, proj_output_dim=3, queue_size=8, co2_weight=weight)
+        method = DenseCL(torch.nn.Identity(), 4, cfg).double()
+        method.queues[0].push(queue[:6])
+        losses[weight] = method.batch_loss(encoded, {"label": None})["loss"]
+    q, k = method.global_head(pooled), method.teacher[1](encoded["key_pooled"]).detach()
+    _assert_same_value_and_gradient(losses[0.7] - losses[0.0], 0.7 * _lightly_co2(q, k, queue[:6], 0.05), (pooled,))
+
+
 def test_co2_without_a_queue_takes_the_other_samples_keys_as_its_negatives():
     """SimCLR's and MoCo v3's CO2 (co2_batch_loss): each sample is lightly's form with the batch's other keys as its
     memory bank, in value and in the queries' gradient; the keys take none. Told apart: the own key among the

@@ -12,14 +12,14 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from solo.backbones import pooled_and_map
-from solo.losses import moco_queue_loss
-from solo.methods.base import Method, ema_update, make_teacher, register_method
+from solo.losses import co2_loss, moco_queue_loss
+from solo.methods.base import CO2Option, Method, ema_update, make_teacher, register_method
 from solo.methods.memory_banks import GlobalQueue, check_queue_size
 from solo.schema import AT_LEAST_ONE, FRACTION, POSITIVE, PROBABILITY, ruled
 
 
 @dataclass
-class DenseCLConfig:
+class DenseCLConfig(CO2Option):  # CO2 on the global branch, as MoCo v2+'s with its queue
     name: str = "densecl"
     proj_hidden_dim: int = ruled(2048, AT_LEAST_ONE)
     proj_output_dim: int = ruled(128, AT_LEAST_ONE)
@@ -45,7 +45,8 @@ class DenseCL(Method):
     embeddings + dense_weight x the same of every query cell against its matched key cell (`matched_cells`), each
     averaged over the global batch's images or cells (solo.losses.moco_queue_loss); the negatives: the global queue of
     earlier keys, and the dense queue of earlier keys' mean dense embeddings (solo.methods.memory_banks.GlobalQueue).
-    The probe reads the query view's pooled features."""
+    With `co2_weight`, plus that times CO2's consistency of the pooled query and key over the global queue (not in the
+    paper; as MoCo v2+'s). The probe reads the query view's pooled features."""
 
     teachers = ("teacher",)
     sync_teacher_batchnorm = True
@@ -90,9 +91,12 @@ class DenseCL(Method):
         t, w = self.cfg.temperature, self.cfg.dense_weight
         pooled_loss = moco_queue_loss(q, k, rows[0], valid[0], t)
         dense_loss = moco_queue_loss(q_cells.mT.flatten(0, 1), k_matched.mT.flatten(0, 1), rows[1], valid[1], t)
+        loss = (1 - w) * pooled_loss + w * dense_loss
+        if self.cfg.co2_weight:
+            loss = loss + self.cfg.co2_weight * co2_loss(q, k, rows[0], valid[0], self.cfg.co2_temperature)
         self.queues[0].push(F.normalize(k, dim=1))
         self.queues[1].push(F.normalize(k_cells.mean(dim=2), dim=1))
-        return {"loss": (1 - w) * pooled_loss + w * dense_loss, "features": pooled, "labels": batch["label"]}
+        return {"loss": loss, "features": pooled, "labels": batch["label"]}
 
     def after_optimizer_step(self) -> None:
         ema_update(self.teacher, nn.ModuleList([self.backbone, self.global_head, self.dense_head]), self.ema_momentum())
