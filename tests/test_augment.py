@@ -331,6 +331,39 @@ def test_a_shifted_view_is_the_first_views_box_and_flip_moved_down_and_to_the_vi
         expand_views([EVERYTHING, ViewAugmentation(shift_of=1)], 24)
 
 
+def test_a_view_inside_another_lies_in_its_box_at_its_share_of_the_area_with_its_own_flip():
+    """PaKA's local crops (ViewAugmentation.inside_of): view 1's box lies inside view 0's, its area a share of view
+    0's box in crop_scale (RandomResizedCrop's rule inside that box), its flip its own; its pixels are that box's (the
+    hand-written crop). A view naming a later view, or both shift_of and inside_of, is refused."""
+    still = dict(jitter_prob=0.0, grayscale_prob=0.0)
+    parent = ViewRecipe(ViewAugmentation(crop_scale=[0.4, 1.0], hflip_prob=0.5, **still), 24, MEAN, STD)
+    local = ViewRecipe(ViewAugmentation(inside_of=0, crop_scale=[0.2, 0.5], hflip_prob=0.5, **still), 8, MEAN, STD)
+    image = torch.randint(0, 256, (3, 40, 52), dtype=torch.uint8, generator=torch.Generator().manual_seed(1))
+    flips, shares = set(), []
+    for seed in range(300):
+        with seeded_rng(seed):
+            p0 = parent.draw(40, 52)
+            p1 = local.draw(40, 52, earlier=[p0])
+        (top0, left0, h0, w0), (top1, left1, h1, w1, flip1) = (
+            [p0[PARAM_INDEX[k]] for k in ("top", "left", "height", "width")],
+            [p1[PARAM_INDEX[k]] for k in ("top", "left", "height", "width", "flip")],
+        )
+        assert top0 <= top1 and top1 + h1 <= top0 + h0 and left0 <= left1 and left1 + w1 <= left0 + w0
+        shares.append(h1 * w1 / (h0 * w0))
+        flips.add(flip1)
+        if seed < 4:
+            params = torch.tensor([[p0], [p1]], dtype=torch.float64)
+            view = make_views([parent, local], [image], params)[1][0]
+            want = sampled(image, (left1, top1, left1 + w1, top1 + h1), 8)
+            want = TF.normalize(TF.horizontal_flip(want) if flip1 else want, list(MEAN), list(STD))
+            torch.testing.assert_close(view, want, atol=2e-5, rtol=0)
+    assert flips == {0.0, 1.0} and 0.15 <= min(shares) and max(shares) <= 0.6 and max(shares) - min(shares) > 0.2
+    with pytest.raises(ValueError, match=r"views\[1\].inside_of=1: it names view 1, but 1 come before it"):
+        expand_views([EVERYTHING, ViewAugmentation(inside_of=1)], 24)
+    with pytest.raises(ValueError, match="and no shift_of"):
+        expand_views([EVERYTHING, ViewAugmentation(inside_of=0, shift_of=0)], 24)
+
+
 def test_a_jpeg_that_parses_but_does_not_decode_is_unreadable_in_the_worker():
     """Its header and end marker pass the workers' check (kept encoded for the device), but on the CPU path it is
     decoded in the worker's read: named, and skipped with data.on_bad_image=skip, not a crash of the batch."""

@@ -117,7 +117,8 @@ class ViewRecipe:
         generator (much faster than torch's for scalars: docs/performance.md): `rng`, a random.Random
         (solo.data.views.multiview seeds one per sample and view), or the module `random`, the process's (as
         solo.data.sampling.seeding's seeded_rng seeds it). A batch's parameters become one tensor when they are
-        collated. `earlier`: the sample's earlier views' parameters, which a view with `shift_of` moves."""
+        collated. `earlier`: the sample's earlier views' parameters, which a view with `shift_of` moves and one with
+        `inside_of` draws its box inside."""
         a = self.aug
 
         def coin(p: float) -> float:
@@ -139,6 +140,13 @@ class ViewRecipe:
         p[PARAM_INDEX["blur"]] = coin(a.blur_prob)
         p[PARAM_INDEX["sigma"]] = rng.uniform(0.1, 2.0)
         p[PARAM_INDEX["solarize"]] = coin(a.solarize_prob)
+        if a.inside_of is not None:
+            if a.inside_of >= len(earlier):
+                raise ValueError(f"a view with inside_of={a.inside_of} is drawn after that view: pass its parameters")
+            top, left, h, w = (earlier[a.inside_of][PARAM_INDEX[k]] for k in ("top", "left", "height", "width"))
+            inner = crop_box(int(h), int(w), a.crop_scale, rng=rng)
+            for k, value in zip(("top", "left", "height", "width"), (top + inner[0], left + inner[1], *inner[2:])):
+                p[PARAM_INDEX[k]] = value
         if a.shift_of is not None:
             if a.shift_of >= len(earlier):
                 raise ValueError(f"a view with shift_of={a.shift_of} is drawn after that view: pass its parameters")

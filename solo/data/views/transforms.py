@@ -37,6 +37,9 @@ class ViewAugmentation:
     # box's side each, kept inside the image; its own crop_scale and hflip_prob are then not used
     shift_of: Optional[int] = None
     max_shift: float = 0.0
+    # PaKA's local crops (DINOv3.1): this view's box is drawn inside the box of the earlier view `inside_of`, its area
+    # a share in crop_scale of that box's (aspect 3/4-4/3, as RandomResizedCrop), with its own flip
+    inside_of: Optional[int] = None
 
     def validate(self) -> None:
         if self.size is not None and self.size < 1:
@@ -57,6 +60,10 @@ class ViewAugmentation:
             raise ValueError(f"hue must be in [0, 0.5], got {self.hue}")
         if self.shift_of is not None and self.shift_of < 0:
             raise ValueError(f"shift_of={self.shift_of}: give the index of an earlier view (0 is the first)")
+        if self.inside_of is not None and (self.inside_of < 0 or self.shift_of is not None):
+            raise ValueError(
+                f"inside_of={self.inside_of}: give the index of an earlier view (0 is the first), and no shift_of"
+            )
         if not 0.0 <= self.max_shift <= 1.0 or (self.max_shift > 0 and self.shift_of is None):
             raise ValueError(
                 f"max_shift={self.max_shift}: a share of the box's side in [0, 1], for a view with shift_of "
@@ -90,14 +97,17 @@ def expand_views(views: Sequence[AugmentationLike], image_size: int) -> List[tup
 
 
 def check_shifts(views: Sequence[ViewAugmentation]) -> None:
-    """Raise ValueError unless every view with `shift_of` names an earlier view (in the expanded list)."""
+    """Raise ValueError unless every view with `shift_of` or `inside_of` names an earlier view (in the expanded
+    list)."""
     before = 0
     for entry, aug in enumerate(views):
-        if aug.shift_of is not None and aug.shift_of >= before:
-            raise ValueError(
-                f"augmentation.views[{entry}].shift_of={aug.shift_of}: it names view {aug.shift_of}, but {before} "
-                "come before it; name an earlier view (counted from 0, each entry `count` times)"
-            )
+        for key in ("shift_of", "inside_of"):
+            named = getattr(aug, key)
+            if named is not None and named >= before:
+                raise ValueError(
+                    f"augmentation.views[{entry}].{key}={named}: it names view {named}, but {before} come before it; "
+                    "name an earlier view (counted from 0, each entry `count` times)"
+                )
         before += aug.count
 
 
