@@ -55,9 +55,9 @@ RECIPES = {
     "mae-digits-vittiny6": "method=mae",
     "dinov2-digits-vittiny6": "method=dinov2",
     # DINOv3.1's PaKA post-training (LightlyTrain's dinov31) of the DINOv2 entry above: 30 more epochs with the
-    # patch kernel alignment term.
-    "dinov2-paka-digits-vittiny6": "method=dinov2 method.paka_weight=1.0 trainer.init_from=dinov2-digits-vittiny6 "
-    "trainer.max_epochs=30",
+    # patch kernel alignment term on its own views (clean renders for the teacher, 4 local crops inside them).
+    "dinov2-paka-digits-vittiny6": "method=dinov2 method.paka_weight=1.0 method.paka_locals=4 "
+    "augmentation=dinov31_digits trainer.init_from=dinov2-digits-vittiny6 trainer.max_epochs=30",
     "ibot-digits-vittiny6": "method=ibot",
     "franca-digits-vittiny6": "method=franca",
     # RASA's post-training of the Franca entry above (trainer.init_from's digits default): its positions removed.

@@ -604,8 +604,7 @@ EXPECTED = {
         "view_sizes": [224, 224] + [96] * 8,
     },
     # LightlyTrain's DINOv3.1 (dinov31.py's recipe): DINOv2 ViT-S/14 post-trained with PaKA at 518 px, weight decay
-    # held at 0.04, 1,000 warm-up steps (1.08 epochs of COCO's 924 steps of 128); DINOv2's views, the local crops
-    # scaled with the global ones (96 px at 224, 224 px at 518)
+    # held at 0.04, 1,000 warm-up steps (1.08 epochs of COCO's 924 steps of 128); DINOv3.1's views (98 px locals)
     "dinov2_paka_coco": {
         "backbone.name": "vit_small_patch14_dinov2",
         "backbone.kwargs.patch_size": 14,
@@ -614,6 +613,7 @@ EXPECTED = {
         "data.batch_size": 128,
         "method.name": "dinov2",
         "method.paka_weight": 1.0,
+        "method.paka_locals": 8,
         "method.centering": "centering",
         "method.num_prototypes": 65536,
         "method.bottleneck_dim": 256,
@@ -633,9 +633,21 @@ EXPECTED = {
             (0.4, 0.4, 0.2, 0.1, 0.8, 0.2, 1.0, 0.0, 0.32),
             (0.4, 0.4, 0.2, 0.1, 0.8, 0.2, 0.1, 0.2, 0.32),
             (0.4, 0.4, 0.2, 0.1, 0.8, 0.2, 0.5, 0.0, 0.05),
+            (0.4, 0.4, 0.2, 0.1, 0.0, 0.0, 0.0, 0.0, 0.08),  # the clean renders: no colour (their box: shift_of)
+            (0.4, 0.4, 0.2, 0.1, 0.0, 0.0, 0.0, 0.0, 0.08),
+            (0.4, 0.4, 0.2, 0.1, 0.8, 0.2, 0.5, 0.0, 0.05),
+            (0.4, 0.4, 0.2, 0.1, 0.8, 0.2, 0.5, 0.0, 0.05),
         ],
-        "geometry": [(None, 1, 1.0, 0.5), (None, 1, 1.0, 0.5), (224, 8, 0.32, 0.5)],
-        "view_sizes": [518, 518] + [224] * 8,
+        "geometry": [
+            (None, 1, 1.0, 0.5),
+            (None, 1, 1.0, 0.5),
+            (98, 8, 0.32, 0.5),
+            (None, 1, 1.0, 0.0),
+            (None, 1, 1.0, 0.0),
+            (98, 4, 0.4, 0.5),
+            (98, 4, 0.4, 0.5),
+        ],
+        "view_sizes": [518, 518] + [98] * 8 + [518, 518] + [98] * 8,
     },
     # valeoai/Franca's ViT-B/14 on ImageNet-21k: DINOv2's views with 98 px local crops (7 patches of 14 px a side)
     "franca_imagenet21k": {
@@ -1519,7 +1531,8 @@ def test_composes_under_the_typed_schema(name):
             assert set(local) <= {obj.data.image_size}, sizes
         else:
             assert not local or METHODS[obj.method.name].target.local_crops, sizes
-            assert all(s < obj.data.image_size for s in local), sizes
+            paka = 2 + obj.method.paka_locals if getattr(obj.method, "paka_locals", 0) else 0  # DINOv3.1's views last
+            assert all(s < obj.data.image_size for s in local[: len(local) - paka]), sizes
     assert obj.optim.lr_scaling in ("linear", "sqrt", "none")
     assert obj.optim.warmup_epochs < obj.trainer.max_epochs
     assert name.startswith(obj.method.name), "recipe files are named <method>_<dataset>[_<backbone>]"

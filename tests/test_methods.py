@@ -165,7 +165,11 @@ METHOD = {
         "method.gram_anchor=2.0",
         "method.gram_start=2",
         "method.gram_refresh=2",
-        "method.paka_weight=0.5",  # PaKA between the student's and the EMA teacher's patch kernels
+        # PaKA on its own views (DINOv3.1's): the global crops' clean renders through the EMA teacher, 4 local 8 px
+        # crops inside them through the student, aligned by their boxes, both through PaKA's heads
+        "augmentation=dinov31_digits",
+        "method.paka_weight=0.5",
+        "method.paka_locals=4",
         # DSE on the student's patch tokens: k-means groups of 8 images of the global batch, which span ranks
         "method.dse_weight=0.1",
     ],
@@ -181,6 +185,7 @@ METHOD = {
         "method.nesting_levels=3",
         "method.centering=sinkhorn_knopp",
         "method.mask_probability=0.8",
+        "method.paka_weight=0.5",  # PaKA between each global crop's student and EMA teacher patch kernels
     ],
     # timm's test ViT on a 2 x 2 grid of 8 px patches, distilled from the digits DINOv2 zoo ViT (width 192, 4 px
     # patches: its 4 x 4 grid interpolated to 2 x 2; its input renormalised from the synthetic data's statistics to the
@@ -574,6 +579,20 @@ def test_rank_local_state_is_not_world_size_invariant(tmp_path, method, one_proc
 def test_a_queue_smaller_than_the_global_batch_is_refused():
     with pytest.raises(ConfigError, match=r"method.queue_size=8 is smaller than the global batch \(16\)"):
         compose_cfg(overrides("mocov2plus", 16) + ["method.queue_size=8"])
+
+
+@pytest.mark.parametrize(
+    "given, message",
+    [
+        ("method.paka_weight=1 method.paka_locals=4", r"paka_locals=4: .*\[16, 16, 8, 8, 8, 8\]\) end with nothing"),
+        ("method.paka_locals=4 augmentation=dinov31_digits", r"paka_locals=4: .* for paka_weight > 0"),
+        ("method.paka_weight=1 method.paka_locals=3 augmentation=dinov31_digits", r"paka_locals=3: .* an even number"),
+        ("method.paka_weight=1 method.paka_locals=2 augmentation=dinov31_digits", r"end with 6 views from a global"),
+    ],
+)
+def test_paka_views_without_their_augmentation_or_weight_are_refused(given, message):
+    with pytest.raises(ConfigError, match=message):
+        compose_cfg(BASE + ["method=dinov2", *TINY_DINO_FAMILY, *given.split()])
 
 
 def checkpoint(run_dir, step: int) -> dict:

@@ -1492,6 +1492,45 @@ def test_nepa_probes_read_the_middle_block_as_timm_s_intermediate_features():
     assert any(n.startswith("blocks.1.") and g is not None for n, g in zip(names, grads))
 
 
+def test_paka_views_pair_each_local_crop_with_its_global_crops_cells_in_the_images_orientation():
+    """DINOv2's `method.paka_locals` (LightlyTrain's DINOv3.1 views): each local crop's student tokens, put in the
+    image's orientation, against the EMA teacher's tokens of the clean render of the global crop it lies inside,
+    resampled over the local's box onto its grid. With hand-made boxes on a 4 x 4 grid: a local crop on the top-left
+    quarter of an unmirrored global crop takes that crop's top-left 2 x 2 cells; a mirrored local crop on the
+    bottom-right quarter of a mirrored global crop takes, once both are put back, the global map's bottom rows'
+    left cells, and its own tokens mirrored. Rejected: the mirrored global crop's cells taken as they lie."""
+    from timm.models.vision_transformer import VisionTransformer
+
+    from solo.methods.dinov2 import DINOv2, DINOv2Config
+
+    torch.manual_seed(5)  # _tiny_vit's, at any image size (the local crops are 8 px)
+    vit = VisionTransformer(
+        img_size=16, patch_size=4, embed_dim=32, depth=2, num_heads=2, num_classes=0, dynamic_img_size=True
+    ).double()
+    cfg = DINOv2Config(proj_hidden_dim=16, bottleneck_dim=8, num_prototypes=16, paka_weight=1.0, paka_locals=2)
+    method = DINOv2(vit, 32, cfg).double()
+    g = _generator(23)
+    clean = [torch.randn(3, 3, 16, 16, generator=g, dtype=torch.float64) for _ in range(2)]
+    local = [torch.randn(3, 3, 8, 8, generator=g, dtype=torch.float64) for _ in range(2)]
+    boxes = torch.tensor(
+        [[0, 0, 1, 1, 0], [0, 0, 1, 1, 1], [0, 0, 0.5, 0.5, 0], [0.5, 0.5, 0.5, 0.5, 1]], dtype=torch.float64
+    ).expand(3, -1, -1)
+    students, teachers = method.paka_tokens(clean + local, {"view_boxes": boxes})
+
+    def grid(model, x, side):  # (B, side, side, D): timm's tokens after the class token, row-major
+        return model.forward_features(x)[:, 1:].unflatten(1, (side, side))
+
+    with torch.no_grad():
+        parents = [grid(method.teacher[0], x, 4) for x in clean]
+        own = [grid(vit, x, 2) for x in local]
+    want_teachers = [parents[0][:, :2, :2], parents[1].flip(2)[:, 2:, 2:]]
+    want_students = [own[0], own[1].flip(2)]
+    for got, want in zip(teachers + students, want_teachers + want_students):
+        torch.testing.assert_close(got, want.flatten(1, 2), rtol=1e-12, atol=1e-12)
+    as_they_lie = parents[1][:, 2:, 2:].flatten(1, 2)
+    assert (teachers[1] - as_they_lie).abs().max() > 1e-3
+
+
 # --- VICRegL ---------------------------------------------------------------------------------------------------------
 
 

@@ -15,10 +15,13 @@ from solo.backbones.vit import (
     first_positions,
     grid_shape,
     output_tokens,
+    patch_size,
     pool_patch_tokens,
     take,
 )
+from solo.data.views.batch_spec import BatchSpec, ViewBoxes
 from solo.data.views.masks import BlockMask
+from solo.data.views.transforms import view_sizes
 from solo.distributed import all_reduce, world_size
 from solo.errors import ConfigError
 from solo.losses import (
@@ -34,6 +37,7 @@ from solo.losses import (
 )
 from solo.methods.base import DSEOption, dse_term, ema_update, encode_views, make_teacher, register_method
 from solo.methods.dino import DINOHead, SelfDistillation
+from solo.methods.local import resampled_over
 from solo.methods.masked_image import MaskedViT
 from solo.schema import AT_LEAST_ONE, FRACTION, MOMENTUM, NON_NEGATIVE, POSITIVE, PROBABILITY, choices, ruled
 
@@ -76,8 +80,18 @@ class DINOv2Config(DSEOption):  # DSE on the student's patch tokens of the globa
     # PaKA's patch kernel alignment (DINOv3.1's post-training loss): the weight (0: off) of 1 - CKA between the linear
     # kernels of each global crop's patch tokens, the student's (masked ones too) and the EMA teacher's.
     paka_weight: float = ruled(0.0, NON_NEGATIVE)
+    # PaKA's own views, as LightlyTrain's DINOv3.1 (0: the global crops' tokens, student's and teacher's, as above):
+    # the augmentation's last 2 + paka_locals views are the global crops' clean renders (the teacher's) and local
+    # crops drawn inside them (the student's; the first half inside global crop 0, the rest inside 1), each local's
+    # tokens against its global's aligned onto its grid, both through a 3-layer head of their own (the teacher's an EMA).
+    paka_locals: int = ruled(0, NON_NEGATIVE)
 
     def validate(self) -> None:
+        if self.paka_locals and (self.paka_locals % 2 or not self.paka_weight):
+            raise ValueError(
+                f"paka_locals={self.paka_locals}: PaKA's local crops, half inside each global crop, for "
+                f"paka_weight > 0 (paka_weight={self.paka_weight}); give an even number and a weight"
+            )
         if self.mask_ratio_min > self.mask_ratio_max:
             raise ValueError(
                 f"mask_ratio_min={self.mask_ratio_min} is above mask_ratio_max={self.mask_ratio_max}: a masked crop "
@@ -121,9 +135,38 @@ class DINOv2(MaskedViT, SelfDistillation):
         self.register_schedules(cfg)
         if cfg.dse_weight:
             self.draws = None  # the trainer's (solo.backbones.stochastic.Draws.attach): DSE's k-means++ draws of a step
+        if cfg.paka_locals:  # LightlyTrain's PaKA head: 3 layers with GELU, no BatchNorm; the teacher's an EMA
+            h = cfg.proj_hidden_dim
+            self.paka_head = nn.Sequential(
+                nn.Linear(feature_dim, h), nn.GELU(), nn.Linear(h, h), nn.GELU(), nn.Linear(h, cfg.bottleneck_dim)
+            )
+            self.paka_teacher = make_teacher(self.paka_head)
         if cfg.centering == "centering":  # buffers: a resumed run goes on with the same centres (every level's)
             self.register_buffer("center", torch.zeros(sum(self.head.out_dims)))
             self.register_buffer("patch_center", torch.zeros(sum(self.head.patch_out_dims)))
+
+    @classmethod
+    def paka_views(cls, view_sizes: list[int]) -> int:
+        """How many of the views at the end are PaKA's (method.paka_locals): from the first global-sized view after
+        the global crops, two clean renders and the local crops drawn inside the global crops; 0 without them."""
+        later = [i for i, size in enumerate(view_sizes) if i >= cls.num_views and size == view_sizes[0]]
+        return len(view_sizes) - later[0] if later else 0
+
+    @classmethod
+    def check_data(cls, view_sizes: list[int], dataset) -> None:
+        super().check_data(view_sizes[: len(view_sizes) - cls.paka_views(view_sizes)], dataset)
+
+    @classmethod
+    def check_config(cls, cfg) -> None:
+        sizes = view_sizes(cfg.augmentation.views, cfg.data.image_size)
+        tail, locals_ = cls.paka_views(sizes), cfg.method.get("paka_locals", 0)
+        if tail != (2 + locals_ if locals_ else 0) or (tail and max(sizes[-locals_:]) >= sizes[0]):
+            raise ConfigError(
+                f"method.paka_locals={locals_}: the augmentation's views (sizes {sizes}) end with "
+                f"{'nothing of PaKA' if not tail else f'{tail} views from a global-sized one'}; PaKA's own views are the "
+                "global crops' 2 clean renders (shift_of, max_shift 0) and paka_locals smaller crops inside them "
+                "(inside_of), last (augmentation=multicrop_dinov31 / dinov31_digits)"
+            )
 
     def build_head(self, feature_dim: int, cfg: DINOv2Config) -> nn.Module:
         return DINOHead(
@@ -166,21 +209,51 @@ class DINOv2(MaskedViT, SelfDistillation):
             patches.append(take(tokens[:, prefix:], positions))
             teacher_cls.append(teacher_tokens[:, 0])
             teacher_patches.append(take(teacher_tokens[:, prefix:], positions))
-        cls += [
-            tokens[:, 0] for tokens in encode_views(vit, views[self.num_views :], forward=partial(output_tokens, vit))
-        ]
+        paka_views = 2 + self.cfg.paka_locals if self.cfg.paka_locals else 0
+        local_crops = views[self.num_views : len(views) - paka_views]
+        cls += [tokens[:, 0] for tokens in encode_views(vit, local_crops, forward=partial(output_tokens, vit))]
         encoded = {"cls": cls, "patches": patches, "teacher_cls": teacher_cls, "teacher_patches": teacher_patches}
         if self.cfg.gram_anchor and self.is_anchored():  # every patch of the global crops, masked ones too (DINOv3's)
             encoded["gram"] = [tokens[:, prefix:] for tokens in student]
             with torch.no_grad():
                 anchor = encode_views(self.gram_teacher, crops, forward=partial(output_tokens, self.gram_teacher))
             encoded["gram_anchor"] = [tokens[:, prefix:] for tokens in anchor]
-        if self.cfg.paka_weight:
+        if self.cfg.paka_locals:
+            encoded["paka"], encoded["paka_teacher"] = self.paka_tokens(views[len(views) - paka_views :], batch)
+        elif self.cfg.paka_weight:
             encoded["paka"] = [tokens[:, prefix:] for tokens in student]
             encoded["paka_teacher"] = [tokens[:, prefix:] for tokens in teacher]
         if self.cfg.dse_weight:  # every patch of the global crops, masked ones too
             encoded["dse"] = [tokens[:, prefix:] for tokens in student]
         return encoded | self.probe_features(batch)
+
+    def batch_spec(self) -> BatchSpec:
+        spec = super().batch_spec()
+        if not self.cfg.paka_locals:
+            return spec
+        return BatchSpec(fields=(*spec.fields, ViewBoxes()), probe_image=spec.probe_image)
+
+    def paka_tokens(self, views: list[torch.Tensor], batch: dict) -> tuple[list, list]:
+        """PaKA's pairs, as LightlyTrain's DINOv3.1: each local crop's student tokens, in the image's orientation, and
+        the EMA teacher's tokens of the clean render of the global crop it lies inside, resampled over the local's box
+        onto its grid (solo.methods.local.resampled_over). `views`: the 2 clean renders, then the local crops."""
+        vit, prefix, half = self.backbone, self.backbone.num_prefix_tokens, self.cfg.paka_locals // 2
+        boxes = batch["view_boxes"][:, -len(views) :]  # (B, 2 + locals, 5)
+
+        def maps(tokens: torch.Tensor, side: int) -> torch.Tensor:  # (B, D, side, side)
+            return tokens[:, prefix:].mT.unflatten(2, (side, side))
+
+        with torch.no_grad():
+            clean = encode_views(self.teacher[0], views[:2], forward=partial(output_tokens, self.teacher[0]))
+        students, teachers = [], []
+        for j, tokens in enumerate(encode_views(vit, views[2:], forward=partial(output_tokens, vit))):
+            side, parent, box = views[2 + j].shape[-1] // patch_size(vit), j // half, boxes[:, 2 + j]
+            local = maps(tokens, side)
+            students.append(torch.where(box[:, 4, None, None, None] > 0, local.flip(-1), local).flatten(2).mT)
+            with torch.no_grad():
+                whole = maps(clean[parent], views[parent].shape[-1] // patch_size(vit))
+                teachers.append(resampled_over(whole, boxes[:, parent], box, (side, side)).flatten(2).mT)
+        return students, teachers
 
     def patch_temperature(self) -> torch.Tensor:
         """The teacher's temperature for the masked patches' targets: the class token's (iBOT: its own schedule)."""
@@ -239,7 +312,12 @@ class DINOv2(MaskedViT, SelfDistillation):
         if "gram" in encoded:
             terms["gram"] = gram_loss(torch.cat(encoded["gram"]), torch.cat(encoded["gram_anchor"]))
         if c.paka_weight:
-            terms["paka"] = patch_kernel_alignment_loss(torch.cat(encoded["paka"]), torch.cat(encoded["paka_teacher"]))
+            student_tokens, teacher_tokens = torch.cat(encoded["paka"]), torch.cat(encoded["paka_teacher"])
+            if c.paka_locals:  # after the alignment: the heads are not linear
+                student_tokens = self.paka_head(student_tokens)
+                with torch.no_grad():
+                    teacher_tokens = self.paka_teacher(teacher_tokens)
+            terms["paka"] = patch_kernel_alignment_loss(student_tokens, teacher_tokens)
         if c.dse_weight:
             terms["dse"] = dse_term(self, encoded["dse"], c)
         weights = {
@@ -266,6 +344,8 @@ class DINOv2(MaskedViT, SelfDistillation):
 
     def after_optimizer_step(self) -> None:
         super().after_optimizer_step()
+        if self.cfg.paka_locals:
+            ema_update(self.paka_teacher, self.paka_head, self.ema_momentum())
         if getattr(self, "refresh_anchor", False):  # after this step's EMA update
             ema_update(self.gram_teacher, self.teacher[0], 0.0)  # momentum 0: the EMA teacher's backbone, copied
             self.gram_anchored.fill_(True)

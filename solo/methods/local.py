@@ -23,3 +23,20 @@ def cell_centres(boxes: torch.Tensor, height: int, width: int) -> torch.Tensor:
     y = top[:, None] + box_height[:, None] * v  # (B, height)
     x = left[:, None] + box_width[:, None] * u  # (B, width)
     return torch.stack(torch.broadcast_tensors(y[:, :, None], x[:, None, :]), dim=-1).flatten(1, 2)
+
+
+def resampled_over(maps: torch.Tensor, boxes: torch.Tensor, inner: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
+    """Each view's map (B, C, h, w), in the image's orientation (a mirrored view's columns put back), resampled over
+    the `inner` box (B, 5, in image units; its flip not read) onto a `size` grid: (B, C, *size), bilinear samples
+    averaged per output cell (torchvision's roi_align, aligned). PaKA's alignment of a local crop's cells with the
+    global crop it was drawn inside (LightlyTrain's DINOv3.1). `boxes`: the views' (B, 5) geometry."""
+    from torchvision.ops import roi_align
+
+    h, w = maps.shape[-2:]
+    boxes, inner = boxes.to(maps.dtype), inner.to(maps.dtype)
+    maps = torch.where(boxes[:, 4, None, None, None] > 0, maps.flip(-1), maps)
+    top, left, height, width = boxes[:, :4].unbind(1)
+    y0, x0 = (inner[:, 0] - top) / height * h, (inner[:, 1] - left) / width * w
+    y1, x1 = (inner[:, 0] + inner[:, 2] - top) / height * h, (inner[:, 1] + inner[:, 3] - left) / width * w
+    rows = torch.arange(len(maps), dtype=maps.dtype, device=maps.device)
+    return roi_align(maps, torch.stack([rows, x0, y0, x1, y1], dim=1), size, aligned=True)
