@@ -296,6 +296,15 @@ def test_crop_boxes_follow_random_resized_crop(height, width):
             assert 3 / 4 - 0.1 <= w / h <= 4 / 3 + 0.1
 
 
+def _assert_second_view_is_its_box(recipes, image, params):
+    """The second view's pixels are its box's (the hand-written crop) at its size, mirrored where it is, normalised."""
+    top, left, h, w, flip = (params[1][PARAM_INDEX[k]] for k in ("top", "left", "height", "width", "flip"))
+    view = make_views(recipes, [image], torch.tensor([[p] for p in params], dtype=torch.float64))[1][0]
+    want = sampled(image, (left, top, left + w, top + h), recipes[1].size)
+    want = TF.normalize(TF.horizontal_flip(want) if flip else want, list(MEAN), list(STD))
+    torch.testing.assert_close(view, want, atol=2e-5, rtol=0)
+
+
 def test_a_shifted_view_is_the_first_views_box_and_flip_moved_down_and_to_the_views_right():
     """CMAE's pixel shifting (ViewAugmentation.shift_of, max_shift): view 1 takes view 0's box and flip, moved by whole
     pixels, each axis up to max_shift of the box's side, down and towards the view's right (the image's left when
@@ -321,11 +330,7 @@ def test_a_shifted_view_is_the_first_views_box_and_flip_moved_down_and_to_the_vi
         moves.add((down, across))
         flips.add(flip)
         if seed < 8:
-            params = torch.tensor([[p0], [p1]], dtype=torch.float64)
-            view = make_views([online, shifted], [image], params)[1][0]
-            want = sampled(image, (left1, top1, left1 + w, top1 + h), 16)
-            want = TF.normalize(TF.horizontal_flip(want) if flip else want, list(MEAN), list(STD))
-            torch.testing.assert_close(view, want, atol=2e-5, rtol=0)
+            _assert_second_view_is_its_box([online, shifted], image, [p0, p1])
     assert len(moves) > 50 and flips == {0.0, 1.0}
     with pytest.raises(ValueError, match=r"views\[1\].shift_of=1: it names view 1, but 1 come before it"):
         expand_views([EVERYTHING, ViewAugmentation(shift_of=1)], 24)
@@ -352,11 +357,7 @@ def test_a_view_inside_another_lies_in_its_box_at_its_share_of_the_area_with_its
         shares.append(h1 * w1 / (h0 * w0))
         flips.add(flip1)
         if seed < 4:
-            params = torch.tensor([[p0], [p1]], dtype=torch.float64)
-            view = make_views([parent, local], [image], params)[1][0]
-            want = sampled(image, (left1, top1, left1 + w1, top1 + h1), 8)
-            want = TF.normalize(TF.horizontal_flip(want) if flip1 else want, list(MEAN), list(STD))
-            torch.testing.assert_close(view, want, atol=2e-5, rtol=0)
+            _assert_second_view_is_its_box([parent, local], image, [p0, p1])
     assert flips == {0.0, 1.0} and 0.15 <= min(shares) and max(shares) <= 0.6 and max(shares) - min(shares) > 0.2
     with pytest.raises(ValueError, match=r"views\[1\].inside_of=1: it names view 1, but 1 come before it"):
         expand_views([EVERYTHING, ViewAugmentation(inside_of=1)], 24)

@@ -22,8 +22,8 @@ A method is an nn.Module from a batch to its loss. Besides `forward`, it tells t
 
 Why these remain. The class attributes (`inputs`, `num_views`, `local_crops`, `needs_labels`, `pool`,
 `feature_depth`, `augmentations`, `teachers`, `sync_teacher_batchnorm`, `pretrained_teacher`) are read before the
-method is built: the config is checked and the data, augmentation and teacher chosen from them. Everything a batch carries beyond the
-views is one hook, `batch_spec`, asked once the method exists, since masks depend on its patch grid; a new need is a
+method is built: the config is checked and the data, augmentation and teacher chosen from them. Everything a batch
+carries beyond the views is one hook, `batch_spec`, asked once the method exists, since masks depend on its patch grid; a new need is a
 new field there (solo.data.views.batch_spec), not a new attribute here. The other hooks are the points of the
 lifecycle where the trainer hands over: built (`set_data`), scheduled (`set_schedule`), each step before and after
 (`prepare_step`, `after_optimizer_step`), logged (`metrics`) and validated (`classifier`, `val_health`).

@@ -4,7 +4,7 @@ Transformer. Without KoLeo (`method.koleo_weight=0`) it is iBOT with DINOv2's ce
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 
 import torch
@@ -37,7 +37,7 @@ from solo.losses import (
 )
 from solo.methods.base import DSEOption, dse_term, ema_update, encode_views, make_teacher, register_method
 from solo.methods.dino import DINOHead, SelfDistillation
-from solo.methods.local import resampled_over
+from solo.methods.local import in_image_orientation, resampled_over
 from solo.methods.masked_image import MaskedViT
 from solo.schema import AT_LEAST_ONE, FRACTION, MOMENTUM, NON_NEGATIVE, POSITIVE, PROBABILITY, choices, ruled
 
@@ -231,7 +231,7 @@ class DINOv2(MaskedViT, SelfDistillation):
         spec = super().batch_spec()
         if not self.cfg.paka_locals:
             return spec
-        return BatchSpec(fields=(*spec.fields, ViewBoxes()), probe_image=spec.probe_image)
+        return replace(spec, fields=(*spec.fields, ViewBoxes()))
 
     def paka_tokens(self, views: list[torch.Tensor], batch: dict) -> tuple[list, list]:
         """PaKA's pairs, as LightlyTrain's DINOv3.1: each local crop's student tokens, in the image's orientation, and
@@ -248,8 +248,7 @@ class DINOv2(MaskedViT, SelfDistillation):
         students, teachers = [], []
         for j, tokens in enumerate(encode_views(vit, views[2:], forward=partial(output_tokens, vit))):
             side, parent, box = views[2 + j].shape[-1] // patch_size(vit), j // half, boxes[:, 2 + j]
-            local = maps(tokens, side)
-            students.append(torch.where(box[:, 4, None, None, None] > 0, local.flip(-1), local).flatten(2).mT)
+            students.append(in_image_orientation(maps(tokens, side), box).flatten(2).mT)
             with torch.no_grad():
                 whole = maps(clean[parent], views[parent].shape[-1] // patch_size(vit))
                 teachers.append(resampled_over(whole, boxes[:, parent], box, (side, side)).flatten(2).mT)

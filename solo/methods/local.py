@@ -25,6 +25,11 @@ def cell_centres(boxes: torch.Tensor, height: int, width: int) -> torch.Tensor:
     return torch.stack(torch.broadcast_tensors(y[:, :, None], x[:, None, :]), dim=-1).flatten(1, 2)
 
 
+def in_image_orientation(maps: torch.Tensor, boxes: torch.Tensor) -> torch.Tensor:
+    """Each view's map (B, C, h, w) with a mirrored view's columns put back (`boxes`: the views' (B, 5) geometry)."""
+    return torch.where(boxes[:, 4, None, None, None] > 0, maps.flip(-1), maps)
+
+
 def resampled_over(maps: torch.Tensor, boxes: torch.Tensor, inner: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
     """Each view's map (B, C, h, w), in the image's orientation (a mirrored view's columns put back), resampled over
     the `inner` box (B, 5, in image units; its flip not read) onto a `size` grid: (B, C, *size), bilinear samples
@@ -34,7 +39,7 @@ def resampled_over(maps: torch.Tensor, boxes: torch.Tensor, inner: torch.Tensor,
 
     h, w = maps.shape[-2:]
     boxes, inner = boxes.to(maps.dtype), inner.to(maps.dtype)
-    maps = torch.where(boxes[:, 4, None, None, None] > 0, maps.flip(-1), maps)
+    maps = in_image_orientation(maps, boxes)
     top, left, height, width = boxes[:, :4].unbind(1)
     y0, x0 = (inner[:, 0] - top) / height * h, (inner[:, 1] - left) / width * w
     y1, x1 = (inner[:, 0] + inner[:, 2] - top) / height * h, (inner[:, 1] + inner[:, 3] - left) / width * w
