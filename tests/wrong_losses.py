@@ -891,38 +891,40 @@ def detcon_local_negatives(z1, z2):
 
 
 def official_dse(x, local_clusters, global_clusters, cluster):
-    """DSE as the paper's official code computes it on the images it is given, `x` (B, P, D), loop by loop: each
-    cluster's centred tokens alone through svdvals, boolean masks, Python means. `cluster(points, k, which)` gives
-    (labels, centroids) for the image or group `which` ("image", b) / ("group", g). Where a group has one centroid its
-    inter term is skipped (lightly's; the official code would add its 1e9 mask)."""
-    x = F.normalize(x, dim=-1)
-    _, tokens, dim = x.shape
-    l2 = (x - x.mean(dim=(0, 1))).norm(dim=-1).mean() + 1e-12
+    """DSE as the paper's official code computes it on the images it is given, `x` (B, P, D) or a list of B images'
+    (P_b, D) tokens, loop by loop: each cluster's centred tokens alone through svdvals, boolean masks, Python means.
+    `cluster(points, k, which)` gives (labels, centroids) for the image or group `which` ("image", b) / ("group", g).
+    Where a group has one centroid its inter term is skipped (lightly's; the official code would add its 1e9 mask)."""
+    x = [F.normalize(image, dim=-1) for image in x]
+    every = torch.cat(x)
+    dim = every.shape[-1]
+    l2 = (every - every.mean(dim=0)).norm(dim=-1).mean() + 1e-12
 
     def spread(rows):
         return torch.linalg.svdvals(rows - rows.mean(dim=0)).sum() / math.sqrt(max(len(rows) - 1, dim))
 
     images = []
     for b, image in enumerate(x):
-        labels, _ = cluster(image.detach(), min(local_clusters, tokens), ("image", b))
+        labels, _ = cluster(image.detach(), min(local_clusters, len(image)), ("image", b))
         terms = [spread(image[labels == c]) for c in range(local_clusters) if (labels == c).sum() > 1]
         if terms:
             images.append(torch.stack(terms).mean())
     per_group = max(global_clusters // local_clusters, 1)
     inter, intra = [], []
     for g, start in enumerate(range(0, len(x), per_group)):
-        rows = x[start : start + per_group].reshape(-1, dim)
+        rows = torch.cat(x[start : start + per_group])
         labels, centroids = cluster(rows.detach(), min(global_clusters, len(rows)), ("group", g))
         if len(centroids) > 1:
             own = F.one_hot(labels, len(centroids)).bool()
             inter.append(torch.cdist(rows, centroids).masked_fill(own, float("inf")).min(dim=1).values.mean())
         intra += [spread(rows[labels == c]) for c in range(len(centroids)) if (labels == c).sum() > 1]
-    intra_image = torch.stack(images).mean() / l2 if images else torch.tensor(0.0, dtype=x.dtype)
-    inter_term = torch.stack(inter).mean() / l2 if inter else torch.tensor(0.0, dtype=x.dtype)
-    intra_batch = torch.stack(intra).mean() / l2 if intra else torch.tensor(1.0, dtype=x.dtype)
-    singular = torch.linalg.svdvals(x.reshape(-1, dim))
+    dtype = every.dtype
+    intra_image = torch.stack(images).mean() / l2 if images else torch.tensor(0.0, dtype=dtype)
+    inter_term = torch.stack(inter).mean() / l2 if inter else torch.tensor(0.0, dtype=dtype)
+    intra_batch = torch.stack(intra).mean() / l2 if intra else torch.tensor(1.0, dtype=dtype)
+    singular = torch.linalg.svdvals(every)
     p = singular / (singular.sum() + 1e-12) + 1e-12
-    effective_rank = torch.exp(-(p * p.log()).sum()) / min(len(x) * tokens, dim)
+    effective_rank = torch.exp(-(p * p.log()).sum()) / min(every.shape)
     return inter_term + effective_rank - 0.5 * (intra_batch + intra_image)
 
 
@@ -936,7 +938,7 @@ def dse_per_rank(z1, z2):
 
     def cluster(points, k, which):
         row = which[1] if which[0] == "image" else len(tokens) + which[1]
-        members, centroids = dse_kmeans(points[None], k, draws[row : row + 1, :k])
+        members, centroids, _ = dse_kmeans(points[None], points.new_ones(1, len(points)), k, draws[row : row + 1, :k])
         return members[0].argmax(dim=1), centroids[0]
 
     return -official_dse(tokens, 2, 16, cluster)

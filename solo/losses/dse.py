@@ -47,10 +47,13 @@ def dse_score(
     local_clusters: int = 3,
     global_clusters: int = 24,
     generator: torch.Generator | None = None,
+    valid: list[torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """DSE of the GLOBAL batch's dense tokens (higher: better structure); `views`: one (n, P, D) tensor of this rank's
-    images per view, the images ordered view by view, then by global sample. A regulariser adds -weight * dse_score.
-    Whole on every rank."""
+    images per view, the images ordered view by view, then by global sample; `valid`: one (n, P) boolean tensor per
+    view, True where a token is the image's (padding elsewhere: I-JEPA's contexts), every token if None. Padding
+    counts nowhere: as if each image had its own tokens alone. A regulariser adds -weight * dse_score. Whole on every
+    rank."""
     with torch.autocast(views[0].device.type, enabled=False):
         views = [F.normalize(full_precision(v), dim=-1) for v in views]
         n, tokens, dim = views[0].shape
@@ -59,10 +62,13 @@ def dse_score(
         mine = torch.cat(views)
         if images == 0:
             return mine.sum() * 0
-        count = images * tokens
+        # Each token's weight: 1 for the image's, 0 for padding.
+        weights = [mine.new_ones(n, tokens)] * len(views) if valid is None else [v.to(mine.dtype) for v in valid]
+        mine_weights = torch.cat(weights)
+        count = all_reduce(mine_weights.sum())
 
-        mean = all_reduce(mine.sum(dim=(0, 1))) / count
-        l2 = all_reduce((mine - mean).norm(dim=-1).sum()) / count + 1e-12
+        mean = all_reduce((mine * mine_weights[..., None]).sum(dim=(0, 1))) / count
+        l2 = all_reduce(((mine - mean).norm(dim=-1) * mine_weights).sum()) / count + 1e-12
 
         per_image, per_group = min(local_clusters, tokens), max(global_clusters // local_clusters, 1)
         groups = math.ceil(images / per_group)
@@ -71,14 +77,16 @@ def dse_score(
         ).to(mine.dtype)
         offset = sum(sizes[: rank()])
         image_draws = torch.cat([draws[v * sum(sizes) + offset :][:n] for v in range(len(views))])
-        intra_image = _intra_image(mine, per_image, image_draws[:, :per_image])
+        intra_image = _intra_image(mine, mine_weights, per_image, image_draws[:, :per_image])
 
         everyone = torch.cat([gather(v, sizes) for v in views])  # view by view, then by global sample
+        everyones_weights = torch.cat([gather(w, sizes) for w in weights])
         first, last = _my_share(groups)
+        share = slice(first * per_group, last * per_group)
         inter, intra_batch = _group_terms(
-            everyone[first * per_group : last * per_group], per_group, global_clusters, draws[images + first :]
+            everyone[share], everyones_weights[share], per_group, global_clusters, draws[images + first :]
         )
-        effective_rank = _effective_rank(everyone.flatten(0, 1))
+        effective_rank = _effective_rank(everyone.flatten(0, 1) * everyones_weights.flatten()[:, None], count)
 
         intra_image = torch.where(intra_image[1] > 0, intra_image[0] / intra_image[1].clamp_min(1), 0.0)
         inter = torch.where(inter[1] > 0, inter[0] / inter[1].clamp_min(1), 0.0)
@@ -94,20 +102,20 @@ def _my_share(groups: int) -> tuple[int, int]:
     return first, first + per_rank + (rank() < extra)
 
 
-def _intra_image(x: torch.Tensor, clusters: int, draws: torch.Tensor) -> torch.Tensor:
+def _intra_image(x: torch.Tensor, weights: torch.Tensor, clusters: int, draws: torch.Tensor) -> torch.Tensor:
     """(sum over this rank's images of the mean of their clusters' singular-value sums, the number of images with a
     cluster of two or more tokens), summed over ranks."""
-    members, _ = _kmeans(x.detach(), clusters, draws)
+    members, _, _ = _kmeans(x.detach(), weights, clusters, draws)
     spread, valid = _cluster_spread(x, members)
     has_cluster = valid.any(dim=1)
     per_image = (spread * valid).sum(dim=1) / valid.sum(dim=1).clamp_min(1)
     return all_reduce(torch.stack([(per_image * has_cluster).sum(), has_cluster.sum().to(x.dtype)]))
 
 
-def _group_terms(images: torch.Tensor, per_group: int, clusters: int, draws: torch.Tensor):
-    """For this rank's groups of `per_group` consecutive images (the last may hold fewer): (sum of the groups' inter
-    terms, their number) and (sum of every cluster's singular-value sum, the number of clusters of two or more
-    tokens), each summed over ranks."""
+def _group_terms(images: torch.Tensor, weights: torch.Tensor, per_group: int, clusters: int, draws: torch.Tensor):
+    """For this rank's groups of `per_group` consecutive images (the last may hold fewer) and their tokens' weights:
+    (sum of the groups' inter terms, their number) and (sum of every cluster's singular-value sum, the number of
+    clusters of two or more tokens), each summed over ranks."""
     # Zeros on the gathered tokens' graph, also on a rank without a group: every rank's backward then runs the same
     # collectives in the same order (a rank whose sums did not need a gradient would skip the all-reduce's).
     inter_sum = inter_count = spread_sum = spread_count = images.sum() * 0
@@ -116,11 +124,16 @@ def _group_terms(images: torch.Tensor, per_group: int, clusters: int, draws: tor
         if stop == start:
             continue
         x = images[start:stop].reshape(count, -1, images.shape[-1])  # (groups, tokens of a group, D)
+        w = weights[start:stop].reshape(count, -1)
         k = min(clusters, x.shape[1])
-        members, centroids = _kmeans(x.detach(), k, draws[start // per_group :][:count, :k])
-        if k > 1:  # each token's distance to the nearest centroid not its own
-            distances = torch.cdist(x, centroids).masked_fill(members.bool(), float("inf"))
-            inter_sum, inter_count = inter_sum + distances.min(dim=2).values.mean(dim=1).sum(), inter_count + count
+        members, centroids, real = _kmeans(x.detach(), w, k, draws[start // per_group :][:count, :k])
+        if k > 1:  # each token's distance to the nearest centroid not its own, averaged over the group's tokens
+            others = members.bool() | ~real[:, None]
+            distances = torch.cdist(x, centroids).masked_fill(others, float("inf")).min(dim=2).values
+            inter = torch.where(w > 0, distances, 0.0).sum(dim=1) / w.sum(dim=1)
+            has_others = real[:, 1]  # a group of one token has no other centroid: no inter term, as the official's
+            inter_sum = inter_sum + torch.where(has_others, inter, 0.0).sum()
+            inter_count = inter_count + has_others.sum()
         spread, valid = _cluster_spread(x, members)
         spread_sum, spread_count = spread_sum + (spread * valid).sum(), spread_count + valid.sum()
     totals = torch.stack([inter_sum, inter_count, spread_sum, spread_count])
@@ -139,11 +152,12 @@ def _cluster_spread(x: torch.Tensor, members: torch.Tensor) -> tuple[torch.Tenso
     return _singular_values(rows).sum(dim=-1) / scale, sizes > 1
 
 
-def _effective_rank(x: torch.Tensor) -> torch.Tensor:
-    """exp(entropy of the normalised singular values) / min(rows, D), with the official code's 1e-12s."""
+def _effective_rank(x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """exp(entropy of the normalised singular values) / min(rows, D), with the official code's 1e-12s; `rows`: how
+    many of x's rows are tokens (the others zero: padding, which leaves the singular values as they are)."""
     singular = _singular_values(x)
     p = singular / (singular.sum() + 1e-12) + 1e-12
-    return torch.exp(-(p * p.log()).sum()) / min(x.shape)
+    return torch.exp(-(p * p.log()).sum()) / rows.clamp_max(x.shape[1])
 
 
 def _singular_values(x: torch.Tensor) -> torch.Tensor:
@@ -156,33 +170,42 @@ def _singular_values(x: torch.Tensor) -> torch.Tensor:
     return torch.where(singular > tolerance, singular, singular.detach())
 
 
-def _kmeans(x: torch.Tensor, k: int, draws: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """k-means of each of the m sets of points `x` (m, points, D): (m, points, k) one-hot memberships to the nearest
-    of the final centroids, and those centroids (m, k, D). k-means++ seeds (a point drawn with probability
-    proportional to its distance to the nearest seed, uniformly where all are zero) from `draws` (m, k) uniforms, then
+def _kmeans(
+    x: torch.Tensor, present: torch.Tensor, k: int, draws: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """k-means of each of the m sets of points `x` (m, points, D) whose `present` (m, points) is 1 (the others,
+    padding at 0, join no cluster): (m, points, k) one-hot memberships to the nearest of the final centroids, those
+    centroids (m, k, D), and (m, k) which are real: a set of fewer points than k has as many clusters as points (the
+    official's k = min(k, points)), its other centroids no members and no part in any distance. k-means++ seeds (a point drawn uniformly, then each next with probability proportional
+    to its distance to the nearest seed, uniformly where all are zero) from `draws` (m, k) uniforms, then
     KMEANS_ITERATIONS Lloyd steps. A fixed number of operations, whatever m."""
     m, points, _ = x.shape
     rows = torch.arange(m, device=x.device)
-    seed = x[rows, (draws[:, 0] * points).long().clamp_max(points - 1)]
-    seeds, nearest = [seed], (x - seed[:, None]).square().sum(dim=-1)  # squared distance to the nearest seed
-    for j in range(1, k):
-        distance = nearest.sqrt()
-        weights = torch.where(distance.sum(dim=1, keepdim=True) > 0, distance, torch.ones_like(distance))
+
+    def drawn(weights: torch.Tensor, u: torch.Tensor) -> torch.Tensor:  # the point whose weight's share holds u
         cumulative = weights.cumsum(dim=1)
-        pick = torch.searchsorted(cumulative, (draws[:, j] * cumulative[:, -1])[:, None]).clamp_max(points - 1)
-        seeds.append(x[rows, pick[:, 0]])
+        pick = torch.searchsorted(cumulative, (u * cumulative[:, -1])[:, None], right=True).clamp_max(points - 1)
+        return x[rows, pick[:, 0]]
+
+    seeds = [drawn(present, draws[:, 0])]
+    nearest = (x - seeds[0][:, None]).square().sum(dim=-1)  # squared distance to the nearest seed
+    for j in range(1, k):
+        distance = nearest.sqrt() * present
+        seeds.append(drawn(torch.where(distance.sum(dim=1, keepdim=True) > 0, distance, present), draws[:, j]))
         nearest = torch.minimum(nearest, (x - seeds[-1][:, None]).square().sum(dim=-1))
     centroids, labels = torch.stack(seeds, dim=1), torch.arange(k, device=x.device)
+    real = labels < present.sum(dim=1, keepdim=True)
     for _ in range(KMEANS_ITERATIONS):
-        members = (_nearest(x, centroids)[..., None] == labels).to(x.dtype)
+        members = (_nearest(x, centroids, real)[..., None] == labels).to(x.dtype) * present[..., None]
         sizes = members.sum(dim=1)[..., None]
         centroids = torch.where(sizes > 0, (members.transpose(1, 2) @ x) / sizes.clamp_min(1), centroids)
-    return (_nearest(x, centroids)[..., None] == labels).to(x.dtype), centroids
+    return (_nearest(x, centroids, real)[..., None] == labels).to(x.dtype) * present[..., None], centroids, real
 
 
-def _nearest(x: torch.Tensor, centroids: torch.Tensor) -> torch.Tensor:
-    """(m, points) index of each point's nearest centroid: argmin of |c|^2 - 2 x.c (|x|^2 is the same for all)."""
-    return torch.baddbmm(centroids.square().sum(-1)[:, None], x, centroids.transpose(1, 2), alpha=-2).argmin(dim=2)
+def _nearest(x: torch.Tensor, centroids: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
+    """(m, points) index of each point's nearest real centroid: argmin of |c|^2 - 2 x.c (|x|^2 is the same for all)."""
+    squares = centroids.square().sum(-1).masked_fill(~real, float("inf"))
+    return torch.baddbmm(squares[:, None], x, centroids.transpose(1, 2), alpha=-2).argmin(dim=2)
 
 
 @LOSSES.register("dse")  # a case for the gradient checker (python -m solo.losses.check)
