@@ -2,6 +2,8 @@
 on 1 process with batch 2b as on 2 processes with batch b, a 2-process run resumes from a mid-run checkpoint
 bit-identical, and configurations a method cannot use are refused with the reason."""
 
+import copy
+import dataclasses
 import shutil
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -13,6 +15,7 @@ from hydra.errors import MissingConfigException
 
 from solo.distributed.checkpoint import read_checkpoint
 from solo.errors import ConfigError
+from solo.losses import dse_score
 from solo.methods import METHODS
 from solo.train.trainer import pretrain
 from tests.test_train import (
@@ -56,8 +59,10 @@ METHOD = {
     "mocov3": HEADS + ["method.pred_hidden_dim=32", "method.base_momentum=0.9", "method.co2_weight=1.0"],
     "simclr": HEADS + ["method.co2_weight=1.0"],
     # KoLeo (method.koleo_weight) on the backbone's features, in a method of each two-view base (and MoCo v2+'s CO2):
-    # its nearest neighbours are sought in the global batch.
-    "vicreg": HEADS + ["method.koleo_weight=0.1"],
+    # its nearest neighbours are sought in the global batch. DSE (method.dse_weight) on the backbone's dense tokens
+    # here and in DINO, MoCo v2+, NNCLR, TiCo, VICRegL and PIRL (each way a method hands them over): k-means on groups
+    # of 8 images of the global batch, which span ranks.
+    "vicreg": HEADS + ["method.koleo_weight=0.1", "method.dse_weight=0.1"],
     "siglip": TEXT,
     # The digits CLIP zoo entry's image tower, locked (its BatchNorm on its running statistics), a tiny text tower.
     "lit": TEXT,
@@ -71,6 +76,7 @@ METHOD = {
         "method.warmup_teacher_temperature=0.02",
         "method.warmup_teacher_temperature_epochs=1",
         "method.freeze_last_layer_epochs=0.5",
+        "method.dse_weight=0.1",  # on the global crops
     ],
     # Multi-crop, which the digits recipe leaves out: 2 global 16 px crops and 4 local 8 px ones; a queue of 32 per
     # global crop that joins the Sinkhorn-Knopp from step 2 and that the 16 rows of every step wrap.
@@ -85,7 +91,13 @@ METHOD = {
     # A queue of 64 that the 6 steps of 16 keys wrap (96 pushed): negatives from the queue, not the batch; CO2's
     # consistency on the same negatives.
     "mocov2plus": HEADS
-    + ["method.queue_size=64", "method.base_momentum=0.9", "method.co2_weight=1.0", "method.koleo_weight=0.1"],
+    + [
+        "method.queue_size=64",
+        "method.base_momentum=0.9",
+        "method.co2_weight=1.0",
+        "method.koleo_weight=0.1",
+        "method.dse_weight=0.1",
+    ],
     # Queues of 32 (two global batches) that the 6 steps' 96 keys wrap; the momentum encoder moving fast enough to tell.
     "densecl": HEADS + ["method.queue_size=32", "method.momentum=0.9", "method.co2_weight=1.0"],
     "supervised": ["method.num_classes=10", "augmentation=supervised"],  # one view: main_linear.py's fine-tuning
@@ -111,7 +123,8 @@ METHOD = {
     "visreg": HEADS + ["augmentation=digits_four_views", "method.num_slices=16"],
     # Support sets of 64 that 6 steps of 16 wrap, as MoCo v2+'s queue.
     "nnsiam": HEADS + ["method.pred_hidden_dim=8", "method.queue_size=64"],
-    "nnclr": HEADS + ["method.pred_hidden_dim=32", "method.queue_size=64", "method.koleo_weight=0.1"],
+    "nnclr": HEADS
+    + ["method.pred_hidden_dim=32", "method.queue_size=64", "method.koleo_weight=0.1", "method.dse_weight=0.1"],
     "nnbyol": HEADS + ["method.pred_hidden_dim=32", "method.queue_size=64", "method.base_momentum=0.9"],
     "ressl": HEADS + ["method.queue_size=64", "method.base_momentum=0.9"],
     "supcon": HEADS,
@@ -134,7 +147,7 @@ METHOD = {
         "method.lambd=0.1",
     ],
     # A momentum teacher and the running covariance of the global batch, carried over the 6 steps (in the checkpoint).
-    "tico": HEADS + ["method.base_momentum=0.9"],
+    "tico": HEADS + ["method.base_momentum=0.9", "method.dse_weight=0.1"],
     # No projector: InfoNCE on the first 8 of the test ResNet's 96 features.
     "directclr": ["method.d0=8"],
     # Each view's uniformity over every pair of the global batch.
@@ -147,13 +160,14 @@ METHOD = {
     "ssl_ey": HEADS,
     # The test ResNet's 2 x 2 maps: every cell matched by feature, 2 and 3 by location from the views' boxes; the local
     # statistics per matched slot over the global batch.
-    "vicregl": HEADS + ["method.maps_hidden_dim=16", "method.maps_output_dim=8", "method.num_matches=[2,3]"],
+    "vicregl": HEADS
+    + ["method.maps_hidden_dim=16", "method.maps_output_dim=8", "method.num_matches=[2,3]", "method.dse_weight=0.1"],
     # The test ResNet's 2 x 2 maps pooled over a 2 x 2 grid of the image and the whole image; each region's negatives
     # every region of both views of the global batch.
     "detcon": HEADS + ["method.grid=2", "method.image_region=true"],
     # The 16 px image and a 24 px view cut into 8 px tiles; a bank of the 51 train samples, which the 6 steps of 16
     # rows revisit (4 steps an epoch), so that steps 5 and 6 score against entries the run moved.
-    "pirl": ["method.proj_output_dim=16", "augmentation=pirl_digits"],
+    "pirl": ["method.proj_output_dim=16", "augmentation=pirl_digits", "method.dse_weight=0.1"],
     # DINOv2 on TINY_DINO_FAMILY's ViT, with 2 registers: 2 global 16 px crops, most of them masked, and 4 local 8 px
     # ones; the teacher temperature warms up over the first epoch.
     "dinov2": TINY_DINO_FAMILY
@@ -253,6 +267,7 @@ METHOD = {
         "method.predictor_depth=1",
         "method.predictor_heads=2",
         "method.base_momentum=0.9",
+        "method.dse_weight=0.1",  # on each image's encoded context, its padding marked
     ],
     # timm's test ViT (width 64) on a 4 x 4 grid, I-JEPA's masks; the frozen teacher the MAE zoo ViT (width 192, the
     # same grid): the predictor maps to the teacher's width.
@@ -377,6 +392,7 @@ METHOD = {
             "method.sinkhorn_iterations=3",  # the paper's (the digits default has none)
             "method.base_momentum=0.9",
             "optim=lars",  # as dinov2's: AdamW lifts float64 rounding in elements whose gradient is near 0
+            "method.dse_weight=0.1",  # on the masked anchor's encoded patches
         ]
         for name in ("msn", "pmsn")
     },
@@ -658,7 +674,9 @@ def test_batchnorm_statistics_are_the_official_codes(method, forward, matches):
     torch.manual_seed(0)
     backbone, width = create_backbone("test_resnet", small_stem=True, pretrained=False)
     extra = HEADS if method == "simclr" else METHOD[method]  # multi-crop; DINO's heads with BatchNorm
-    cfg = compose_cfg(BASE + [f"method={method}", *extra, "data.batch_size=16"])
+    cfg = compose_cfg(
+        BASE + [f"method={method}", *extra, "data.batch_size=16", "method.dse_weight=0"]
+    )  # the loss alone
     model = build_method(cfg.method, backbone, width).double()
     reference = copy.deepcopy(model)
     loss = model({"views": views, "label": torch.arange(6) % 3})["loss"]
@@ -814,11 +832,13 @@ def hand_koleo(x: torch.Tensor) -> torch.Tensor:
     return -distances.min(dim=1).values.log().mean()
 
 
-@pytest.mark.parametrize("method", ["simclr", "vicreg", "byol", "simsiam", "fastsiam", "supcon", "dino", "visreg"])
+@pytest.mark.parametrize(
+    "method", ["simclr", "vicreg", "byol", "simsiam", "fastsiam", "supcon", "dino", "visreg", "tico"]
+)
 def test_koleo_adds_its_weight_times_koleo_of_each_views_backbone_features(method):
     """method.koleo_weight=w (a method of each two-view base, one of more views, one with labels and multi-crop's
-    DINO, on its global crops): the loss is the method's own plus w x the sum over the views of KoLeo's formula on the
-    backbone's features of that view; w = 0 leaves the method as it was."""
+    DINO, on its global crops; TiCo on its student's one view): the loss is the method's own plus w x the sum over the
+    views of KoLeo's formula on the backbone's features of that view; w = 0 leaves the method as it was."""
     from solo.backbones import create_backbone
     from solo.methods import build_method
 
@@ -834,8 +854,72 @@ def test_koleo_adds_its_weight_times_koleo_of_each_views_backbone_features(metho
         cfg = compose_cfg(BASE + [f"method={method}", *METHOD.get(method, HEADS), f"method.koleo_weight={weight}"])
         out = build_method(cfg.method, backbone, width).double()(batch)
         losses[weight] = out["loss"]
-    spread = sum(hand_koleo(f) for f in out["features"].chunk(len(views)))
+    spread = sum(hand_koleo(f) for f in out["features"].split(6))  # each view the student encodes
     torch.testing.assert_close(losses[0.25] - losses[0.0], 0.25 * spread, rtol=1e-6, atol=1e-9)
+
+
+# Every method that takes DSE through its backbone's forward (Method.encode_backbone, or the maps it reads itself);
+# those that take it on their masked tokens have tests of their own (tests/test_reference_formulas.py: DINOv2's,
+# MAE's, I-JEPA's, MSN's; iBOT and Franca are DINOv2's, SALT I-JEPA's, PMSN MSN's).
+ON_MASKED_TOKENS = {"dinov2", "ibot", "franca", "mae", "ijepa", "salt", "msn", "pmsn"}
+DSE_ON_THE_BACKBONE = sorted(
+    name
+    for name in METHODS.names()
+    if "dse_weight" in {f.name for f in dataclasses.fields(METHODS[name].schema)} and name not in ON_MASKED_TOKENS
+)
+TEST_VIT = [
+    "backbone.name=test_vit",
+    "backbone.small_stem=false",
+    "+backbone.kwargs.img_size=16",
+    "+backbone.kwargs.patch_size=4",
+]
+
+
+@pytest.mark.parametrize(
+    "method, backbone",
+    [(name, "test_resnet") for name in DSE_ON_THE_BACKBONE] + [("simclr", "test_vit"), ("dino", "test_vit")],
+)
+def test_dse_adds_its_weight_times_minus_dse_of_the_global_views_dense_tokens(method, backbone, tmp_path):
+    """method.dse_weight=w on a batch of the method's own data: the loss falls by w x DSE of the backbone's dense tokens
+    of each global view the student encodes (DenseCL's, TiCo's and PIRL's: the first alone), as timm's forward_features
+    gives them (a ResNet's last map position by position, a ViT's patch tokens), view by view, k-means++ drawn from the
+    run's generator of the step; w = 0 leaves it as it was. The images in another order (other groups of 8 for
+    k-means) would give another value. In eval mode: BatchNorm's statistics are then the same however the views are
+    grouped."""
+    from solo.distributed.env import detect
+    from solo.train.trainer import Trainer
+
+    vit = TEST_VIT if backbone == "test_vit" else []
+    cfg = compose_cfg(method_overrides(method) + vit + ["data.batch_size=16", "method.dse_weight=0.5"])
+    trainer = Trainer(cfg, tmp_path, detect(), torch.device("cpu"))
+    on = trainer.model.method.eval()
+    off = copy.deepcopy(on)
+    off.dse = None
+    batch = next(iter(trainer.source))
+    losses = {name: m.batch_loss(m.encode(batch), batch)["loss"] for name, m in (("off", off), ("on", on))}
+    net, prefix = on.backbone, getattr(on.backbone, "num_prefix_tokens", 0)
+    with torch.no_grad():
+        students = 1 if method in {"densecl", "tico", "pirl"} else on.num_views
+        maps = [net.forward_features(view) for view in batch["views"][:students]]
+    tokens = [m[:, prefix:] if backbone == "test_vit" else m.flatten(2).mT for m in maps]
+    want = dse_score(tokens, generator=on.draws.generator("dse", torch.device("cpu")))
+    torch.testing.assert_close(losses["off"] - losses["on"], 0.5 * want.detach(), rtol=1e-9, atol=1e-12)
+    wrong = dse_score([torch.cat(tokens).roll(4, 0)], generator=on.draws.generator("dse", torch.device("cpu")))
+    assert abs(wrong.item() - want.item()) > 1e-6 * abs(want.item())  # 1e-9 is the tolerance above
+
+
+def test_dse_on_a_backbone_without_dense_tokens_is_refused():
+    """A backbone with neither a ViT's patch tokens nor a ResNet's global pool (your own CNN): DSE cannot read its
+    tokens; the method is not built, the error names the setting."""
+    from solo.methods import build_method
+
+    cnn = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten())
+    cfg = compose_cfg(BASE + HEADS + ["method=byol", "method.dse_weight=0.5"])
+    with pytest.raises(
+        ConfigError, match=r"method.dse_weight=0.5: it reads the backbone's dense tokens, and Sequential"
+    ):
+        build_method(cfg.method, cnn, 8)
+    build_method(compose_cfg(BASE + HEADS + ["method=byol"]).method, cnn, 8)  # without DSE it trains
 
 
 def test_more_prototypes_than_samples_are_refused(tmp_path):

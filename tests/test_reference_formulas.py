@@ -14,7 +14,6 @@ variant they must reject (what solo used to compute, or a likely slip). Their ex
 
 import cmath
 import copy
-import dataclasses
 import math
 import random
 
@@ -686,6 +685,35 @@ def test_dse_is_the_official_formula_on_scikit_learn_clusters_in_value_and_gradi
     assert abs(interleaved.item() - got.item()) > 1e-3 * abs(got.item())
 
 
+def test_dse_of_padded_tokens_is_the_official_formula_on_each_images_own_tokens():
+    """I-JEPA's contexts: 10 images of 6 to 12 real tokens (each of an image's 3 blobs missing 0 to 2 of its 4), first,
+    then junk up to 12. DSE with the padding marked (`valid`) equals the official loops on each image's own tokens,
+    clustered by scikit-learn's KMeans, in value and gradient; the padding gets no gradient. Rejected: the padding
+    counted as tokens."""
+    from sklearn.cluster import KMeans
+
+    def sklearn_kmeans(points, k, which):
+        fitted = KMeans(n_clusters=k, n_init=10, random_state=0).fit(points.numpy())
+        return torch.from_numpy(fitted.labels_).long(), torch.from_numpy(fitted.cluster_centers_)
+
+    g = _generator(21)
+    blobs = _blobs(10, 12, 16, g)
+    x = torch.randn(10, 12, 16, generator=g, dtype=torch.float64)  # the junk
+    valid = torch.zeros(10, 12, dtype=torch.bool)
+    for b in range(10):
+        own = torch.cat([blobs[b, blob * 4 : blob * 4 + 4 - b % 3] for blob in range(3)])
+        x[b, : len(own)], valid[b, : len(own)] = own, True
+    x.requires_grad_()
+    got = dse_score([x], generator=_generator(0), valid=[valid])
+    want = official_dse([image[keep] for image, keep in zip(x, valid)], 3, 24, sklearn_kmeans)
+    assert got.item() == pytest.approx(want.item(), rel=1e-10)
+    grad = torch.autograd.grad(got, x)[0]
+    torch.testing.assert_close(grad, torch.autograd.grad(want, x)[0], rtol=1e-8, atol=1e-10)
+    assert grad[~valid].abs().max() == 0
+    padding_counted = dse_score([x], generator=_generator(0))
+    assert abs(padding_counted.item() - got.item()) > 1e-3 * abs(got.item())
+
+
 def test_dinov2_adds_dse_weight_times_minus_dse_of_the_student_patch_tokens():
     """DINOv2 with method.dse_weight: its loss falls by the weight times DSE of the global crops' student patch tokens
     (the mask token in the masked places), the crops as images view by view; every term else unchanged. The crops'
@@ -714,7 +742,7 @@ def test_mae_adds_dse_weight_times_minus_dse_of_the_encoded_visible_patches():
     cfg = MAEConfig(mask_ratio=0.5, decoder_embed_dim=16, decoder_depth=1, decoder_heads=2, dse_weight=0.3)
     on = MAE(_tiny_vit(9), 32, cfg).double()
     off = copy.deepcopy(on)
-    off.cfg = dataclasses.replace(cfg, dse_weight=0.0)
+    off.dse = None  # DSE off, all else alike
     on.feeds_probe = off.feeds_probe = False
     g = _generator(35)
     images = torch.randn(10, 3, 16, 16, generator=g, dtype=torch.float64)
@@ -732,6 +760,70 @@ def test_mae_adds_dse_weight_times_minus_dse_of_the_encoded_visible_patches():
     torch.manual_seed(7)
     every_patch = dse_score([output_tokens(vit, images)[:, 1:]], generator=None)
     assert abs(every_patch.item() - want.item()) > 1e-3 * abs(want.item())
+
+
+def test_msn_adds_dse_weight_times_minus_dse_of_the_masked_anchors_visible_patches():
+    """MSN with method.dse_weight: its loss falls by the weight times DSE of the encoder's output for the anchor
+    crop's kept patches (the class token left out); MSN's own loss unchanged. DSE of the target crop's patches (the
+    teacher's view) would differ."""
+    from solo.methods.msn import MSN, MSNConfig
+
+    cfg = MSNConfig(proj_hidden_dim=16, proj_output_dim=8, num_prototypes=12, mask_ratio=0.25, dse_weight=0.3)
+    on = MSN(_tiny_vit(10), 32, cfg).double()
+    off = copy.deepcopy(on)
+    off.dse = None
+    on.feeds_probe = off.feeds_probe = False
+    g = _generator(37)
+    target, anchor = (torch.randn(10, 3, 16, 16, generator=g, dtype=torch.float64) for _ in range(2))
+    mask = torch.stack([torch.randperm(16, generator=g) < 4 for _ in range(10)])
+    batch = {"views": [target, anchor], "mask": mask, "label": torch.zeros(10)}
+    loss_off = off.batch_loss(off.encode(batch), batch)["loss"]
+    torch.manual_seed(7)  # no trainer: the k-means++ draws come from torch's generator
+    loss_on = on.batch_loss(on.encode(batch), batch)["loss"]
+    vit = on.backbone
+    visible = torch.stack([embed_patches(vit, anchor)[i][~mask[i]] for i in range(10)])
+    encoded = run_blocks(vit, torch.cat([prefix_tokens(vit, 10), visible], 1))[:, 1:]
+    torch.manual_seed(7)
+    want = dse_score([encoded], generator=None)
+    assert (loss_off - loss_on).item() == pytest.approx(0.3 * want.item(), rel=1e-9)
+    torch.manual_seed(7)
+    teachers_view = dse_score([output_tokens(vit, target)[:, 1:]], generator=None)
+    assert abs(teachers_view.item() - want.item()) > 1e-3 * abs(want.item())
+
+
+def test_ijepa_adds_dse_weight_times_minus_dse_of_each_images_encoded_context():
+    """I-JEPA with method.dse_weight: its loss falls by the weight times DSE of the encoder's output for each image's
+    context patches (the prefix left out), each image's context run through the ViT alone (no padding), its tokens
+    alone in the DSE (solo.losses.dse_score's `valid`); the prediction loss unchanged. With the padding counted as
+    tokens the value differs."""
+    from solo.methods.ijepa import IJEPA, IJEPAConfig
+
+    cfg = IJEPAConfig(predictor_embed_dim=16, predictor_depth=1, predictor_heads=2, dse_weight=0.3)
+    on = IJEPA(_tiny_vit(9), 32, cfg).double()
+    off = copy.deepcopy(on)
+    off.dse = None
+    on.feeds_probe = off.feeds_probe = False
+    g = _generator(36)
+    images = torch.randn(10, 3, 16, 16, generator=g, dtype=torch.float64)
+    masks = torch.stack([on.mask_generator()(random.Random(b)) for b in range(10)])
+    assert len(set(masks[:, 0].sum(dim=1).tolist())) > 1  # contexts of several sizes: padding to mark
+    batch = {"views": [images], "mask": masks, "label": torch.zeros(10)}
+    loss_off = off.batch_loss(off.encode(batch), batch)["loss"]
+    torch.manual_seed(7)  # no trainer: the k-means++ draws come from torch's generator
+    loss_on = on.batch_loss(on.encode(batch), batch)["loss"]
+    vit, most = on.backbone, on.mask_generator().most_context
+    contexts = []
+    for image, context in zip(images, masks[:, 0]):
+        patches = embed_patches(vit, image[None])[:, context]
+        contexts.append(run_blocks(vit, torch.cat([prefix_tokens(vit, 1), patches], 1))[0, 1:])
+    padded = torch.stack([F.pad(c, (0, 0, 0, most - len(c))) for c in contexts])
+    valid = torch.stack([torch.arange(most) < len(c) for c in contexts])
+    torch.manual_seed(7)
+    want = dse_score([padded], generator=None, valid=[valid])
+    assert (loss_off - loss_on).item() == pytest.approx(0.3 * want.item(), rel=1e-9)
+    torch.manual_seed(7)
+    padding_counted = dse_score([padded], generator=None)
+    assert abs(padding_counted.item() - want.item()) > 1e-3 * abs(want.item())
 
 
 # --- EMP-SSL ---------------------------------------------------------------------------------------------------------
@@ -2387,7 +2479,7 @@ def test_densecl_adds_co2_of_its_global_branch_times_its_weight():
         cfg = DenseCLConfig(proj_hidden_dim=6, proj_output_dim=3, queue_size=8, co2_weight=weight)
         method = DenseCL(torch.nn.Identity(), 4, cfg).double()
         method.queues[0].push(queue[:6])
-        losses[weight] = method.batch_loss(encoded, {"label": None})["loss"]
+        losses[weight] = method.batch_loss(encoded, {"label": torch.zeros(5, dtype=torch.long)})["loss"]
     q, k = method.global_head(pooled), method.teacher[1](encoded["key_pooled"]).detach()
     _assert_same_value_and_gradient(losses[0.7] - losses[0.0], 0.7 * _lightly_co2(q, k, queue[:6], 0.05), (pooled,))
 

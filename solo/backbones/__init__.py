@@ -74,13 +74,17 @@ def feature_width(backbone: torch.nn.Module, image_size: int) -> int:
 GLOBAL_POOLS = ("global_pool", "avgpool")
 
 
+def _global_pool(backbone: nn.Module) -> nn.Module | None:
+    return next(
+        (getattr(backbone, name) for name in GLOBAL_POOLS if isinstance(getattr(backbone, name, None), nn.Module)), None
+    )
+
+
 def pooled_and_map(backbone: nn.Module, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """`backbone(images)`, the pooled features every method reads, and the map they pool, (B, C, h, w): the last
     stage's output, as its global pool takes it. Read by a hook on the pool around the backbone's own forward, so that
     what runs (and FSDP's hooks on that forward) is what runs for every other method, and the pooled path unchanged."""
-    pool = next(
-        (getattr(backbone, name) for name in GLOBAL_POOLS if isinstance(getattr(backbone, name, None), nn.Module)), None
-    )
+    pool = _global_pool(backbone)
     if pool is None:
         raise ConfigError(
             f"{type(backbone).__name__} has no global pool ({' or '.join(GLOBAL_POOLS)}) whose input is its spatial map: "
@@ -93,6 +97,32 @@ def pooled_and_map(backbone: nn.Module, images: torch.Tensor) -> tuple[torch.Ten
     finally:
         handle.remove()
     return pooled, maps[0]
+
+
+def pooled_and_tokens(backbone: nn.Module, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """`backbone(images)` and its dense tokens (B, P, D), what its pool reads: a ViT's patch tokens after its final
+    norm (the class token and registers left out), a ResNet's last map position by position (pooled_and_map). Read
+    by a hook around the backbone's own forward, as pooled_and_map reads the map."""
+    if not is_vit(backbone):
+        pooled, spatial = pooled_and_map(backbone, images)
+        return pooled, spatial.flatten(2).mT
+    tokens = []
+    handle = backbone.norm.register_forward_hook(lambda module, args, out: tokens.append(out))
+    try:
+        pooled = backbone(images)
+    finally:
+        handle.remove()
+    return pooled, tokens[0][:, backbone.num_prefix_tokens :]
+
+
+def check_dense_tokens(backbone: nn.Module, setting: str) -> None:
+    """Raise ConfigError naming `setting` (what asked for them) unless pooled_and_tokens can read `backbone`'s tokens."""
+    if not is_vit(backbone) and _global_pool(backbone) is None:
+        raise ConfigError(
+            f"{setting}: it reads the backbone's dense tokens, and {type(backbone).__name__} has neither a ViT's "
+            f"patch tokens nor a global pool ({' or '.join(GLOBAL_POOLS)}) over a spatial map: use a timm ViT or a "
+            "ResNet, or leave it at 0"
+        )
 
 
 def pooled_and_block_outputs(

@@ -6,12 +6,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from solo.losses import align_uniform_loss
-from solo.methods.base import KoLeoOption, TwoViewMethod, mlp, register_method
+from solo.methods.base import DSEOption, KoLeoOption, TwoViewMethod, mlp, register_method
 from solo.schema import AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, ruled
 
 
 @dataclass
-class AlignUniformConfig(KoLeoOption):
+class AlignUniformConfig(DSEOption, KoLeoOption):
     name: str = "align_uniform"
     proj_hidden_dim: int = ruled(2048, AT_LEAST_ONE)
     proj_output_dim: int = ruled(128, AT_LEAST_ONE)
@@ -24,7 +24,7 @@ class AlignUniformConfig(KoLeoOption):
 class AlignUniform(TwoViewMethod):
     def __init__(self, backbone, feature_dim: int, cfg: AlignUniformConfig):
         super().__init__(backbone, feature_dim)
-        self.koleo_weight = cfg.koleo_weight
+        self.take_regularisers(cfg)
         self.projector = mlp([feature_dim, cfg.proj_hidden_dim, cfg.proj_output_dim])
         self.cfg = cfg
 

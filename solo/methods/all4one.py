@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 from solo.errors import ConfigError
 from solo.losses import all4one_feature_loss, nnclr_loss
-from solo.methods.base import KoLeoOption, MomentumTwoViewMethod, mlp, register_method
+from solo.methods.base import DSEOption, KoLeoOption, MomentumTwoViewMethod, mlp, register_method
 from solo.methods.memory_banks import GlobalQueue, check_queue_size
 from solo.schema import AT_LEAST_ONE, POSITIVE, PROBABILITY, ruled
 
@@ -21,7 +21,7 @@ NEIGHBOURS = 5  # the paper's neighbourhood: the sequence the Transformer attend
 
 
 @dataclass
-class All4OneConfig(KoLeoOption):
+class All4OneConfig(DSEOption, KoLeoOption):
     name: str = "all4one"
     proj_hidden_dim: int = ruled(2048, AT_LEAST_ONE)
     proj_output_dim: int = ruled(256, AT_LEAST_ONE)  # also the Transformer's width: a multiple of its 8 heads
@@ -57,7 +57,7 @@ class All4One(MomentumTwoViewMethod):
         super().__init__(
             backbone, feature_dim, projector, mlp([d, cfg.pred_hidden_dim, d]), cfg.base_momentum, cfg.final_momentum
         )
-        self.koleo_weight = cfg.koleo_weight
+        self.take_regularisers(cfg)
         self.predictor2 = mlp([d, cfg.pred_hidden_dim, d])
         layer = nn.TransformerEncoderLayer(d, nhead=8, dim_feedforward=2 * d, dropout=0.0, batch_first=True)
         self.transformer = nn.TransformerEncoder(layer, num_layers=3, enable_nested_tensor=False)
@@ -96,4 +96,4 @@ class All4One(MomentumTwoViewMethod):
         ) / 2
         loss = 0.5 * (attended + neighbour + all4one_feature_loss(t1, t2, z1, z2))
         self.support.push(t1)
-        return self.view_outputs(loss, [f1, f2], batch)
+        return self.view_outputs(loss, [f1, f2], batch, encoded.get("dense"))

@@ -44,6 +44,7 @@ import torch
 import torch.nn as nn
 from torch.distributed.tensor import DTensor
 
+from solo.backbones import check_dense_tokens, pooled_and_tokens
 from solo.backbones.stochastic import step_generator, without_randomness
 from solo.data.views.batch_spec import BatchSpec
 from solo.distributed.batchnorm import normalises_row_groups, row_groups
@@ -108,8 +109,11 @@ class Method(nn.Module):
     # for the embedded digits, one for any other data (natural images: the paper's views at data.image_size).
     augmentations: ClassVar[dict[str, str]] = {"digits": "digits", "natural": "simclr"}
 
-    # KoLeo's weight (KoLeoOption): a method whose config has the key sets it, and view_outputs adds the term
+    # The regularisers that view_outputs adds, set from a method's config by take_regularisers: KoLeo's weight
+    # (KoLeoOption), and DSE's options where its weight is on (DSEOption; else None), which make encode_backbone give
+    # the global views' dense tokens too.
     koleo_weight: float = 0.0
+    dse: DSEOption | None = None
 
     def __init__(self, backbone: nn.Module, feature_dim: int):
         super().__init__()
@@ -184,12 +188,50 @@ class Method(nn.Module):
         """The optimizer's groups over the trained parameters (teachers excluded by having no gradient)."""
         return param_groups(self, weight_decay, exclude_bias_and_norm=exclude_bias_and_norm)
 
-    def view_outputs(self, loss: torch.Tensor, features: list[torch.Tensor], batch: dict) -> dict:
+    def take_regularisers(self, cfg) -> None:
+        """KoLeo's weight and DSE's options from the method's config `cfg`, where it has them (KoLeoOption,
+        DSEOption): view_outputs adds their terms."""
+        self.koleo_weight = getattr(cfg, "koleo_weight", 0.0)
+        if getattr(cfg, "dse_weight", 0.0):
+            check_dense_tokens(self.backbone, f"method.dse_weight={cfg.dse_weight}")
+            self.dse = cfg
+            self.draws = None  # the trainer's (solo.backbones.stochastic.Draws.attach): DSE's k-means++ draws of a step
+
+    def encode_backbone(self, views: list[torch.Tensor], per_view_statistics: bool = True) -> dict:
+        """{"features": each view through the backbone (encode_views)}, and with DSE on, "dense": the dense tokens
+        (n, P, D) of the first `num_views` views (the global crops), read around the same calls (pooled_and_tokens)."""
+        if self.dse is None:
+            return {"features": encode_views(self.backbone, views, per_view_statistics=per_view_statistics)}
+        pairs = encode_views(
+            self.backbone,
+            views,
+            forward=lambda images: list(pooled_and_tokens(self.backbone, images)),
+            per_view_statistics=per_view_statistics,
+        )
+        return {"features": [pooled for pooled, _ in pairs], "dense": [tokens for _, tokens in pairs[: self.num_views]]}
+
+    def view_outputs(
+        self, loss: torch.Tensor, features: list[torch.Tensor], batch: dict, dense: list[torch.Tensor] | None = None
+    ) -> dict:
         """forward's outputs for `loss` and each view's backbone `features`: the features for the probe, each view with
-        its sample's label, and, with `koleo_weight`, KoLeo on each view's features added to the loss (KoLeoOption)."""
+        its sample's label; with `koleo_weight`, KoLeo on each view's features added to the loss (KoLeoOption); with
+        DSE on, its term of the global views' `dense` tokens (encode_backbone's; with_dse)."""
         if self.koleo_weight:
             loss = loss + self.koleo_weight * sum(koleo_loss(f) for f in features)
+        loss = self.with_dse(loss, dense)
         return {"loss": loss, "features": torch.cat(features), "labels": batch["label"].repeat(len(features))}
+
+    def with_dse(
+        self, loss: torch.Tensor, dense: list[torch.Tensor] | None, valid: list[torch.Tensor] | None = None
+    ) -> torch.Tensor:
+        """`loss` plus DSE's weight times -DSE of `dense` (one (n, P, D) tensor of this rank's images per view; `valid`,
+        one (n, P) per view, marks padding: solo.losses.dse_score) where DSE is on (DSEOption), its value kept for
+        `metrics`; `loss` as it is otherwise."""
+        if self.dse is None:
+            return loss
+        term = dse_term(self, dense, self.dse, valid)
+        self.dse_loss = term.detach()
+        return loss + self.dse.dse_weight * term
 
     def encode(self, batch: dict) -> dict:
         """The per-sample part of forward (the encoders), as a dict of (batch, ...) tensors or lists of them.
@@ -220,8 +262,9 @@ class Method(nn.Module):
         changes with the step but tensors."""
 
     def metrics(self) -> dict[str, torch.Tensor]:
-        """Scalars to log besides the loss, as tensors (read at the logging interval, not every step)."""
-        return {}
+        """Scalars to log besides the loss, as tensors (read at the logging interval, not every step): DSE's term where
+        it is on (with_dse), to which a subclass adds its own."""
+        return {"train/dse_loss": self.dse_loss} if hasattr(self, "dse_loss") else {}
 
     def ema_momentum(self) -> float | torch.Tensor:
         """The momentum of this step's EMA update, as prepare_step set it: inside a compiled step the device tensor
@@ -362,11 +405,13 @@ class DSEOption:
     dse_global_clusters: int = ruled(24, AT_LEAST_ONE)
 
 
-def dse_term(method: nn.Module, tokens: list[torch.Tensor], cfg: DSEOption) -> torch.Tensor:
-    """-DSE of `tokens` (one (n, P, D) tensor of this rank's images per view), its k-means++ drawn from the method's
-    generator of the step (seeded by run and step: the same draws on every rank)."""
+def dse_term(
+    method: nn.Module, tokens: list[torch.Tensor], cfg: DSEOption, valid: list[torch.Tensor] | None = None
+) -> torch.Tensor:
+    """-DSE of `tokens` (one (n, P, D) tensor of this rank's images per view; `valid` marks padding), its k-means++
+    drawn from the method's generator of the step (seeded by run and step: the same draws on every rank)."""
     generator = step_generator(method, "dse", tokens[0].device)
-    return -dse_score(tokens, cfg.dse_local_clusters, cfg.dse_global_clusters, generator)
+    return -dse_score(tokens, cfg.dse_local_clusters, cfg.dse_global_clusters, generator, valid)
 
 
 class TwoViewMethod(Method):
@@ -381,12 +426,12 @@ class TwoViewMethod(Method):
         raise NotImplementedError
 
     def encode(self, batch: dict) -> dict:
-        return {"features": encode_views(self.backbone, batch["views"], per_view_statistics=self.per_view_statistics)}
+        return self.encode_backbone(batch["views"], per_view_statistics=self.per_view_statistics)
 
     def batch_loss(self, encoded: dict, batch: dict) -> dict:
         f1, f2 = encoded["features"]
         loss = self.loss(*self.project([f1, f2]))
-        return self.view_outputs(loss, [f1, f2], batch)
+        return self.view_outputs(loss, [f1, f2], batch, encoded.get("dense"))
 
     def project(self, features: list[torch.Tensor]) -> list[torch.Tensor]:
         """The views' projections, in one call (with the backbone's BatchNorm convention)."""
@@ -394,7 +439,7 @@ class TwoViewMethod(Method):
 
 
 @dataclass
-class ExpanderConfig(KoLeoOption):
+class ExpanderConfig(DSEOption, KoLeoOption):
     """The projector ("expander") of Barlow Twins and VICReg: two hidden BatchNorm layers, then the output."""
 
     name: str = ""
@@ -408,7 +453,7 @@ class ExpanderMethod(TwoViewMethod):
     def __init__(self, backbone: nn.Module, feature_dim: int, cfg: ExpanderConfig):
         super().__init__(backbone, feature_dim)
         self.projector = mlp([feature_dim, cfg.proj_hidden_dim, cfg.proj_hidden_dim, cfg.proj_output_dim])
-        self.koleo_weight = cfg.koleo_weight
+        self.take_regularisers(cfg)
 
 
 class MomentumTwoViewMethod(Method):
@@ -442,14 +487,14 @@ class MomentumTwoViewMethod(Method):
     def encode(self, batch: dict) -> dict:
         with torch.no_grad():
             teacher = encode_views(self.teacher[0], batch["views"])
-        return {"features": encode_views(self.backbone, batch["views"]), "teacher": teacher}
+        return {**self.encode_backbone(batch["views"]), "teacher": teacher}
 
     def batch_loss(self, encoded: dict, batch: dict) -> dict:
         f1, f2 = encoded["features"]
         p1, p2 = encode_views(nn.Sequential(self.projector, self.predictor), [f1, f2])
         with torch.no_grad():
             t1, t2 = encode_views(self.teacher[1], encoded["teacher"])
-        return self.view_outputs(self.pair_loss(p1, p2, t1, t2), [f1, f2], batch)
+        return self.view_outputs(self.pair_loss(p1, p2, t1, t2), [f1, f2], batch, encoded.get("dense"))
 
     def pair_loss(self, p1: torch.Tensor, p2: torch.Tensor, t1: torch.Tensor, t2: torch.Tensor) -> torch.Tensor:
         """The loss of the student's predictions `p1`, `p2` against the teacher's outputs `t1`, `t2` of the two views
@@ -465,7 +510,7 @@ class MomentumTwoViewMethod(Method):
         ema_update(self.teacher, nn.ModuleList([self.backbone, self.projector]), self.ema_momentum())
 
     def metrics(self) -> dict[str, torch.Tensor]:
-        return {"train/teacher_momentum": torch.tensor(self.momentum)}
+        return {**super().metrics(), "train/teacher_momentum": torch.tensor(self.momentum)}
 
 
 class SiameseMethod(Method):
@@ -481,13 +526,13 @@ class SiameseMethod(Method):
         raise NotImplementedError
 
     def encode(self, batch: dict) -> dict:
-        return {"features": encode_views(self.backbone, batch["views"])}
+        return self.encode_backbone(batch["views"])
 
     def batch_loss(self, encoded: dict, batch: dict) -> dict:
         f1, f2 = encoded["features"]
         z1, z2 = encode_views(self.projector, [f1, f2])
         p1, p2 = encode_views(self.predictor, [z1, z2])
-        return self.view_outputs(self.pair_loss(p1, p2, z1, z2), [f1, f2], batch)
+        return self.view_outputs(self.pair_loss(p1, p2, z1, z2), [f1, f2], batch, encoded.get("dense"))
 
 
 def with_group_settings(groups: list[dict], params, **settings) -> list[dict]:

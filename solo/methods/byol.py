@@ -5,12 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from solo.losses import byol_loss
-from solo.methods.base import KoLeoOption, MomentumTwoViewMethod, mlp, register_method
+from solo.methods.base import DSEOption, KoLeoOption, MomentumTwoViewMethod, mlp, register_method
 from solo.schema import AT_LEAST_ONE, PROBABILITY, ruled
 
 
 @dataclass
-class BYOLConfig(KoLeoOption):
+class BYOLConfig(DSEOption, KoLeoOption):
     name: str = "byol"
     proj_hidden_dim: int = ruled(4096, AT_LEAST_ONE)
     proj_output_dim: int = ruled(256, AT_LEAST_ONE)
@@ -28,7 +28,7 @@ class BYOL(MomentumTwoViewMethod):
         projector = mlp([feature_dim, cfg.proj_hidden_dim, cfg.proj_output_dim])
         predictor = mlp([cfg.proj_output_dim, cfg.pred_hidden_dim, cfg.proj_output_dim])
         super().__init__(backbone, feature_dim, projector, predictor, cfg.base_momentum, cfg.final_momentum)
-        self.koleo_weight = cfg.koleo_weight
+        self.take_regularisers(cfg)
 
     def loss(self, prediction, target):
         return byol_loss(prediction, target)

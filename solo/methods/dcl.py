@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from solo.losses import dcl_loss
-from solo.methods.base import CO2Option, KoLeoOption, TwoViewMethod, co2_term, mlp, register_method
+from solo.methods.base import CO2Option, DSEOption, KoLeoOption, TwoViewMethod, co2_term, mlp, register_method
 from solo.schema import AT_LEAST_ONE, POSITIVE, choices, ruled
 
 # The positive term's weight: none (DCL) or the negative von Mises-Fisher weight over the global batch (DCLW).
@@ -15,7 +15,7 @@ WeightFn = choices("WeightFn", "none", "vmf")
 
 
 @dataclass
-class DCLConfig(CO2Option, KoLeoOption):
+class DCLConfig(CO2Option, DSEOption, KoLeoOption):
     name: str = "dcl"
     proj_hidden_dim: int = ruled(2048, AT_LEAST_ONE)
     proj_output_dim: int = ruled(128, AT_LEAST_ONE)
@@ -28,7 +28,7 @@ class DCLConfig(CO2Option, KoLeoOption):
 class DCL(TwoViewMethod):
     def __init__(self, backbone, feature_dim: int, cfg: DCLConfig):
         super().__init__(backbone, feature_dim)
-        self.koleo_weight = cfg.koleo_weight
+        self.take_regularisers(cfg)
         self.projector = mlp([feature_dim, cfg.proj_hidden_dim, cfg.proj_output_dim])
         self.temperature = cfg.temperature
         self.sigma = cfg.sigma if cfg.weight_fn == "vmf" else None

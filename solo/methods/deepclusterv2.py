@@ -11,13 +11,13 @@ import torch.nn.functional as F
 
 from solo.errors import ConfigError, DataError
 from solo.losses import deepcluster_loss
-from solo.methods.base import KoLeoOption, Method, encode_views, mlp, register_method
+from solo.methods.base import DSEOption, KoLeoOption, Method, encode_views, mlp, register_method
 from solo.methods.memory_banks import MemoryBank, kmeans
 from solo.schema import AT_LEAST_ONE, POSITIVE, ruled
 
 
 @dataclass
-class DeepClusterV2Config(KoLeoOption):
+class DeepClusterV2Config(DSEOption, KoLeoOption):
     name: str = "deepclusterv2"
     proj_hidden_dim: int = ruled(2048, AT_LEAST_ONE)
     proj_output_dim: int = ruled(128, AT_LEAST_ONE)
@@ -37,7 +37,7 @@ class DeepClusterV2(Method):
 
     def __init__(self, backbone, feature_dim: int, cfg: DeepClusterV2Config):
         super().__init__(backbone, feature_dim)
-        self.koleo_weight = cfg.koleo_weight
+        self.take_regularisers(cfg)
         if not cfg.num_prototypes or min(cfg.num_prototypes) < 1:
             raise ConfigError(
                 f"method.num_prototypes={cfg.num_prototypes}: give one k >= 1 per clustering, e.g. [3000, 3000, 3000]"
@@ -61,7 +61,7 @@ class DeepClusterV2(Method):
 
     def encode(self, batch: dict) -> dict:
         # SwAV's multi-crop forward (the same official code): the crops of one size share their BatchNorm statistics.
-        return {"features": encode_views(self.backbone, batch["views"], per_view_statistics=False)}
+        return self.encode_backbone(batch["views"], per_view_statistics=False)
 
     def batch_loss(self, encoded: dict, batch: dict) -> dict:
         features = encoded["features"]
@@ -71,7 +71,7 @@ class DeepClusterV2(Method):
         scores = [both @ getattr(self, f"centroids_{h}").T for h in range(len(self.cfg.num_prototypes))]
         loss = deepcluster_loss(scores, list(self.assignments[:, index].repeat(1, 2)), self.cfg.temperature)
         self.bank.store(index, z)
-        return self.view_outputs(loss, features, batch)
+        return self.view_outputs(loss, features, batch, encoded.get("dense"))
 
     def prepare_step(self, index: int, total_steps: int) -> None:
         done = index + 1  # an epoch's last step clusters its bank, for the next epoch (none after the run's last)

@@ -13,13 +13,13 @@ import torch.nn.functional as F
 
 from solo.backbones import pooled_and_map
 from solo.losses import co2_loss, moco_queue_loss
-from solo.methods.base import CO2Option, Method, ema_update, make_teacher, register_method
+from solo.methods.base import CO2Option, DSEOption, Method, ema_update, make_teacher, register_method
 from solo.methods.memory_banks import GlobalQueue, check_queue_size
 from solo.schema import AT_LEAST_ONE, FRACTION, POSITIVE, PROBABILITY, ruled
 
 
 @dataclass
-class DenseCLConfig(CO2Option):  # CO2 on the global branch, as MoCo v2+'s with its queue
+class DenseCLConfig(CO2Option, DSEOption):  # CO2 on the global branch, as MoCo v2+'s with its queue
     name: str = "densecl"
     proj_hidden_dim: int = ruled(2048, AT_LEAST_ONE)
     proj_output_dim: int = ruled(128, AT_LEAST_ONE)
@@ -63,6 +63,7 @@ class DenseCL(Method):
         self.teacher = make_teacher(nn.ModuleList([backbone, self.global_head, self.dense_head]))
         self.queues = nn.ModuleList([GlobalQueue(cfg.queue_size, d) for _ in ("pooled", "dense")])
         self.cfg = cfg
+        self.take_regularisers(cfg)
         self.momentum = cfg.momentum
         self.register_buffer("teacher_momentum", torch.tensor(cfg.momentum), persistent=False)
 
@@ -96,7 +97,7 @@ class DenseCL(Method):
             loss = loss + self.cfg.co2_weight * co2_loss(q, k, rows[0], valid[0], self.cfg.co2_temperature)
         self.queues[0].push(F.normalize(k, dim=1))
         self.queues[1].push(F.normalize(k_cells.mean(dim=2), dim=1))
-        return {"loss": loss, "features": pooled, "labels": batch["label"]}
+        return self.view_outputs(loss, [pooled], batch, [query_map.flatten(2).mT])
 
     def after_optimizer_step(self) -> None:
         ema_update(self.teacher, nn.ModuleList([self.backbone, self.global_head, self.dense_head]), self.ema_momentum())

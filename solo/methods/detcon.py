@@ -11,7 +11,7 @@ import torch
 from solo.backbones import pooled_and_map
 from solo.data.views.batch_spec import BatchSpec, ViewBoxes
 from solo.losses import detcon_loss
-from solo.methods.base import KoLeoOption, Method, mlp, register_method
+from solo.methods.base import DSEOption, KoLeoOption, Method, mlp, register_method
 from solo.methods.local import cell_centres
 from solo.schema import AT_LEAST_ONE, POSITIVE, ruled
 
@@ -21,7 +21,7 @@ MIN_AREA = 1e-3
 
 
 @dataclass
-class DetConConfig(KoLeoOption):
+class DetConConfig(DSEOption, KoLeoOption):
     name: str = "detcon"
     proj_hidden_dim: int = ruled(4096, AT_LEAST_ONE)
     proj_output_dim: int = ruled(256, AT_LEAST_ONE)
@@ -56,7 +56,7 @@ class DetCon(Method):
 
     def __init__(self, backbone, feature_dim: int, cfg: DetConConfig):
         super().__init__(backbone, feature_dim)
-        self.koleo_weight = cfg.koleo_weight
+        self.take_regularisers(cfg)
         self.projector = mlp([feature_dim, cfg.proj_hidden_dim, cfg.proj_output_dim])
         self.cfg = cfg
 
@@ -88,4 +88,4 @@ class DetCon(Method):
         # The backbone's output must be in the graph: FSDP unshards the parameters of its root module (the stem) for
         # the backward from a hook on that output, and the regions reach the backbone through the map alone.
         loss = loss + 0 * (f1.sum() + f2.sum())
-        return self.view_outputs(loss, [f1, f2], batch)
+        return self.view_outputs(loss, [f1, f2], batch, [m.flatten(2).mT for m in encoded["maps"]])

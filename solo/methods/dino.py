@@ -12,6 +12,7 @@ import torch.nn.functional as F
 
 from solo.losses import dino_center, dino_loss
 from solo.methods.base import (
+    DSEOption,
     KoLeoOption,
     Method,
     cosine_momentum,
@@ -25,7 +26,7 @@ from solo.schema import AT_LEAST_ONE, MOMENTUM, NON_NEGATIVE, POSITIVE, PROBABIL
 
 
 @dataclass
-class DINOConfig(KoLeoOption):
+class DINOConfig(DSEOption, KoLeoOption):
     name: str = "dino"
     proj_hidden_dim: int = ruled(2048, AT_LEAST_ONE)
     use_bn_in_head: bool = False  # BatchNorm after the head's hidden layers (DINO's --use_bn_in_head, for ResNets)
@@ -153,7 +154,7 @@ class DINO(SelfDistillation):
 
     def __init__(self, backbone, feature_dim: int, cfg: DINOConfig):
         super().__init__(backbone, feature_dim)
-        self.koleo_weight = cfg.koleo_weight
+        self.take_regularisers(cfg)
         self.cfg = cfg
         self.head = DINOHead(
             feature_dim, cfg.proj_hidden_dim, cfg.bottleneck_dim, cfg.num_prototypes, cfg.use_bn_in_head
@@ -169,7 +170,7 @@ class DINO(SelfDistillation):
         # of them at once; the teacher sees the global crops only.
         with torch.no_grad():
             teacher = encode_views(self.teacher[0], views[: self.num_views], per_view_statistics=False)
-        return {"features": encode_views(self.backbone, views, per_view_statistics=False), "teacher": teacher}
+        return {**self.encode_backbone(views, per_view_statistics=False), "teacher": teacher}
 
     def batch_loss(self, encoded: dict, batch: dict) -> dict:
         student = encode_views(self.head, encoded["features"], per_view_statistics=False)
@@ -178,4 +179,4 @@ class DINO(SelfDistillation):
         loss = dino_loss(student, teacher, self.center, self.cfg.student_temperature, self.teacher_temperature)
         with torch.no_grad():  # after the loss, from this batch's teacher outputs: the next step's centre
             self.center.copy_(dino_center(teacher, self.center, self.cfg.center_momentum))
-        return self.view_outputs(loss, encoded["features"][: self.num_views], batch)
+        return self.view_outputs(loss, encoded["features"][: self.num_views], batch, encoded.get("dense"))

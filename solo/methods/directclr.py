@@ -10,12 +10,12 @@ import torch.nn as nn
 
 from solo.errors import ConfigError
 from solo.losses import directclr_loss
-from solo.methods.base import KoLeoOption, TwoViewMethod, register_method
+from solo.methods.base import DSEOption, KoLeoOption, TwoViewMethod, register_method
 from solo.schema import AT_LEAST_ONE, POSITIVE, ruled
 
 
 @dataclass
-class DirectCLRConfig(KoLeoOption):
+class DirectCLRConfig(DSEOption, KoLeoOption):
     name: str = "directclr"
     d0: int = ruled(360, AT_LEAST_ONE)  # the leading dimensions the loss reads (the paper: 360 of ResNet-50's 2048)
     temperature: float = ruled(0.1, POSITIVE)
@@ -36,7 +36,7 @@ class LeadingDimensions(nn.Module):
 class DirectCLR(TwoViewMethod):
     def __init__(self, backbone, feature_dim: int, cfg: DirectCLRConfig):
         super().__init__(backbone, feature_dim)
-        self.koleo_weight = cfg.koleo_weight
+        self.take_regularisers(cfg)
         if cfg.d0 > feature_dim:
             raise ConfigError(
                 f"method.d0={cfg.d0}: more than the backbone's {feature_dim} features; give method.d0 <= {feature_dim}"

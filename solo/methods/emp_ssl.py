@@ -10,12 +10,12 @@ import torch
 from solo.data.views.batch_spec import BatchSpec
 from solo.errors import ConfigError
 from solo.losses import emp_ssl_loss
-from solo.methods.base import Method, mlp, register_method
+from solo.methods.base import DSEOption, Method, mlp, register_method
 from solo.schema import AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, ruled
 
 
 @dataclass
-class EMPSSLConfig:
+class EMPSSLConfig(DSEOption):
     name: str = "emp_ssl"
     proj_hidden_dim: int = ruled(4096, AT_LEAST_ONE)
     proj_output_dim: int = ruled(1024, AT_LEAST_ONE)
@@ -33,6 +33,7 @@ class EMPSSL(Method):
         super().__init__(backbone, feature_dim)
         self.cfg = cfg
         self.projector = mlp([feature_dim, cfg.proj_hidden_dim, cfg.proj_output_dim])
+        self.take_regularisers(cfg)
 
     @classmethod
     def check_data(cls, view_sizes: list[int], dataset) -> None:
@@ -50,7 +51,8 @@ class EMPSSL(Method):
     def encode(self, batch: dict) -> dict:
         # Every patch in one call, as the authors' code: the BatchNorms take their statistics over all of them.
         views = batch["views"]
-        encoded = {"patches": list(self.backbone(torch.cat(views)).split([len(v) for v in views]))}
+        encoded = self.encode_backbone(views, per_view_statistics=False)
+        encoded["patches"] = encoded.pop("features")
         if (
             self.feeds_probe
         ):  # the probe learns on what it is evaluated on (Method.batch_spec: probe_image), without a graph
@@ -61,5 +63,5 @@ class EMPSSL(Method):
     def batch_loss(self, encoded: dict, batch: dict) -> dict:
         patches = encoded["patches"]
         projected = self.projector(torch.cat(patches)).split([len(f) for f in patches])
-        loss = emp_ssl_loss(list(projected), self.cfg.tcr_eps, self.cfg.lambd)
+        loss = self.with_dse(emp_ssl_loss(list(projected), self.cfg.tcr_eps, self.cfg.lambd), encoded.get("dense"))
         return {"loss": loss, "features": encoded.get("features"), "labels": batch["label"]}

@@ -23,7 +23,7 @@ class FastSiam(Method):
 
     def __init__(self, backbone, feature_dim: int, cfg: FastSiamConfig):
         super().__init__(backbone, feature_dim)
-        self.koleo_weight = cfg.koleo_weight
+        self.take_regularisers(cfg)
         self.projector, self.predictor = simsiam_heads(feature_dim, cfg)
 
     @classmethod
@@ -41,11 +41,11 @@ class FastSiam(Method):
         return with_group_settings(groups, self.predictor.parameters(), static_lr=True)  # SimSiam's
 
     def encode(self, batch: dict) -> dict:
-        return {"features": encode_views(self.backbone, batch["views"])}
+        return self.encode_backbone(batch["views"])
 
     def batch_loss(self, encoded: dict, batch: dict) -> dict:
         features = encoded["features"]
         projections = encode_views(self.projector, features)  # each view's BatchNorm statistics, in one call
         predictions = encode_views(self.predictor, projections)
         loss = fastsiam_loss(predictions, projections)
-        return self.view_outputs(loss, features, batch)
+        return self.view_outputs(loss, features, batch, encoded.get("dense"))

@@ -23,7 +23,7 @@ from solo.backbones.vit import (
 )
 from solo.data.views.masks import MultiBlockMask
 from solo.losses import masked_patch_l1, masked_patch_mse, masked_patch_smooth_l1
-from solo.methods.base import register_method
+from solo.methods.base import DSEOption, register_method
 from solo.methods.masked_image import TargetEncoderViT, check_transformer_width
 from solo.schema import AT_LEAST_ONE, DECAY, FRACTION, POSITIVE, PROBABILITY, choices, ruled
 
@@ -33,8 +33,9 @@ PATCH_LOSSES = {"smooth_l1": masked_patch_smooth_l1, "mse": masked_patch_mse, "l
 
 
 @dataclass
-class MultiBlockPredictionConfig:
-    """The keys of a method that predicts target blocks' features from a context block (I-JEPA, SALT)."""
+class MultiBlockPredictionConfig(DSEOption):
+    """The keys of a method that predicts target blocks' features from a context block (I-JEPA, SALT); DSE on the
+    encoded context patches."""
 
     predictor_embed_dim: int = ruled(384, AT_LEAST_ONE)
     predictor_depth: int = ruled(12, AT_LEAST_ONE)
@@ -135,6 +136,7 @@ class IJEPA(TargetEncoderViT):
         self.predictor = IJEPAPredictor(backbone.embed_dim, cfg, grid_shape(backbone), width)
         self.mask_generator()(random.Random(0))  # masks the grid cannot hold: one error now, not in a data worker
         self.patch_loss = PATCH_LOSSES[str(cfg.loss)]
+        self.take_regularisers(cfg)
 
     @classmethod
     def check_config(cls, cfg) -> None:
@@ -168,6 +170,8 @@ class IJEPA(TargetEncoderViT):
         with torch.no_grad():
             target = take(self.target_features(images), target_at.flatten(1, 2)).view(prediction.shape)
         encoded = {"prediction": prediction, "target": target, "valid": target_valid}
+        if self.dse is not None:  # each image's context patches, its padding marked
+            encoded |= {"dense": [context], "dense_valid": [context_valid]}
         return encoded | self.probe_features(batch)
 
     def target_features(self, images: torch.Tensor) -> torch.Tensor:
@@ -180,6 +184,7 @@ class IJEPA(TargetEncoderViT):
         loss = self.patch_loss(
             encoded["prediction"].flatten(0, 1), encoded["target"].flatten(0, 1), encoded["valid"].flatten(0, 1)
         )
+        loss = self.with_dse(loss, encoded.get("dense"), encoded.get("dense_valid"))
         return {"loss": loss, "features": encoded.get("features"), "labels": batch["label"]}
 
     def momentum_at(self, done: int, total_steps: int) -> float:

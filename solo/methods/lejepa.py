@@ -10,7 +10,7 @@ from torch import nn
 
 from solo.backbones.stochastic import step_generator
 from solo.losses import lejepa_loss, random_directions
-from solo.methods.base import KoLeoOption, Method, encode_views, mlp, register_method
+from solo.methods.base import DSEOption, KoLeoOption, Method, encode_views, mlp, register_method
 from solo.schema import AT_LEAST_ONE, POSITIVE, PROBABILITY, Rule, ruled
 
 # The stream of draws that the directions come from, keyed with the run's seed and the step.
@@ -19,7 +19,7 @@ AT_LEAST_TWO = Rule("must be >= 2", lambda v: v >= 2)
 
 
 @dataclass
-class LeJEPAConfig(KoLeoOption):
+class LeJEPAConfig(DSEOption, KoLeoOption):
     name: str = "lejepa"
     proj_hidden_dim: int = ruled(2048, AT_LEAST_ONE)
     proj_output_dim: int = ruled(512, AT_LEAST_ONE)
@@ -36,7 +36,7 @@ class LeJEPA(Method):
 
     def __init__(self, backbone, feature_dim: int, cfg: LeJEPAConfig, activation: type[nn.Module] = nn.ReLU):
         super().__init__(backbone, feature_dim)
-        self.koleo_weight = cfg.koleo_weight
+        self.take_regularisers(cfg)
         self.cfg = cfg
         h = cfg.proj_hidden_dim
         self.projector = mlp([feature_dim, h, h, cfg.proj_output_dim], activation=activation)
@@ -57,7 +57,7 @@ class LeJEPA(Method):
     def encode(self, batch: dict) -> dict:
         # The reference runs every view through the backbone in one call: the views of one size share BatchNorm's
         # statistics.
-        return {"features": encode_views(self.backbone, batch["views"], per_view_statistics=False)}
+        return self.encode_backbone(batch["views"], per_view_statistics=False)
 
     def batch_loss(self, encoded: dict, batch: dict) -> dict:
         features = encoded["features"]
@@ -65,4 +65,4 @@ class LeJEPA(Method):
             self.projector, features, per_view_statistics=False
         )  # every view at once, as the reference
         loss = self.loss(projected, self.directions(projected[0]))
-        return self.view_outputs(loss, features[: self.num_views], batch)
+        return self.view_outputs(loss, features[: self.num_views], batch, encoded.get("dense"))

@@ -8,12 +8,12 @@ from dataclasses import dataclass
 
 from solo.errors import ConfigError
 from solo.losses import macl_loss
-from solo.methods.base import CO2Option, KoLeoOption, TwoViewMethod, co2_term, mlp, register_method
+from solo.methods.base import CO2Option, DSEOption, KoLeoOption, TwoViewMethod, co2_term, mlp, register_method
 from solo.schema import AT_LEAST_ONE, POSITIVE, PROBABILITY, ruled
 
 
 @dataclass
-class MACLConfig(CO2Option, KoLeoOption):
+class MACLConfig(CO2Option, DSEOption, KoLeoOption):
     name: str = "macl"
     proj_hidden_dim: int = ruled(2048, AT_LEAST_ONE)
     proj_output_dim: int = ruled(128, AT_LEAST_ONE)
@@ -26,7 +26,7 @@ class MACLConfig(CO2Option, KoLeoOption):
 class MACL(TwoViewMethod):
     def __init__(self, backbone, feature_dim: int, cfg: MACLConfig):
         super().__init__(backbone, feature_dim)
-        self.koleo_weight = cfg.koleo_weight
+        self.take_regularisers(cfg)
         self.projector = mlp([feature_dim, cfg.proj_hidden_dim, cfg.proj_output_dim])
         self.cfg = cfg
 

@@ -20,7 +20,7 @@ from solo.backbones.vit import (
 )
 from solo.data.views.masks import RandomMask
 from solo.losses import masked_patch_mse
-from solo.methods.base import DSEOption, dse_term, register_method
+from solo.methods.base import DSEOption, register_method
 from solo.methods.masked_image import PixelReconstruction, check_transformer_width
 from solo.schema import AT_LEAST_ONE, FRACTION, ruled
 
@@ -99,8 +99,7 @@ class MAE(PixelReconstruction):
             backbone.num_prefix_tokens,
             self.patch**2 * 3,
         )
-        if cfg.dse_weight:
-            self.draws = None  # the trainer's (solo.backbones.stochastic.Draws.attach): DSE's k-means++ draws of a step
+        self.take_regularisers(cfg)
 
     @classmethod
     def check_config(cls, cfg) -> None:
@@ -120,22 +119,15 @@ class MAE(PixelReconstruction):
         return self.decoder(self.encode_visible(batch), batch["mask"])
 
     def encode(self, batch: dict) -> dict:
-        if not self.cfg.dse_weight:
+        if self.dse is None:
             return super().encode(batch)
         visible = self.encode_visible(batch)
         dense = visible[:, self.backbone.num_prefix_tokens :]
-        return {"prediction": self.decoder(visible, batch["mask"]), "dse": dense, **self.probe_features(batch)}
+        return {"prediction": self.decoder(visible, batch["mask"]), "dense": [dense], **self.probe_features(batch)}
 
     def batch_loss(self, encoded: dict, batch: dict) -> dict:
         out = super().batch_loss(encoded, batch)
-        if self.cfg.dse_weight:
-            term = dse_term(self, [encoded["dse"]], self.cfg)
-            out["loss"] = out["loss"] + self.cfg.dse_weight * term
-            self.dse = term.detach()
-        return out
-
-    def metrics(self) -> dict[str, torch.Tensor]:
-        return {**super().metrics(), **({"train/dse_loss": self.dse} if hasattr(self, "dse") else {})}
+        return {**out, "loss": self.with_dse(out["loss"], encoded.get("dense"))}
 
     def pixel_loss(self, prediction: torch.Tensor, target: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         return masked_patch_mse(prediction, target, mask)

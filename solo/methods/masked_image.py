@@ -144,7 +144,8 @@ class TargetEncoderViT(MaskedViT, Method):
             ema_update(self.target_encoder, self.taught(), self.ema_momentum())
 
     def metrics(self) -> dict[str, torch.Tensor]:
-        return {"train/teacher_momentum": torch.tensor(self.momentum)} if self.moves else {}
+        moving = {"train/teacher_momentum": torch.tensor(self.momentum)} if self.moves else {}
+        return {**super().metrics(), **moving}
 
 
 class CrossAttentionBlock(nn.Module):

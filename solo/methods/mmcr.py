@@ -6,12 +6,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from solo.losses import mmcr_loss
-from solo.methods.base import KoLeoOption, Method, encode_views, mlp, register_method
+from solo.methods.base import DSEOption, KoLeoOption, Method, encode_views, mlp, register_method
 from solo.schema import AT_LEAST_ONE, NON_NEGATIVE, ruled
 
 
 @dataclass
-class MMCRConfig(KoLeoOption):
+class MMCRConfig(DSEOption, KoLeoOption):
     name: str = "mmcr"
     proj_hidden_dim: int = ruled(8192, AT_LEAST_ONE)
     proj_output_dim: int = ruled(512, AT_LEAST_ONE)
@@ -24,14 +24,14 @@ class MMCR(Method):
 
     def __init__(self, backbone, feature_dim: int, cfg: MMCRConfig):
         super().__init__(backbone, feature_dim)
-        self.koleo_weight = cfg.koleo_weight
+        self.take_regularisers(cfg)
         self.lambd = cfg.lambd
         self.projector = mlp([feature_dim, cfg.proj_hidden_dim, cfg.proj_hidden_dim, cfg.proj_output_dim])
 
     def encode(self, batch: dict) -> dict:
         # The authors' code runs a batch's views through the backbone together: the views of one size share
         # BatchNorm's statistics.
-        return {"features": encode_views(self.backbone, batch["views"], per_view_statistics=False)}
+        return self.encode_backbone(batch["views"], per_view_statistics=False)
 
     def batch_loss(self, encoded: dict, batch: dict) -> dict:
         features = encoded["features"]
@@ -39,4 +39,4 @@ class MMCR(Method):
             self.projector, features, per_view_statistics=False
         )  # every view at once, as the authors'
         loss = mmcr_loss(projected, self.lambd)
-        return self.view_outputs(loss, features[: self.num_views], batch)
+        return self.view_outputs(loss, features[: self.num_views], batch, encoded.get("dense"))

@@ -9,13 +9,13 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from solo.losses import co2_loss, moco_queue_loss
-from solo.methods.base import CO2Option, KoLeoOption, MomentumTwoViewMethod, register_method
+from solo.methods.base import CO2Option, DSEOption, KoLeoOption, MomentumTwoViewMethod, register_method
 from solo.methods.memory_banks import GlobalQueue, check_queue_size
 from solo.schema import AT_LEAST_ONE, POSITIVE, PROBABILITY, ruled
 
 
 @dataclass
-class MoCoV2PlusConfig(CO2Option, KoLeoOption):
+class MoCoV2PlusConfig(CO2Option, DSEOption, KoLeoOption):
     name: str = "mocov2plus"
     proj_hidden_dim: int = ruled(2048, AT_LEAST_ONE)
     proj_output_dim: int = ruled(256, AT_LEAST_ONE)
@@ -34,7 +34,7 @@ class MoCoV2Plus(MomentumTwoViewMethod):
         h, d = cfg.proj_hidden_dim, cfg.proj_output_dim
         projector = nn.Sequential(nn.Linear(feature_dim, h), nn.ReLU(inplace=True), nn.Linear(h, d))  # MoCo v2's head
         super().__init__(backbone, feature_dim, projector, nn.Identity(), cfg.base_momentum, cfg.final_momentum)
-        self.koleo_weight = cfg.koleo_weight
+        self.take_regularisers(cfg)
         self.queues = nn.ModuleList([GlobalQueue(cfg.queue_size, d) for _ in range(2)])
         self.temperature = cfg.temperature
         self.co2_weight, self.co2_temperature = cfg.co2_weight, cfg.co2_temperature

@@ -6,12 +6,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from solo.losses import co2_batch_loss, mocov3_loss
-from solo.methods.base import CO2Option, KoLeoOption, MomentumTwoViewMethod, mlp, register_method
+from solo.methods.base import CO2Option, DSEOption, KoLeoOption, MomentumTwoViewMethod, mlp, register_method
 from solo.schema import AT_LEAST_ONE, POSITIVE, PROBABILITY, ruled
 
 
 @dataclass
-class MoCoV3Config(CO2Option, KoLeoOption):
+class MoCoV3Config(CO2Option, DSEOption, KoLeoOption):
     name: str = "mocov3"
     proj_hidden_dim: int = ruled(4096, AT_LEAST_ONE)
     proj_output_dim: int = ruled(256, AT_LEAST_ONE)
@@ -32,7 +32,7 @@ class MoCoV3(MomentumTwoViewMethod):
         projector = mlp([feature_dim, h, h, d], last_bn=True)
         predictor = mlp([d, cfg.pred_hidden_dim, d], last_bn=True)
         super().__init__(backbone, feature_dim, projector, predictor, cfg.base_momentum, cfg.final_momentum)
-        self.koleo_weight = cfg.koleo_weight
+        self.take_regularisers(cfg)
         self.temperature = cfg.temperature
         self.co2_weight, self.co2_temperature = cfg.co2_weight, cfg.co2_temperature
 

@@ -24,13 +24,21 @@ from solo.backbones.vit import (
 from solo.data.views.masks import RandomMask
 from solo.errors import ConfigError
 from solo.losses import msn_loss, power_law_prior
-from solo.methods.base import Method, ema_update, encode_views, make_teacher, register_method, with_group_settings
+from solo.methods.base import (
+    DSEOption,
+    Method,
+    ema_update,
+    encode_views,
+    make_teacher,
+    register_method,
+    with_group_settings,
+)
 from solo.methods.masked_image import MaskedViT
 from solo.schema import AT_LEAST_ONE, FRACTION, NON_NEGATIVE, POSITIVE, PROBABILITY, ruled
 
 
 @dataclass
-class MSNConfig:
+class MSNConfig(DSEOption):
     name: str = "msn"
     proj_hidden_dim: int = ruled(2048, AT_LEAST_ONE)
     proj_output_dim: int = ruled(256, AT_LEAST_ONE)
@@ -95,6 +103,7 @@ class MSN(MaskedViT, Method):
         self.teacher = make_teacher(nn.ModuleList([backbone, self.projector]))
         self.momentum = cfg.base_momentum
         self.register_buffer("teacher_momentum", torch.tensor(cfg.base_momentum), persistent=False)
+        self.take_regularisers(cfg)
 
     def mask_generator(self) -> RandomMask:
         return RandomMask(num_patches(self.backbone), self.cfg.mask_ratio)
@@ -118,11 +127,14 @@ class MSN(MaskedViT, Method):
         tokens = torch.cat(
             [prefix_tokens(vit, len(anchor)), keep(embed_patches(vit, anchor), batch["mask"], self.visible)], 1
         )
-        anchors = [vit.forward_head(run_blocks(vit, tokens))]
+        masked = run_blocks(vit, tokens)
+        anchors = [vit.forward_head(masked)]
         anchors += encode_views(vit, focal, forward=partial(pooled_feature, vit))
         with torch.no_grad():
             teacher = pooled_feature(self.teacher[0], target)
         encoded = {"anchors": anchors, "teacher": teacher}
+        if self.dse is not None:  # the masked anchor's encoded visible patches, as MAE's
+            encoded["dense"] = [masked[:, vit.num_prefix_tokens :]]
         return encoded | self.probe_features(batch)
 
     def batch_loss(self, encoded: dict, batch: dict) -> dict:
@@ -142,6 +154,7 @@ class MSN(MaskedViT, Method):
             c.regularisation_weight,
             self.prior(),
         )
+        loss = self.with_dse(loss, encoded.get("dense"))
         return {"loss": loss, "features": encoded.get("features"), "labels": batch["label"]}
 
     def prepare_step(self, index: int, total_steps: int) -> None:
@@ -153,7 +166,7 @@ class MSN(MaskedViT, Method):
         ema_update(self.teacher, nn.ModuleList([self.backbone, self.projector]), self.ema_momentum())
 
     def metrics(self) -> dict[str, torch.Tensor]:
-        return {"train/teacher_momentum": torch.tensor(self.momentum)}
+        return {**super().metrics(), "train/teacher_momentum": torch.tensor(self.momentum)}
 
 
 @register_method("pmsn", schema=PMSNConfig)

@@ -8,14 +8,14 @@ from dataclasses import dataclass
 import torch.nn.functional as F
 
 from solo.losses import byol_loss
-from solo.methods.base import KoLeoOption, register_method
+from solo.methods.base import DSEOption, KoLeoOption, register_method
 from solo.methods.byol import BYOL
 from solo.methods.memory_banks import GlobalQueue, check_queue_size
 from solo.schema import AT_LEAST_ONE, PROBABILITY, ruled
 
 
 @dataclass
-class NNBYOLConfig(KoLeoOption):
+class NNBYOLConfig(DSEOption, KoLeoOption):
     name: str = "nnbyol"
     proj_hidden_dim: int = ruled(4096, AT_LEAST_ONE)
     proj_output_dim: int = ruled(256, AT_LEAST_ONE)

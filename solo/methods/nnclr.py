@@ -8,13 +8,13 @@ from dataclasses import dataclass
 import torch.nn.functional as F
 
 from solo.losses import nnclr_loss
-from solo.methods.base import KoLeoOption, SiameseMethod, mlp, register_method
+from solo.methods.base import DSEOption, KoLeoOption, SiameseMethod, mlp, register_method
 from solo.methods.memory_banks import GlobalQueue, check_queue_size
 from solo.schema import AT_LEAST_ONE, POSITIVE, ruled
 
 
 @dataclass
-class NNCLRConfig(KoLeoOption):
+class NNCLRConfig(DSEOption, KoLeoOption):
     name: str = "nnclr"
     proj_hidden_dim: int = ruled(2048, AT_LEAST_ONE)
     proj_output_dim: int = ruled(256, AT_LEAST_ONE)
@@ -33,7 +33,7 @@ class NNCLR(SiameseMethod):
         super().__init__(
             backbone, feature_dim, mlp([feature_dim, h, h, d], last_bn=True), mlp([d, cfg.pred_hidden_dim, d])
         )
-        self.koleo_weight = cfg.koleo_weight
+        self.take_regularisers(cfg)
         self.support = GlobalQueue(cfg.queue_size, d)
         self.temperature = cfg.temperature
 

@@ -8,14 +8,14 @@ from dataclasses import dataclass
 import torch.nn.functional as F
 
 from solo.losses import simsiam_loss
-from solo.methods.base import KoLeoOption, register_method
+from solo.methods.base import DSEOption, KoLeoOption, register_method
 from solo.methods.memory_banks import GlobalQueue, check_queue_size
 from solo.methods.simsiam import SimSiam
 from solo.schema import AT_LEAST_ONE, ruled
 
 
 @dataclass
-class NNSiamConfig(KoLeoOption):
+class NNSiamConfig(DSEOption, KoLeoOption):
     name: str = "nnsiam"
     proj_hidden_dim: int = ruled(2048, AT_LEAST_ONE)
     proj_output_dim: int = ruled(2048, AT_LEAST_ONE)

@@ -14,7 +14,7 @@ from solo.data.views.batch_spec import BatchSpec
 from solo.distributed.batchnorm import running_stats_kept
 from solo.errors import ConfigError
 from solo.losses import memory_bank_loss
-from solo.methods.base import Method, register_method
+from solo.methods.base import DSEOption, KoLeoOption, Method, register_method
 from solo.methods.memory_banks import MomentumMemoryBank
 from solo.schema import AT_LEAST_ONE, MOMENTUM, POSITIVE, PROBABILITY, ruled
 
@@ -46,7 +46,7 @@ def jigsaw_tiles(view: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
 
 
 @dataclass
-class PIRLConfig:
+class PIRLConfig(DSEOption, KoLeoOption):
     name: str = "pirl"
     proj_output_dim: int = ruled(128, AT_LEAST_ONE)
     temperature: float = ruled(0.07, POSITIVE)
@@ -75,6 +75,7 @@ class PIRL(Method):
         self.tile_head = nn.Linear(feature_dim, d)
         self.jigsaw_head = nn.Linear(GRID * GRID * d, d)
         self.cfg = cfg
+        self.take_regularisers(cfg)
 
     @classmethod
     def check_data(cls, view_sizes: list[int], dataset) -> None:
@@ -96,13 +97,13 @@ class PIRL(Method):
         # The image and the tiles apart: a ResNet's BatchNorm statistics are per input, as per view elsewhere. The
         # running statistics (what the backbone evaluates with) are the images' alone: the small tiles' would shift
         # them (on the digits the online probe then fell from 0.96 to 0.89 over the run).
-        features = self.backbone(image)
+        encoded = self.encode_backbone([image])
         with running_stats_kept(self.backbone):
             tiles = self.backbone(jigsaw_tiles(whole, batch["jigsaw"]))
-        return {"features": features, "tiles": tiles}
+        return {**encoded, "tiles": tiles}
 
     def batch_loss(self, encoded: dict, batch: dict) -> dict:
-        features, tiles = encoded["features"], encoded["tiles"]
+        (features,), tiles = encoded["features"], encoded["tiles"]
         f = self.image_head(features)
         joined = self.tile_head(tiles).reshape(len(features), self.jigsaw_head.in_features)  # any rows, none too
         g = self.jigsaw_head(joined)
@@ -111,4 +112,4 @@ class PIRL(Method):
         t = self.cfg.temperature
         loss = w * memory_bank_loss(g, bank, index, t) + (1 - w) * memory_bank_loss(f, bank, index, t)
         self.bank.update(index, f)
-        return {"loss": loss, "features": features, "labels": batch["label"]}
+        return self.view_outputs(loss, [features], batch, encoded.get("dense"))

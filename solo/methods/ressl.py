@@ -9,13 +9,13 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from solo.losses import ressl_loss
-from solo.methods.base import KoLeoOption, MomentumTwoViewMethod, register_method
+from solo.methods.base import DSEOption, KoLeoOption, MomentumTwoViewMethod, register_method
 from solo.methods.memory_banks import GlobalQueue, check_queue_size
 from solo.schema import AT_LEAST_ONE, POSITIVE, PROBABILITY, ruled
 
 
 @dataclass
-class ReSSLConfig(KoLeoOption):
+class ReSSLConfig(DSEOption, KoLeoOption):
     name: str = "ressl"
     proj_hidden_dim: int = ruled(4096, AT_LEAST_ONE)
     proj_output_dim: int = ruled(256, AT_LEAST_ONE)
@@ -38,7 +38,7 @@ class ReSSL(MomentumTwoViewMethod):
         h, d = cfg.proj_hidden_dim, cfg.proj_output_dim
         projector = nn.Sequential(nn.Linear(feature_dim, h), nn.ReLU(inplace=True), nn.Linear(h, d))
         super().__init__(backbone, feature_dim, projector, nn.Identity(), cfg.base_momentum, cfg.final_momentum)
-        self.koleo_weight = cfg.koleo_weight
+        self.take_regularisers(cfg)
         self.queue = GlobalQueue(cfg.queue_size, d)
         self.temperature_q, self.temperature_k = cfg.temperature_q, cfg.temperature_k
 

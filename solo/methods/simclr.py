@@ -7,12 +7,12 @@ from dataclasses import dataclass
 
 from solo.losses import nt_xent_loss
 from solo.losses.tiled import config_tile
-from solo.methods.base import CO2Option, KoLeoOption, TwoViewMethod, co2_term, mlp, register_method
+from solo.methods.base import CO2Option, DSEOption, KoLeoOption, TwoViewMethod, co2_term, mlp, register_method
 from solo.schema import AT_LEAST_ONE, POSITIVE, TILE, ruled
 
 
 @dataclass
-class SimCLRConfig(CO2Option, KoLeoOption):
+class SimCLRConfig(CO2Option, DSEOption, KoLeoOption):
     name: str = "simclr"
     proj_hidden_dim: int = ruled(2048, AT_LEAST_ONE)
     proj_output_dim: int = ruled(128, AT_LEAST_ONE)
@@ -26,7 +26,7 @@ class SimCLR(TwoViewMethod):
 
     def __init__(self, backbone, feature_dim: int, cfg: SimCLRConfig):
         super().__init__(backbone, feature_dim)
-        self.koleo_weight = cfg.koleo_weight
+        self.take_regularisers(cfg)
         self.projector = mlp([feature_dim, cfg.proj_hidden_dim, cfg.proj_output_dim])
         self.temperature = cfg.temperature
         self.tile = config_tile(cfg.loss_tile)

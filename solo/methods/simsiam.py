@@ -7,12 +7,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from solo.losses import simsiam_loss
-from solo.methods.base import KoLeoOption, SiameseMethod, mlp, register_method, with_group_settings
+from solo.methods.base import DSEOption, KoLeoOption, SiameseMethod, mlp, register_method, with_group_settings
 from solo.schema import AT_LEAST_ONE, ruled
 
 
 @dataclass
-class SimSiamConfig(KoLeoOption):
+class SimSiamConfig(DSEOption, KoLeoOption):
     name: str = "simsiam"
     proj_hidden_dim: int = ruled(2048, AT_LEAST_ONE)
     proj_output_dim: int = ruled(2048, AT_LEAST_ONE)
@@ -29,7 +29,7 @@ def simsiam_heads(feature_dim: int, cfg) -> tuple:
 class SimSiam(SiameseMethod):
     def __init__(self, backbone, feature_dim: int, cfg: SimSiamConfig):
         super().__init__(backbone, feature_dim, *simsiam_heads(feature_dim, cfg))
-        self.koleo_weight = cfg.koleo_weight
+        self.take_regularisers(cfg)
 
     def param_groups(self, weight_decay: float, exclude_bias_and_norm: bool) -> list[dict]:
         groups = super().param_groups(weight_decay, exclude_bias_and_norm)

@@ -13,13 +13,21 @@ import torch.nn.functional as F
 
 from solo.errors import ConfigError, DataError
 from solo.losses import momentum_groups, smog_loss
-from solo.methods.base import KoLeoOption, MomentumTwoViewMethod, ema_update, encode_views, mlp, register_method
+from solo.methods.base import (
+    DSEOption,
+    KoLeoOption,
+    MomentumTwoViewMethod,
+    ema_update,
+    encode_views,
+    mlp,
+    register_method,
+)
 from solo.methods.memory_banks import GlobalQueue, check_queue_size, kmeans
 from solo.schema import AT_LEAST_ONE, MOMENTUM, POSITIVE, PROBABILITY, ruled
 
 
 @dataclass
-class SMoGConfig(KoLeoOption):
+class SMoGConfig(DSEOption, KoLeoOption):
     name: str = "smog"
     proj_hidden_dim: int = ruled(2048, AT_LEAST_ONE)
     proj_output_dim: int = ruled(128, AT_LEAST_ONE)
@@ -57,7 +65,7 @@ class SMoG(MomentumTwoViewMethod):
         projector = mlp([feature_dim, cfg.proj_hidden_dim, d], last_bn=True)
         predictor = mlp([d, cfg.pred_hidden_dim, d])
         super().__init__(backbone, feature_dim, projector, predictor, cfg.base_momentum, cfg.final_momentum)
-        self.koleo_weight = cfg.koleo_weight
+        self.take_regularisers(cfg)
         self.cfg = cfg
         # Random unit rows, the same on every rank (drawn while the model is built, before the ranks' streams part).
         self.register_buffer("groups", F.normalize(torch.randn(cfg.num_groups, d), dim=1))
@@ -89,7 +97,7 @@ class SMoG(MomentumTwoViewMethod):
         loss = (smog_loss(p1, groups, target2, t) + smog_loss(p2, groups, target1, t)) / 2
         self.groups.copy_(groups)
         self.queue.push(F.normalize(z1.detach(), dim=1))
-        return self.view_outputs(loss, [f1, f2], batch)
+        return self.view_outputs(loss, [f1, f2], batch, encoded.get("dense"))
 
     def prepare_step(self, index: int, total_steps: int) -> None:
         super().prepare_step(index, total_steps)

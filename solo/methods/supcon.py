@@ -7,12 +7,12 @@ from dataclasses import dataclass
 import torch.nn as nn
 
 from solo.losses import supcon_loss
-from solo.methods.base import KoLeoOption, TwoViewMethod, register_method
+from solo.methods.base import DSEOption, KoLeoOption, TwoViewMethod, register_method
 from solo.schema import AT_LEAST_ONE, POSITIVE, ruled
 
 
 @dataclass
-class SupConConfig(KoLeoOption):
+class SupConConfig(DSEOption, KoLeoOption):
     name: str = "supcon"
     proj_hidden_dim: int = ruled(2048, AT_LEAST_ONE)
     proj_output_dim: int = ruled(128, AT_LEAST_ONE)
@@ -26,7 +26,7 @@ class SupCon(TwoViewMethod):
 
     def __init__(self, backbone, feature_dim: int, cfg: SupConConfig):
         super().__init__(backbone, feature_dim)
-        self.koleo_weight = cfg.koleo_weight
+        self.take_regularisers(cfg)
         h = cfg.proj_hidden_dim
         self.projector = nn.Sequential(
             nn.Linear(feature_dim, h), nn.ReLU(inplace=True), nn.Linear(h, cfg.proj_output_dim)
@@ -36,4 +36,4 @@ class SupCon(TwoViewMethod):
     def batch_loss(self, encoded: dict, batch: dict) -> dict:
         f1, f2 = encoded["features"]
         loss = supcon_loss(*self.project([f1, f2]), batch["label"], self.temperature)
-        return self.view_outputs(loss, [f1, f2], batch)
+        return self.view_outputs(loss, [f1, f2], batch, encoded.get("dense"))

@@ -12,6 +12,7 @@ import torch.nn.functional as F
 
 from solo.losses import swav_loss
 from solo.methods.base import (
+    DSEOption,
     KoLeoOption,
     Method,
     encode_views,
@@ -24,7 +25,7 @@ from solo.schema import AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, ruled
 
 
 @dataclass
-class SwAVConfig(KoLeoOption):
+class SwAVConfig(DSEOption, KoLeoOption):
     name: str = "swav"
     proj_hidden_dim: int = ruled(2048, AT_LEAST_ONE)
     proj_output_dim: int = ruled(128, AT_LEAST_ONE)
@@ -46,7 +47,7 @@ class SwAV(Method):
 
     def __init__(self, backbone, feature_dim: int, cfg: SwAVConfig):
         super().__init__(backbone, feature_dim)
-        self.koleo_weight = cfg.koleo_weight
+        self.take_regularisers(cfg)
         self.cfg = cfg
         self.projector = mlp([feature_dim, cfg.proj_hidden_dim, cfg.proj_output_dim])
         self.prototypes = nn.Linear(cfg.proj_output_dim, cfg.num_prototypes, bias=False)
@@ -77,7 +78,7 @@ class SwAV(Method):
 
     def encode(self, batch: dict) -> dict:
         # The official code's multi-crop forward: the crops of one size share their BatchNorm statistics.
-        return {"features": encode_views(self.backbone, batch["views"], per_view_statistics=False)}
+        return self.encode_backbone(batch["views"], per_view_statistics=False)
 
     def prepare_step(self, index: int, total_steps: int) -> None:
         if self.queues is not None:
@@ -98,7 +99,7 @@ class SwAV(Method):
         if self.queues is not None:  # after the loss: the queue holds earlier steps' embeddings
             for q, e in zip(self.queues, embeddings):
                 q.push(e)
-        return self.view_outputs(loss, encoded["features"][: self.num_views], batch)
+        return self.view_outputs(loss, encoded["features"][: self.num_views], batch, encoded.get("dense"))
 
     def after_optimizer_step(self) -> None:
         self._normalize_prototypes()

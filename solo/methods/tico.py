@@ -9,12 +9,21 @@ import torch
 import torch.nn as nn
 
 from solo.losses import tico_loss
-from solo.methods.base import Method, cosine_momentum, ema_update, make_teacher, mlp, register_method
+from solo.methods.base import (
+    DSEOption,
+    KoLeoOption,
+    Method,
+    cosine_momentum,
+    ema_update,
+    make_teacher,
+    mlp,
+    register_method,
+)
 from solo.schema import AT_LEAST_ONE, MOMENTUM, NON_NEGATIVE, PROBABILITY, ruled
 
 
 @dataclass
-class TiCoConfig:
+class TiCoConfig(DSEOption, KoLeoOption):
     name: str = "tico"
     proj_hidden_dim: int = ruled(4096, AT_LEAST_ONE)
     proj_output_dim: int = ruled(256, AT_LEAST_ONE)
@@ -38,6 +47,7 @@ class TiCo(Method):
     def __init__(self, backbone, feature_dim: int, cfg: TiCoConfig):
         super().__init__(backbone, feature_dim)
         self.cfg = cfg
+        self.take_regularisers(cfg)
         self.projector = mlp([feature_dim, cfg.proj_hidden_dim, cfg.proj_output_dim])
         self.teacher = make_teacher(nn.ModuleList([backbone, self.projector]))
         # A buffer: in the checkpoint, so a resumed run goes on with the same running covariance.
@@ -49,17 +59,17 @@ class TiCo(Method):
         first, second = batch["views"]
         with torch.no_grad():
             teacher = self.teacher[0](second)
-        return {"features": self.backbone(first), "teacher": teacher}
+        return {**self.encode_backbone([first]), "teacher": teacher}
 
     def batch_loss(self, encoded: dict, batch: dict) -> dict:
-        features = encoded["features"]
+        (features,) = encoded["features"]
         with torch.no_grad():
             target = self.teacher[1](encoded["teacher"])
         c = self.cfg
         loss, covariance = tico_loss(self.projector(features), target, self.covariance, c.beta, c.rho)
         with torch.no_grad():  # after the loss, from the whole global batch: the next step's running covariance
             self.covariance.copy_(covariance)
-        return {"loss": loss, "features": features, "labels": batch["label"]}
+        return self.view_outputs(loss, [features], batch, encoded.get("dense"))
 
     def prepare_step(self, index: int, total_steps: int) -> None:
         self.momentum = cosine_momentum(self.cfg.base_momentum, self.cfg.final_momentum, index + 1, total_steps)
@@ -69,4 +79,4 @@ class TiCo(Method):
         ema_update(self.teacher, nn.ModuleList([self.backbone, self.projector]), self.ema_momentum())
 
     def metrics(self) -> dict[str, torch.Tensor]:
-        return {"train/teacher_momentum": torch.tensor(self.momentum)}
+        return {**super().metrics(), "train/teacher_momentum": torch.tensor(self.momentum)}

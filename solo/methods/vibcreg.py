@@ -8,13 +8,13 @@ import torch.nn as nn
 
 from solo.errors import ConfigError
 from solo.losses import vibcreg_loss
-from solo.methods.base import KoLeoOption, TwoViewMethod, register_method
+from solo.methods.base import DSEOption, KoLeoOption, TwoViewMethod, register_method
 from solo.methods.whitening import IterNorm
 from solo.schema import AT_LEAST_ONE, NON_NEGATIVE, ruled
 
 
 @dataclass
-class VIbCRegConfig(KoLeoOption):
+class VIbCRegConfig(DSEOption, KoLeoOption):
     name: str = "vibcreg"
     proj_hidden_dim: int = ruled(2048, AT_LEAST_ONE)
     proj_output_dim: int = ruled(2048, AT_LEAST_ONE)
@@ -31,7 +31,7 @@ class VIbCReg(TwoViewMethod):
 
     def __init__(self, backbone, feature_dim: int, cfg: VIbCRegConfig):
         super().__init__(backbone, feature_dim)
-        self.koleo_weight = cfg.koleo_weight
+        self.take_regularisers(cfg)
         h, d = cfg.proj_hidden_dim, cfg.proj_output_dim
         self.projector = nn.Sequential(
             nn.Linear(feature_dim, h),

@@ -76,4 +76,4 @@ class VICRegL(ExpanderMethod):
             std_coeff=c.std_coeff,
             cov_coeff=c.cov_coeff,
         )
-        return self.view_outputs(loss, [f1, f2], batch)
+        return self.view_outputs(loss, [f1, f2], batch, [m.flatten(2).mT for m in encoded["maps"]])

@@ -10,13 +10,13 @@ import torch
 from torch import nn
 
 from solo.losses import visreg_loss
-from solo.methods.base import KoLeoOption, register_method
+from solo.methods.base import DSEOption, KoLeoOption, register_method
 from solo.methods.lejepa import LeJEPA
 from solo.schema import AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, PROBABILITY, ruled
 
 
 @dataclass
-class VISRegConfig(KoLeoOption):
+class VISRegConfig(DSEOption, KoLeoOption):
     name: str = "visreg"
     proj_hidden_dim: int = ruled(2048, AT_LEAST_ONE)
     proj_output_dim: int = ruled(256, AT_LEAST_ONE)  # the paper's best (its Table 4); LeJEPA's is 64

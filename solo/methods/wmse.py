@@ -10,12 +10,12 @@ import torch.nn as nn
 from solo.distributed.env import detect
 from solo.errors import ConfigError
 from solo.losses import wmse_loss
-from solo.methods.base import KoLeoOption, TwoViewMethod, register_method
+from solo.methods.base import DSEOption, KoLeoOption, TwoViewMethod, register_method
 from solo.schema import AT_LEAST_ONE, PROBABILITY, ruled
 
 
 @dataclass
-class WMSEConfig(KoLeoOption):
+class WMSEConfig(DSEOption, KoLeoOption):
     name: str = "wmse"
     proj_hidden_dim: int = ruled(1024, AT_LEAST_ONE)
     proj_output_dim: int = ruled(64, AT_LEAST_ONE)
@@ -27,7 +27,7 @@ class WMSEConfig(KoLeoOption):
 class WMSE(TwoViewMethod):
     def __init__(self, backbone, feature_dim: int, cfg: WMSEConfig):
         super().__init__(backbone, feature_dim)
-        self.koleo_weight = cfg.koleo_weight
+        self.take_regularisers(cfg)
         h = cfg.proj_hidden_dim
         self.projector = nn.Sequential(
             nn.Linear(feature_dim, h), nn.BatchNorm1d(h), nn.ReLU(inplace=True), nn.Linear(h, cfg.proj_output_dim)
