@@ -148,3 +148,37 @@ def test_registers_are_read_by_no_pool_and_refused_outside_a_vit():
     for name in ("resnet18", "torchvision.resnet18"):
         with pytest.raises(ConfigError, match=f"backbone.num_registers=2: .*backbone.name={name} is not one"):
             build_backbone({"name": name, "small_stem": False, "num_registers": 2})
+
+
+@pytest.mark.parametrize(
+    "name, kwargs",
+    [
+        ("resnet18", {}),  # timm's ResNet: its global_pool
+        ("torchvision.resnet18", {}),  # torchvision's: its avgpool
+        ("convnext_atto", {}),  # timm's ConvNeXt: its head's global_pool
+        ("vit_tiny_patch16_224", {"img_size": 64, "reg_tokens": 2}),  # a ViT with a class token and 2 registers
+    ],
+)
+def test_dense_tokens_are_what_the_pool_reads_and_the_pooled_features_unchanged(name, kwargs):
+    """solo.backbones.pooled_and_tokens: the backbone's own output, and its dense tokens as timm's forward_features gives
+    them (a CNN's last map position by position, row-major; a ViT's patch tokens after its final norm, the class token
+    and registers left out); torchvision's ResNet's map as its layer4's output."""
+    from solo.backbones import pooled_and_tokens
+
+    torch.manual_seed(0)
+    backbone, _ = create_backbone(name, small_stem=False, pretrained=False, **kwargs)
+    backbone.eval()
+    images = torch.randn(3, 3, 64, 64)
+    pooled, tokens = pooled_and_tokens(backbone, images)
+    with torch.no_grad():
+        torch.testing.assert_close(pooled, backbone(images))
+        if name.startswith("torchvision."):
+            b = backbone
+            spatial = b.layer4(b.layer3(b.layer2(b.layer1(b.maxpool(b.relu(b.bn1(b.conv1(images))))))))
+            want = spatial.flatten(2).mT
+        elif "vit" in name:
+            want = backbone.forward_features(images)[:, 3:]
+            assert tokens.shape == (3, 16, 192)
+        else:
+            want = backbone.forward_features(images).flatten(2).mT
+    torch.testing.assert_close(tokens, want)

@@ -70,14 +70,18 @@ def feature_width(backbone: torch.nn.Module, image_size: int) -> int:
     return width
 
 
-# The global pools of ResNets: timm's (and other timm CNNs') `global_pool`, torchvision's `avgpool`.
-GLOBAL_POOLS = ("global_pool", "avgpool")
+# The global pools of CNNs, whose input is the last spatial map: timm's `global_pool` (ResNets, EfficientNets) or
+# `head.global_pool` (ConvNeXts, RegNets), torchvision's `avgpool`.
+GLOBAL_POOLS = ("global_pool", "head.global_pool", "avgpool")
 
 
 def _global_pool(backbone: nn.Module) -> nn.Module | None:
-    return next(
-        (getattr(backbone, name) for name in GLOBAL_POOLS if isinstance(getattr(backbone, name, None), nn.Module)), None
-    )
+    for name in GLOBAL_POOLS:
+        try:
+            return backbone.get_submodule(name)
+        except AttributeError:
+            continue
+    return None
 
 
 def pooled_and_map(backbone: nn.Module, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -88,7 +92,7 @@ def pooled_and_map(backbone: nn.Module, images: torch.Tensor) -> tuple[torch.Ten
     if pool is None:
         raise ConfigError(
             f"{type(backbone).__name__} has no global pool ({' or '.join(GLOBAL_POOLS)}) whose input is its spatial map: "
-            "this method takes a ResNet-style backbone (timm's or torchvision's ResNets)"
+            "this method takes a CNN with one (timm's or torchvision's ResNets, timm's ConvNeXts)"
         )
     maps = []
     handle = pool.register_forward_hook(lambda module, args, out: maps.append(args[0]))
@@ -101,7 +105,7 @@ def pooled_and_map(backbone: nn.Module, images: torch.Tensor) -> tuple[torch.Ten
 
 def pooled_and_tokens(backbone: nn.Module, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """`backbone(images)` and its dense tokens (B, P, D), what its pool reads: a ViT's patch tokens after its final
-    norm (the class token and registers left out), a ResNet's last map position by position (pooled_and_map). Read
+    norm (the class token and registers left out), a CNN's last map position by position (pooled_and_map). Read
     by a hook around the backbone's own forward, as pooled_and_map reads the map."""
     if not is_vit(backbone):
         pooled, spatial = pooled_and_map(backbone, images)
@@ -120,8 +124,8 @@ def check_dense_tokens(backbone: nn.Module, setting: str) -> None:
     if not is_vit(backbone) and _global_pool(backbone) is None:
         raise ConfigError(
             f"{setting}: it reads the backbone's dense tokens, and {type(backbone).__name__} has neither a ViT's "
-            f"patch tokens nor a global pool ({' or '.join(GLOBAL_POOLS)}) over a spatial map: use a timm ViT or a "
-            "ResNet, or leave it at 0"
+            f"patch tokens nor a global pool ({', '.join(GLOBAL_POOLS)}) over a spatial map: use a timm ViT or a "
+            "CNN with one (ResNets, ConvNeXts), or leave it at 0"
         )
 
 
