@@ -59,6 +59,20 @@ def test_the_step_is_one_graph(case, tmp_path):
     assert (explained.graph_count, explained.graph_break_count) == (1, 0), explained.break_reasons
 
 
+@pytest.mark.slow
+@pytest.mark.one_process
+def test_a_step_that_reads_maps_and_draws_dse_seeds_is_one_graph(tmp_path):
+    """DenseCL (its backbone's maps, read by hooks registered when the method is built) with DSE on (its k-means++
+    seeds hashed on the device from the step): one graph, no break. A hook registered in the step or a generator made
+    there would break it (docs/performance.md: 5 and 11 graphs)."""
+    overrides = SIMCLR + ["method=densecl", "method.queue_size=64", "method.dse_weight=0.5", "trainer.compile=step"]
+    trainer = Trainer(compose_cfg(overrides), tmp_path, detect(), torch.device("cpu"))
+    step, batch = trainer.train_step, next(iter(trainer.source))
+    step.compiled = True
+    explained = step.explain(batch, 0)
+    assert (explained.graph_count, explained.graph_break_count) == (1, 0), explained.break_reasons
+
+
 @pytest.mark.slow  # 20 to 50 s of tracing: the quick suite keeps under 4 min without it
 @pytest.mark.one_process
 def test_the_eager_update_breaks_the_graph(tmp_path):

@@ -59,10 +59,12 @@ METHOD = {
     "mocov3": HEADS + ["method.pred_hidden_dim=32", "method.base_momentum=0.9", "method.co2_weight=1.0"],
     "simclr": HEADS + ["method.co2_weight=1.0"],
     # KoLeo (method.koleo_weight) on the backbone's features, in a method of each two-view base (and MoCo v2+'s CO2):
-    # its nearest neighbours are sought in the global batch. DSE (method.dse_weight) on the backbone's dense tokens
-    # here and in DINO, MoCo v2+, NNCLR, TiCo, VICRegL and PIRL (each way a method hands them over): k-means on groups
-    # of 8 images of the global batch, which span ranks.
-    "vicreg": HEADS + ["method.koleo_weight=0.1", "method.dse_weight=0.1"],
+    # its nearest neighbours are sought in the global batch. DSE (method.dse_weight) is on in the cases of DINO
+    # (multi-crop's global crops, under FSDP at W = 3 too), TiCo (one student view), VICRegL (the maps it reads),
+    # I-JEPA (padded contexts), MSN (the masked anchor), DINOv2 and MAE: a case for each way a method hands its tokens
+    # over (every method's tokens: test_dse_adds_its_weight_...), k-means on groups of 8 images of the global batch,
+    # which span ranks.
+    "vicreg": HEADS + ["method.koleo_weight=0.1"],
     "siglip": TEXT,
     # The digits CLIP zoo entry's image tower, locked (its BatchNorm on its running statistics), a tiny text tower.
     "lit": TEXT,
@@ -96,7 +98,6 @@ METHOD = {
         "method.base_momentum=0.9",
         "method.co2_weight=1.0",
         "method.koleo_weight=0.1",
-        "method.dse_weight=0.1",
     ],
     # Queues of 32 (two global batches) that the 6 steps' 96 keys wrap; the momentum encoder moving fast enough to tell.
     "densecl": HEADS + ["method.queue_size=32", "method.momentum=0.9", "method.co2_weight=1.0"],
@@ -123,8 +124,7 @@ METHOD = {
     "visreg": HEADS + ["augmentation=digits_four_views", "method.num_slices=16"],
     # Support sets of 64 that 6 steps of 16 wrap, as MoCo v2+'s queue.
     "nnsiam": HEADS + ["method.pred_hidden_dim=8", "method.queue_size=64"],
-    "nnclr": HEADS
-    + ["method.pred_hidden_dim=32", "method.queue_size=64", "method.koleo_weight=0.1", "method.dse_weight=0.1"],
+    "nnclr": HEADS + ["method.pred_hidden_dim=32", "method.queue_size=64", "method.koleo_weight=0.1"],
     "nnbyol": HEADS + ["method.pred_hidden_dim=32", "method.queue_size=64", "method.base_momentum=0.9"],
     "ressl": HEADS + ["method.queue_size=64", "method.base_momentum=0.9"],
     "supcon": HEADS,
@@ -167,7 +167,7 @@ METHOD = {
     "detcon": HEADS + ["method.grid=2", "method.image_region=true"],
     # The 16 px image and a 24 px view cut into 8 px tiles; a bank of the 51 train samples, which the 6 steps of 16
     # rows revisit (4 steps an epoch), so that steps 5 and 6 score against entries the run moved.
-    "pirl": ["method.proj_output_dim=16", "augmentation=pirl_digits", "method.dse_weight=0.1"],
+    "pirl": ["method.proj_output_dim=16", "augmentation=pirl_digits"],
     # DINOv2 on TINY_DINO_FAMILY's ViT, with 2 registers: 2 global 16 px crops, most of them masked, and 4 local 8 px
     # ones; the teacher temperature warms up over the first epoch.
     "dinov2": TINY_DINO_FAMILY
@@ -392,7 +392,7 @@ METHOD = {
             "method.sinkhorn_iterations=3",  # the paper's (the digits default has none)
             "method.base_momentum=0.9",
             "optim=lars",  # as dinov2's: AdamW lifts float64 rounding in elements whose gradient is near 0
-            "method.dse_weight=0.1",  # on the masked anchor's encoded patches
+            *(["method.dse_weight=0.1"] if name == "msn" else []),  # on the masked anchor's encoded patches
         ]
         for name in ("msn", "pmsn")
     },
@@ -883,9 +883,10 @@ def test_dse_adds_its_weight_times_minus_dse_of_the_global_views_dense_tokens(me
     """method.dse_weight=w on a batch of the method's own data: the loss falls by w x DSE of the backbone's dense tokens
     of each global view the student encodes (DenseCL's, TiCo's and PIRL's: the first alone), as timm's forward_features
     gives them (a ResNet's last map position by position, a ViT's patch tokens), view by view, k-means++ drawn from the
-    run's generator of the step; w = 0 leaves it as it was. The images in another order (other groups of 8 for
+    run's uniforms of the step; w = 0 leaves it as it was. The images in another order (other groups of 8 for
     k-means) would give another value. In eval mode: BatchNorm's statistics are then the same however the views are
     grouped."""
+    from solo.backbones.stochastic import step_uniforms
     from solo.distributed.env import detect
     from solo.train.trainer import Trainer
 
@@ -902,9 +903,9 @@ def test_dse_adds_its_weight_times_minus_dse_of_the_global_views_dense_tokens(me
         students = 1 if method in {"densecl", "tico", "pirl"} else on.num_views
         maps = [net.forward_features(view) for view in batch["views"][:students]]
     tokens = [m[:, prefix:] if backbone == "test_vit" else m.flatten(2).mT for m in maps]
-    want = dse_score(tokens, generator=on.draws.generator("dse", torch.device("cpu")))
+    want = dse_score(tokens, uniforms=step_uniforms(on, "dse"))
     torch.testing.assert_close(losses["off"] - losses["on"], 0.5 * want.detach(), rtol=1e-9, atol=1e-12)
-    wrong = dse_score([torch.cat(tokens).roll(4, 0)], generator=on.draws.generator("dse", torch.device("cpu")))
+    wrong = dse_score([torch.cat(tokens).roll(4, 0)], uniforms=step_uniforms(on, "dse"))
     assert abs(wrong.item() - want.item()) > 1e-6 * abs(want.item())  # 1e-9 is the tolerance above
 
 

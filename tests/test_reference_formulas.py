@@ -13,6 +13,7 @@ variant they must reject (what solo used to compute, or a likely slip). Their ex
 (tests/test_distributed.py)."""
 
 import cmath
+import collections
 import copy
 import math
 import random
@@ -657,6 +658,12 @@ def test_dinov2_adds_paka_weight_times_the_alignment_of_student_and_teacher_patc
 # --- DSE -------------------------------------------------------------------------------------------------------------
 
 
+def _uniforms(seed: int):
+    """DSE's k-means++ draws from torch's generator seeded with `seed`."""
+    seeded = _generator(seed)
+    return lambda rows, columns: torch.rand(rows, columns, generator=seeded)
+
+
 def _blobs(images: int, tokens: int, dim: int, g: torch.Generator) -> torch.Tensor:
     """Each image's tokens in 3 tight blobs around its own random directions: any k-means finds them."""
     centres = torch.randn(images, 3, dim, generator=g, dtype=torch.float64)
@@ -676,12 +683,12 @@ def test_dse_is_the_official_formula_on_scikit_learn_clusters_in_value_and_gradi
 
     g = _generator(21)
     x = _blobs(10, 12, 16, g).requires_grad_()
-    got, want = dse_score([x], generator=_generator(0)), official_dse(x, 3, 24, sklearn_kmeans)
+    got, want = dse_score([x], uniforms=_uniforms(0)), official_dse(x, 3, 24, sklearn_kmeans)
     assert got.item() == pytest.approx(want.item(), rel=1e-10)
     torch.testing.assert_close(torch.autograd.grad(got, x)[0], torch.autograd.grad(want, x)[0], rtol=1e-8, atol=1e-10)
-    two_views = dse_score([x[:5], x[5:]], generator=_generator(0))  # view by view: the same ten images in order
+    two_views = dse_score([x[:5], x[5:]], uniforms=_uniforms(0))  # view by view: the same ten images in order
     assert two_views.item() == pytest.approx(got.item(), rel=1e-12)
-    interleaved = dse_score([x[0::2], x[1::2]], generator=_generator(0))  # other groups of 8 images
+    interleaved = dse_score([x[0::2], x[1::2]], uniforms=_uniforms(0))  # other groups of 8 images
     assert abs(interleaved.item() - got.item()) > 1e-3 * abs(got.item())
 
 
@@ -704,13 +711,13 @@ def test_dse_of_padded_tokens_is_the_official_formula_on_each_images_own_tokens(
         own = torch.cat([blobs[b, blob * 4 : blob * 4 + 4 - b % 3] for blob in range(3)])
         x[b, : len(own)], valid[b, : len(own)] = own, True
     x.requires_grad_()
-    got = dse_score([x], generator=_generator(0), valid=[valid])
+    got = dse_score([x], uniforms=_uniforms(0), valid=[valid])
     want = official_dse([image[keep] for image, keep in zip(x, valid)], 3, 24, sklearn_kmeans)
     assert got.item() == pytest.approx(want.item(), rel=1e-10)
     grad = torch.autograd.grad(got, x)[0]
     torch.testing.assert_close(grad, torch.autograd.grad(want, x)[0], rtol=1e-8, atol=1e-10)
     assert grad[~valid].abs().max() == 0
-    padding_counted = dse_score([x], generator=_generator(0))
+    padding_counted = dse_score([x], uniforms=_uniforms(0))
     assert abs(padding_counted.item() - got.item()) > 1e-3 * abs(got.item())
 
 
@@ -727,10 +734,10 @@ def test_dinov2_adds_dse_weight_times_minus_dse_of_the_student_patch_tokens():
     vit = on.backbone
     tokens = [output_tokens(vit, v, m, on.mask_token)[:, 1:] for v, m in zip(views, mask.unbind(1))]
     torch.manual_seed(7)
-    want = dse_score(tokens, generator=None)
+    want = dse_score(tokens)
     assert (loss_off - loss_on).item() == pytest.approx(0.3 * want.item(), rel=1e-10)
     torch.manual_seed(7)
-    interleaved = dse_score([torch.stack(tokens, 1).flatten(0, 1)], generator=None)
+    interleaved = dse_score([torch.stack(tokens, 1).flatten(0, 1)])
     assert abs(interleaved.item() - want.item()) > 1e-3 * abs(want.item())
 
 
@@ -755,10 +762,10 @@ def test_mae_adds_dse_weight_times_minus_dse_of_the_encoded_visible_patches():
     visible = torch.stack([embed_patches(vit, images)[i][~mask[i]] for i in range(10)])
     encoded = run_blocks(vit, torch.cat([prefix_tokens(vit, 10), visible], 1))[:, 1:]
     torch.manual_seed(7)
-    want = dse_score([encoded], generator=None)
+    want = dse_score([encoded])
     assert (loss_off - loss_on).item() == pytest.approx(0.3 * want.item(), rel=1e-10)
     torch.manual_seed(7)
-    every_patch = dse_score([output_tokens(vit, images)[:, 1:]], generator=None)
+    every_patch = dse_score([output_tokens(vit, images)[:, 1:]])
     assert abs(every_patch.item() - want.item()) > 1e-3 * abs(want.item())
 
 
@@ -784,10 +791,10 @@ def test_msn_adds_dse_weight_times_minus_dse_of_the_masked_anchors_visible_patch
     visible = torch.stack([embed_patches(vit, anchor)[i][~mask[i]] for i in range(10)])
     encoded = run_blocks(vit, torch.cat([prefix_tokens(vit, 10), visible], 1))[:, 1:]
     torch.manual_seed(7)
-    want = dse_score([encoded], generator=None)
+    want = dse_score([encoded])
     assert (loss_off - loss_on).item() == pytest.approx(0.3 * want.item(), rel=1e-9)
     torch.manual_seed(7)
-    teachers_view = dse_score([output_tokens(vit, target)[:, 1:]], generator=None)
+    teachers_view = dse_score([output_tokens(vit, target)[:, 1:]])
     assert abs(teachers_view.item() - want.item()) > 1e-3 * abs(want.item())
 
 
@@ -819,10 +826,10 @@ def test_ijepa_adds_dse_weight_times_minus_dse_of_each_images_encoded_context():
     padded = torch.stack([F.pad(c, (0, 0, 0, most - len(c))) for c in contexts])
     valid = torch.stack([torch.arange(most) < len(c) for c in contexts])
     torch.manual_seed(7)
-    want = dse_score([padded], generator=None, valid=[valid])
+    want = dse_score([padded], valid=[valid])
     assert (loss_off - loss_on).item() == pytest.approx(0.3 * want.item(), rel=1e-9)
     torch.manual_seed(7)
-    padding_counted = dse_score([padded], generator=None)
+    padding_counted = dse_score([padded])
     assert abs(padding_counted.item() - want.item()) > 1e-3 * abs(want.item())
 
 
@@ -2473,11 +2480,14 @@ def test_densecl_adds_co2_of_its_global_branch_times_its_weight():
         "key_map": torch.randn(5, 4, 2, 2, generator=g, dtype=torch.float64),
     }
     queue = F.normalize(torch.randn(8, 3, generator=g, dtype=torch.float64), dim=1)
+    # A CNN of width 4 with a global pool, whose map DenseCL reads (the step below starts from given features).
+    layers = {"conv": torch.nn.Conv2d(3, 4, 1), "avgpool": torch.nn.AdaptiveAvgPool2d(1), "flat": torch.nn.Flatten()}
+    cnn = torch.nn.Sequential(collections.OrderedDict(layers))
     losses = {}
     for weight in (0.0, 0.7):
         torch.manual_seed(0)
         cfg = DenseCLConfig(proj_hidden_dim=6, proj_output_dim=3, queue_size=8, co2_weight=weight)
-        method = DenseCL(torch.nn.Identity(), 4, cfg).double()
+        method = DenseCL(cnn, 4, cfg).double()
         method.queues[0].push(queue[:6])
         losses[weight] = method.batch_loss(encoded, {"label": torch.zeros(5, dtype=torch.long)})["loss"]
     q, k = method.global_head(pooled), method.teacher[1](encoded["key_pooled"]).detach()

@@ -84,23 +84,66 @@ def _global_pool(backbone: nn.Module) -> nn.Module | None:
     return None
 
 
-def pooled_and_map(backbone: nn.Module, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """`backbone(images)`, the pooled features every method reads, and the map they pool, (B, C, h, w): the last
-    stage's output, as its global pool takes it. Read by a hook on the pool around the backbone's own forward, so that
-    what runs (and FSDP's hooks on that forward) is what runs for every other method, and the pooled path unchanged."""
+class _Watch:
+    """A forward hook that keeps its module's input (`keeps_input`) or output while armed: registered once on the
+    module (`_watch`), at the method's construction, so that a step never registers one (torch.compile breaks its graph
+    there), and a forward run again for activation checkpointing's backward, unarmed, keeps nothing."""
+
+    def __init__(self, keeps_input: bool):
+        self.keeps_input, self.armed, self.kept = keeps_input, False, []
+
+    def __call__(self, module: nn.Module, args: tuple, out: torch.Tensor) -> None:
+        if self.armed:
+            self.kept.append(args[0] if self.keeps_input else out)
+
+
+def _watch(module: nn.Module, keeps_input: bool) -> _Watch:
+    """`module`'s watch, registered at the first call (a deep copy, as an EMA teacher, carries its own)."""
+    if "solo_watch" not in vars(module):
+        module.solo_watch = _Watch(keeps_input)
+        module.register_forward_hook(module.solo_watch)
+    return module.solo_watch
+
+
+def _watched_forward(backbone: nn.Module, images: torch.Tensor, watches: list[_Watch]) -> torch.Tensor:
+    """`backbone(images)` with `watches` armed: each keeps what its module saw in this forward."""
+    for watch in watches:
+        watch.armed, watch.kept = True, []
+    try:
+        return backbone(images)
+    finally:
+        for watch in watches:
+            watch.armed = False
+
+
+def watch_map(backbone: nn.Module) -> _Watch:
+    """Register, once, the hook through which pooled_and_map reads a CNN's map (its global pool's input): a method that
+    reads it calls this when it is built (else the first read registers it, inside the first step); ConfigError for a
+    backbone without such a pool."""
     pool = _global_pool(backbone)
     if pool is None:
         raise ConfigError(
             f"{type(backbone).__name__} has no global pool ({' or '.join(GLOBAL_POOLS)}) whose input is its spatial map: "
             "this method takes a CNN with one (timm's or torchvision's ResNets, timm's ConvNeXts)"
         )
-    maps = []
-    handle = pool.register_forward_hook(lambda module, args, out: maps.append(args[0]))
-    try:
-        pooled = backbone(images)
-    finally:
-        handle.remove()
-    return pooled, maps[0]
+    return _watch(pool, keeps_input=True)
+
+
+def watch_dense(backbone: nn.Module) -> None:
+    """Register, once, the hook through which pooled_and_tokens reads `backbone`'s dense tokens (as watch_map)."""
+    if is_vit(backbone):
+        _watch(backbone.norm, keeps_input=False)
+    else:
+        watch_map(backbone)
+
+
+def pooled_and_map(backbone: nn.Module, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """`backbone(images)`, the pooled features every method reads, and the map they pool, (B, C, h, w): the last
+    stage's output, as its global pool takes it. Read by a hook on the pool around the backbone's own forward, so that
+    what runs (and FSDP's hooks on that forward) is what runs for every other method, and the pooled path unchanged."""
+    watch = watch_map(backbone)
+    pooled = _watched_forward(backbone, images, [watch])
+    return pooled, watch.kept.pop()
 
 
 def pooled_and_tokens(backbone: nn.Module, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -110,13 +153,9 @@ def pooled_and_tokens(backbone: nn.Module, images: torch.Tensor) -> tuple[torch.
     if not is_vit(backbone):
         pooled, spatial = pooled_and_map(backbone, images)
         return pooled, spatial.flatten(2).mT
-    tokens = []
-    handle = backbone.norm.register_forward_hook(lambda module, args, out: tokens.append(out))
-    try:
-        pooled = backbone(images)
-    finally:
-        handle.remove()
-    return pooled, tokens[0][:, backbone.num_prefix_tokens :]
+    watch = _watch(backbone.norm, keeps_input=False)
+    pooled = _watched_forward(backbone, images, [watch])
+    return pooled, watch.kept.pop()[:, backbone.num_prefix_tokens :]
 
 
 def check_dense_tokens(backbone: nn.Module, setting: str) -> None:
@@ -129,19 +168,20 @@ def check_dense_tokens(backbone: nn.Module, setting: str) -> None:
         )
 
 
+def watch_blocks(blocks: list[nn.Module]) -> None:
+    """Register, once, the hooks through which pooled_and_block_outputs reads `blocks`' outputs (as watch_dense)."""
+    for block in blocks:
+        _watch(block, keeps_input=False)
+
+
 def pooled_and_block_outputs(
     backbone: nn.Module, images: torch.Tensor, blocks: list[nn.Module]
 ) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """`backbone(images)` and the output of each of `blocks` (solo.backbones.blocks_of's, in the order they ran), read
     by hooks around the backbone's own forward, as pooled_and_map reads the map."""
-    outputs = []
-    hooks = [block.register_forward_hook(lambda module, args, out: outputs.append(out)) for block in blocks]
-    try:
-        pooled = backbone(images)
-    finally:
-        for hook in hooks:
-            hook.remove()
-    return pooled, outputs
+    watches = [_watch(block, keeps_input=False) for block in blocks]
+    pooled = _watched_forward(backbone, images, watches)
+    return pooled, [watch.kept.pop() for watch in watches]
 
 
 # Where backbones keep their blocks: timm ViTs, EfficientNets and ConvNeXts, Swin, nn.TransformerEncoder, open_clip.

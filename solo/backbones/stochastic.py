@@ -10,14 +10,17 @@ The trainer's Draws (one per run, `Draws.attach`ed to the model) says what a for
 tensor set in place before each step (`Draws.set_step`), and, around each forward on a batch (or micro-batch), the
 samples `index` of its rows (`Draws.on`). A module's input holds whole views of those samples one after another (row j
 is sample index[j % n], view j // n), as every method concatenates its views. A module without Draws (your own training
-loop) draws from torch's generator, as timm's modules do. What is drawn once per step for the whole batch (LeJEPA's
-directions) comes from `step_generator`, seeded by (run seed, step) alone.
+loop) draws from torch's generator, as timm's modules do. What is drawn once per step for the whole batch comes from
+(run seed, step) alone: uniforms hashed on the device (`step_uniforms`: DSE's k-means++ seeds), or a generator seeded on
+the host (`step_generator`: LeJEPA's normal directions).
 """
 
 from __future__ import annotations
 
+import functools
 import zlib
 from contextlib import contextmanager
+from typing import Callable
 
 import torch
 import torch.nn as nn
@@ -61,6 +64,7 @@ class Draws:
         self.step_number = 0  # the optimizer step whose draws come next
         self.keys: list[int] = []  # the attached modules' keys, in their slots' order
         self.call_keys = torch.zeros(1, 0, 1, dtype=torch.int64, device=device)  # (calls, modules, 1), this step's
+        self.step_key = torch.zeros((), dtype=torch.int64, device=device)  # hash of (run seed, step), this step's
         self.index: torch.Tensor | None = None  # the samples of the forward running now
         self.calls: dict = {}  # module -> how many times it drew in this forward
         self.tables: dict = {}  # (call, rows) -> (modules, rows) int64 hashes of this forward; (call, rows, dtype) -> masks
@@ -93,6 +97,7 @@ class Draws:
     def set_step(self, step: int) -> None:
         """The draws of optimizer step `step` (0-based) come next: `call_keys` set in place (one copy to the device)."""
         self.step_number = step
+        self.step_key.fill_(mix32(self._seed_key() ^ step))
         if self.keys:
             self.call_keys.copy_(self._call_keys(len(self.call_keys)), non_blocking=True)
 
@@ -156,6 +161,14 @@ class Draws:
                 self.tables[(call, rows)] = mix32(per_sample[:, None, :] ^ views).view(len(self.keys), rows)
         return call, rows
 
+    def step_uniforms(self, stream: int, rows: int, columns: int) -> torch.Tensor:
+        """(rows, columns) float64 uniforms in [0, 1) of this step's `stream` (an int naming what draws), hashed on
+        the device from `step_key`: the same on every rank, at any world size and micro-batching. No generator is made
+        in the step, and a compiled step reads the step as a device tensor, so it stays one graph."""
+        key = mix32(self.step_key ^ stream)
+        counter = torch.arange(rows * columns, device=self.step_key.device)
+        return (mix32(key ^ mix32(counter + 0x9E3779B9)).double() / 2.0**32).view(rows, columns)
+
     def generator(self, name: str, device: torch.device) -> torch.Generator:
         """A generator on `device` seeded by (run seed, step, `name`), the same on every rank, at any world size and
         micro-batching, for what is drawn once per step for the whole batch (LeJEPA's directions)."""
@@ -184,6 +197,17 @@ class Draws:
                 self.index, self.calls, self.tables = outer
 
         return record(), replay()
+
+
+def step_uniforms(owner: nn.Module, name: str) -> Callable[[int, int], torch.Tensor] | None:
+    """`owner`'s Draws' uniforms of the step for `name` (Draws.step_uniforms) as a function of (rows, columns), or None
+    where it has none (your own training loop): draw from torch's generator."""
+    draws = getattr(owner, "draws", None)
+    return None if draws is None else functools.partial(draws.step_uniforms, _STREAMS[name])
+
+
+# What draws uniforms once per step (step_uniforms), each a stream of its own: hashed here, not in the step.
+_STREAMS = {"dse": zlib.crc32(b"dse")}
 
 
 def step_generator(owner: nn.Module, name: str, device: torch.device) -> torch.Generator | None:

@@ -29,6 +29,7 @@ probability proportional to the distance, as the official code does (lightly squ
 from __future__ import annotations
 
 import math
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -46,14 +47,15 @@ def dse_score(
     views: list[torch.Tensor],
     local_clusters: int = 3,
     global_clusters: int = 24,
-    generator: torch.Generator | None = None,
+    uniforms: Callable[[int, int], torch.Tensor] | None = None,
     valid: list[torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """DSE of the GLOBAL batch's dense tokens (higher: better structure); `views`: one (n, P, D) tensor of this rank's
     images per view, the images ordered view by view, then by global sample; `valid`: one (n, P) boolean tensor per
     view, True where a token is the image's (padding elsewhere: I-JEPA's contexts), every token if None. Padding
-    counts nowhere: as if each image had its own tokens alone. A regulariser adds -weight * dse_score. Whole on every
-    rank."""
+    counts nowhere: as if each image had its own tokens alone. `uniforms(rows, columns)`: k-means++'s draws, the same
+    on every rank (the trainer's: solo.backbones.stochastic.step_uniforms); torch.rand by default. A regulariser adds
+    -weight * dse_score. Whole on every rank."""
     with torch.autocast(views[0].device.type, enabled=False):
         views = [F.normalize(full_precision(v), dim=-1) for v in views]
         n, tokens, dim = views[0].shape
@@ -72,9 +74,8 @@ def dse_score(
 
         per_image, per_group = min(local_clusters, tokens), max(global_clusters // local_clusters, 1)
         groups = math.ceil(images / per_group)
-        draws = torch.rand(
-            images + groups, max(local_clusters, global_clusters), generator=generator, device=mine.device
-        ).to(mine.dtype)
+        draw = uniforms or (lambda rows, columns: torch.rand(rows, columns, device=mine.device))
+        draws = draw(images + groups, max(local_clusters, global_clusters)).to(mine.device, mine.dtype)
         offset = sum(sizes[: rank()])
         image_draws = torch.cat([draws[v * sum(sizes) + offset :][:n] for v in range(len(views))])
         intra_image = _intra_image(mine, mine_weights, per_image, image_draws[:, :per_image])
@@ -214,4 +215,5 @@ def dse_check(z1: torch.Tensor, z2: torch.Tensor) -> torch.Tensor:
     # (as the defaults'): groups span ranks, and with 4 samples a rank some ranks have none to cluster. k-means seeded
     # alike on every rank.
     tokens = torch.cat([z1.unflatten(1, (-1, 2)), z2.unflatten(1, (-1, 2))], dim=1)
-    return -dse_score([tokens], local_clusters=2, global_clusters=16, generator=torch.Generator().manual_seed(0))
+    seeded = torch.Generator().manual_seed(0)
+    return -dse_score([tokens], 2, 16, lambda rows, columns: torch.rand(rows, columns, generator=seeded))

@@ -44,8 +44,8 @@ import torch
 import torch.nn as nn
 from torch.distributed.tensor import DTensor
 
-from solo.backbones import check_dense_tokens, pooled_and_tokens
-from solo.backbones.stochastic import step_generator, without_randomness
+from solo.backbones import check_dense_tokens, pooled_and_tokens, watch_dense
+from solo.backbones.stochastic import step_uniforms, without_randomness
 from solo.data.views.batch_spec import BatchSpec
 from solo.distributed.batchnorm import normalises_row_groups, row_groups
 from solo.errors import ConfigError
@@ -194,6 +194,7 @@ class Method(nn.Module):
         self.koleo_weight = getattr(cfg, "koleo_weight", 0.0)
         if getattr(cfg, "dse_weight", 0.0):
             check_dense_tokens(self.backbone, f"method.dse_weight={cfg.dse_weight}")
+            watch_dense(self.backbone)
             self.dse = cfg
             self.draws = None  # the trainer's (solo.backbones.stochastic.Draws.attach): DSE's k-means++ draws of a step
 
@@ -409,9 +410,8 @@ def dse_term(
     method: nn.Module, tokens: list[torch.Tensor], cfg: DSEOption, valid: list[torch.Tensor] | None = None
 ) -> torch.Tensor:
     """-DSE of `tokens` (one (n, P, D) tensor of this rank's images per view; `valid` marks padding), its k-means++
-    drawn from the method's generator of the step (seeded by run and step: the same draws on every rank)."""
-    generator = step_generator(method, "dse", tokens[0].device)
-    return -dse_score(tokens, cfg.dse_local_clusters, cfg.dse_global_clusters, generator, valid)
+    drawn from the method's uniforms of the step (hashed from run and step on the device: alike on every rank)."""
+    return -dse_score(tokens, cfg.dse_local_clusters, cfg.dse_global_clusters, step_uniforms(method, "dse"), valid)
 
 
 class TwoViewMethod(Method):

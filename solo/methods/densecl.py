@@ -11,7 +11,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from solo.backbones import pooled_and_map
+from solo.backbones import pooled_and_map, watch_map
 from solo.losses import co2_loss, moco_queue_loss
 from solo.methods.base import CO2Option, DSEOption, Method, ema_update, make_teacher, register_method
 from solo.methods.memory_banks import GlobalQueue, check_queue_size
@@ -54,6 +54,7 @@ class DenseCL(Method):
 
     def __init__(self, backbone, feature_dim: int, cfg: DenseCLConfig):
         super().__init__(backbone, feature_dim)
+        watch_map(backbone)  # before the teacher is copied from it: each reads its own map
         h, d = cfg.proj_hidden_dim, cfg.proj_output_dim
         self.global_head = nn.Sequential(nn.Linear(feature_dim, h), nn.ReLU(inplace=True), nn.Linear(h, d))
         for layer in self.global_head[::2]:  # the code's init_linear="kaiming" (its convolutions keep torch's init)

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
-from solo.backbones import pooled_and_map
+from solo.backbones import pooled_and_map, watch_map
 from solo.data.views.batch_spec import BatchSpec, ViewBoxes
 from solo.losses import detcon_loss
 from solo.methods.base import DSEOption, KoLeoOption, Method, mlp, register_method
@@ -56,6 +56,7 @@ class DetCon(Method):
 
     def __init__(self, backbone, feature_dim: int, cfg: DetConConfig):
         super().__init__(backbone, feature_dim)
+        watch_map(backbone)
         self.take_regularisers(cfg)
         self.projector = mlp([feature_dim, cfg.proj_hidden_dim, cfg.proj_output_dim])
         self.cfg = cfg

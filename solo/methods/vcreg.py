@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
-from solo.backbones import blocks_of, pooled_and_block_outputs
+from solo.backbones import blocks_of, pooled_and_block_outputs, watch_blocks
 from solo.errors import ConfigError
 from solo.losses import vcreg_loss
 from solo.methods.base import register_method
@@ -42,6 +42,7 @@ class VCReg(Supervised):
                 f"method=vcreg regularises each block's output, and {type(backbone).__name__} has no blocks that "
                 "solo.backbones.blocks_of finds: pick a ViT or a ResNet"
             )
+        watch_blocks(self.blocks)
         self.var_weight, self.cov_weight = cfg.var_weight, cfg.cov_weight
 
     def encode(self, batch: dict) -> dict:

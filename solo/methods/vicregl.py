@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import List
 
-from solo.backbones import pooled_and_map
+from solo.backbones import pooled_and_map, watch_map
 from solo.data.views.batch_spec import BatchSpec, ViewBoxes
 from solo.errors import ConfigError
 from solo.losses import vicregl_loss
@@ -40,6 +40,7 @@ class VICRegL(ExpanderMethod):
 
     def __init__(self, backbone, feature_dim: int, cfg: VICRegLConfig):
         super().__init__(backbone, feature_dim, cfg)
+        watch_map(backbone)
         if len(cfg.num_matches) != 2 or min(cfg.num_matches) < 1:
             raise ConfigError(
                 f"method.num_matches={list(cfg.num_matches)}: give two counts >= 1, the cells of view 1 and of view 2 "
