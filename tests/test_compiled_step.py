@@ -61,11 +61,13 @@ def test_the_step_is_one_graph(case, tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.one_process
-def test_a_step_that_reads_maps_and_draws_dse_seeds_is_one_graph(tmp_path):
+@pytest.mark.parametrize("method", ["densecl", "lejepa"])
+def test_a_step_that_reads_maps_or_draws_once_per_step_is_one_graph(method, tmp_path):
     """DenseCL (its backbone's maps, read by hooks registered when the method is built) with DSE on (its k-means++
-    seeds hashed on the device from the step): one graph, no break. A hook registered in the step or a generator made
-    there would break it (docs/performance.md: 5 and 11 graphs)."""
-    overrides = SIMCLR + ["method=densecl", "method.queue_size=64", "method.dse_weight=0.5", "trainer.compile=step"]
+    seeds hashed on the device from the step), and LeJEPA (its directions, hashed alike): one graph, no break. A hook
+    registered in the step or a generator made there would break it (docs/performance.md: 5 and 6 graphs)."""
+    settings = {"densecl": ["method.queue_size=64", "method.dse_weight=0.5"], "lejepa": []}[method]
+    overrides = SIMCLR + [f"method={method}", *settings, "trainer.compile=step"]
     trainer = Trainer(compose_cfg(overrides), tmp_path, detect(), torch.device("cpu"))
     step, batch = trainer.train_step, next(iter(trainer.source))
     step.compiled = True

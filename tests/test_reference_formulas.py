@@ -63,6 +63,7 @@ from solo.losses import (
     vicregl_loss,
     visreg_loss,
 )
+from solo.losses.uniforms import seeded_uniforms
 from solo.losses.vicregl import nearest_matches
 from solo.methods.aim import AIM, AIMConfig
 from solo.methods.capi import CAPI, CAPIConfig
@@ -74,7 +75,7 @@ from solo.methods.simmim import SimMIM, SimMIMConfig
 from solo.train.trainer import build_model
 from tests.test_accumulate import CASES
 from tests.test_train import TINY, compose_cfg
-from tests.wrong_losses import official_dse, rank_sinkhorn
+from tests.wrong_losses import dse_kmeans, official_dse, rank_sinkhorn
 
 
 def _generator(seed: int) -> torch.Generator:
@@ -658,12 +659,6 @@ def test_dinov2_adds_paka_weight_times_the_alignment_of_student_and_teacher_patc
 # --- DSE -------------------------------------------------------------------------------------------------------------
 
 
-def _uniforms(seed: int):
-    """DSE's k-means++ draws from torch's generator seeded with `seed`."""
-    seeded = _generator(seed)
-    return lambda rows, columns: torch.rand(rows, columns, generator=seeded)
-
-
 def _blobs(images: int, tokens: int, dim: int, g: torch.Generator) -> torch.Tensor:
     """Each image's tokens in 3 tight blobs around its own random directions: any k-means finds them."""
     centres = torch.randn(images, 3, dim, generator=g, dtype=torch.float64)
@@ -683,25 +678,27 @@ def test_dse_is_the_official_formula_on_scikit_learn_clusters_in_value_and_gradi
 
     g = _generator(21)
     x = _blobs(10, 12, 16, g).requires_grad_()
-    got, want = dse_score([x], uniforms=_uniforms(0)), official_dse(x, 3, 24, sklearn_kmeans)
+    got, want = dse_score([x], uniforms=seeded_uniforms(0)), official_dse(x, 3, 24, sklearn_kmeans)
     assert got.item() == pytest.approx(want.item(), rel=1e-10)
     torch.testing.assert_close(torch.autograd.grad(got, x)[0], torch.autograd.grad(want, x)[0], rtol=1e-8, atol=1e-10)
-    two_views = dse_score([x[:5], x[5:]], uniforms=_uniforms(0))  # view by view: the same ten images in order
+    two_views = dse_score([x[:5], x[5:]], uniforms=seeded_uniforms(0))  # view by view: the same ten images in order
     assert two_views.item() == pytest.approx(got.item(), rel=1e-12)
-    interleaved = dse_score([x[0::2], x[1::2]], uniforms=_uniforms(0))  # other groups of 8 images
+    interleaved = dse_score([x[0::2], x[1::2]], uniforms=seeded_uniforms(0))  # other groups of 8 images
     assert abs(interleaved.item() - got.item()) > 1e-3 * abs(got.item())
 
 
 def test_dse_of_padded_tokens_is_the_official_formula_on_each_images_own_tokens():
     """I-JEPA's contexts: 10 images of 6 to 12 real tokens (each of an image's 3 blobs missing 0 to 2 of its 4), first,
     then junk up to 12. DSE with the padding marked (`valid`) equals the official loops on each image's own tokens,
-    clustered by scikit-learn's KMeans, in value and gradient; the padding gets no gradient. Rejected: the padding
-    counted as tokens."""
-    from sklearn.cluster import KMeans
+    clustered by solo's k-means on those tokens alone with the same draws, in value and gradient; the padding gets no
+    gradient. The last group holds 18 tokens, fewer than its 24 clusters: the official's k = 18 there. Rejected: the
+    padding counted as tokens. (The clustering itself against scikit-learn: the test above.)"""
+    draws = seeded_uniforms(0)(10 + 2, 24)  # a row per image, then per group of 8 images; as dse_score draws them
 
-    def sklearn_kmeans(points, k, which):
-        fitted = KMeans(n_clusters=k, n_init=10, random_state=0).fit(points.numpy())
-        return torch.from_numpy(fitted.labels_).long(), torch.from_numpy(fitted.cluster_centers_)
+    def own_tokens_kmeans(points, k, which):
+        row = which[1] if which[0] == "image" else 10 + which[1]
+        members, centroids, _ = dse_kmeans(points[None], points.new_ones(1, len(points)), k, draws[row : row + 1, :k])
+        return members[0].argmax(dim=1), centroids[0]
 
     g = _generator(21)
     blobs = _blobs(10, 12, 16, g)
@@ -711,13 +708,13 @@ def test_dse_of_padded_tokens_is_the_official_formula_on_each_images_own_tokens(
         own = torch.cat([blobs[b, blob * 4 : blob * 4 + 4 - b % 3] for blob in range(3)])
         x[b, : len(own)], valid[b, : len(own)] = own, True
     x.requires_grad_()
-    got = dse_score([x], uniforms=_uniforms(0), valid=[valid])
-    want = official_dse([image[keep] for image, keep in zip(x, valid)], 3, 24, sklearn_kmeans)
+    got = dse_score([x], uniforms=seeded_uniforms(0), valid=[valid])
+    want = official_dse([image[keep] for image, keep in zip(x, valid)], 3, 24, own_tokens_kmeans)
     assert got.item() == pytest.approx(want.item(), rel=1e-10)
     grad = torch.autograd.grad(got, x)[0]
     torch.testing.assert_close(grad, torch.autograd.grad(want, x)[0], rtol=1e-8, atol=1e-10)
     assert grad[~valid].abs().max() == 0
-    padding_counted = dse_score([x], uniforms=_uniforms(0))
+    padding_counted = dse_score([x], uniforms=seeded_uniforms(0))
     assert abs(padding_counted.item() - got.item()) > 1e-3 * abs(got.item())
 
 
@@ -2216,7 +2213,7 @@ def test_visreg_is_the_papers_loss_in_value_and_gradient():
     """Two global views and two local ones, 6 directions, unequal weights. Told apart: LeJEPA's SIGReg in the
     regulariser's place (what VISReg replaces) and the statistics of two halves of the batch (per-rank ones)."""
     views = _views(4, 4, n=11)
-    directions = random_directions(4, 6, _generator(5), dtype=torch.float64)
+    directions = random_directions(4, 6, seeded_uniforms(5), dtype=torch.float64)
     got = visreg_loss(views, directions, 0.6, 2, (1.0, 0.5, 2.0), 1e-4)
     want = _visreg_by_hand(views, directions, 0.6, 2, (1.0, 0.5, 2.0), 1e-4)
     _assert_same_value_and_gradient(got, want, views, rel=1e-10)

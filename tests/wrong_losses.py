@@ -33,6 +33,7 @@ from solo.losses.msn import CHECK_PROTOTYPES, power_law_prior, prototype_logits
 from solo.losses.regression import _checker_queue, checker_bank_index
 from solo.losses.self_distillation import _sinkhorn, checker_groups, checker_queue_scores, sinkhorn
 from solo.losses.tico import earlier_covariance
+from solo.losses.uniforms import seeded_uniforms
 from tests.checker_user_losses import siglip_terms
 
 
@@ -477,7 +478,7 @@ def deepclusterv2_mean_of_rank_means(z1, z2):
 
 def _lejepa_case(z1, z2, seed=0):
     """lejepa_check's views (two global, z1 * z2 a local one) and 16 directions (drawn from `seed`)."""
-    return [z1, z2, z1 * z2], random_directions(z1.shape[1], 16, torch.Generator().manual_seed(seed), dtype=z1.dtype)
+    return [z1, z2, z1 * z2], random_directions(z1.shape[1], 16, seeded_uniforms(seed), dtype=z1.dtype)
 
 
 def _lejepa_rank_terms(z1, z2):
@@ -630,7 +631,7 @@ def visreg_per_rank_statistics(z1, z2):
     directions the same on every rank: each view's mean, standard deviation and sorted projections over this rank's
     batch, the quantiles of its size; every term its rank's, averaged by DDP."""
     views = torch.stack([z1, z2, z1 * z2])
-    directions = random_directions(z1.shape[1], 16, torch.Generator().manual_seed(0), dtype=z1.dtype)
+    directions = random_directions(z1.shape[1], 16, seeded_uniforms(0), dtype=z1.dtype)
     n = views.shape[1]
     invariance = (views - views[:2].mean(dim=0)).square().mean()
     mean, std = views.mean(dim=1, keepdim=True), views.std(dim=1, unbiased=False, keepdim=True)
@@ -934,7 +935,7 @@ def dse_per_rank(z1, z2):
     dse_score makes in one process, so that one process gives solo's value."""
     tokens = torch.cat([z1.unflatten(1, (-1, 2)), z2.unflatten(1, (-1, 2))], dim=1)
     groups = math.ceil(len(tokens) / 8)
-    draws = torch.rand(len(tokens) + groups, 16, generator=torch.Generator().manual_seed(0)).double()
+    draws = seeded_uniforms(0)(len(tokens) + groups, 16)  # as dse_check's
 
     def cluster(points, k, which):
         row = which[1] if which[0] == "image" else len(tokens) + which[1]

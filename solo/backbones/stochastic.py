@@ -11,8 +11,7 @@ tensor set in place before each step (`Draws.set_step`), and, around each forwar
 samples `index` of its rows (`Draws.on`). A module's input holds whole views of those samples one after another (row j
 is sample index[j % n], view j // n), as every method concatenates its views. A module without Draws (your own training
 loop) draws from torch's generator, as timm's modules do. What is drawn once per step for the whole batch comes from
-(run seed, step) alone: uniforms hashed on the device (`step_uniforms`: DSE's k-means++ seeds), or a generator seeded on
-the host (`step_generator`: LeJEPA's normal directions).
+(run seed, step) alone: uniforms hashed on the device (`step_uniforms`: DSE's k-means++ seeds, LeJEPA's directions).
 """
 
 from __future__ import annotations
@@ -169,12 +168,6 @@ class Draws:
         counter = torch.arange(rows * columns, device=self.step_key.device)
         return (mix32(key ^ mix32(counter + 0x9E3779B9)).double() / 2.0**32).view(rows, columns)
 
-    def generator(self, name: str, device: torch.device) -> torch.Generator:
-        """A generator on `device` seeded by (run seed, step, `name`), the same on every rank, at any world size and
-        micro-batching, for what is drawn once per step for the whole batch (LeJEPA's directions)."""
-        step_key = mix32(self._seed_key() ^ self.step_number)
-        return torch.Generator(device=device).manual_seed(mix32(step_key ^ zlib.crc32(name.encode())))
-
     def recorded_and_replayed(self) -> tuple:
         """Two context managers for activation checkpointing (torch.utils.checkpoint's `context_fn`): the first records
         the forward's samples and call counts as a block's forward starts, the second sets them again for the forward
@@ -207,14 +200,7 @@ def step_uniforms(owner: nn.Module, name: str) -> Callable[[int, int], torch.Ten
 
 
 # What draws uniforms once per step (step_uniforms), each a stream of its own: hashed here, not in the step.
-_STREAMS = {"dse": zlib.crc32(b"dse")}
-
-
-def step_generator(owner: nn.Module, name: str, device: torch.device) -> torch.Generator | None:
-    """`owner`'s Draws' generator for `name` (Draws.generator), or None where it has none (your own training loop):
-    draw from torch's generator."""
-    draws = getattr(owner, "draws", None)
-    return None if draws is None else draws.generator(name, device)
+_STREAMS = {name: zlib.crc32(name.encode()) for name in ("dse", "lejepa.directions")}
 
 
 def per_sample_uniforms(module: nn.Module, rows: int, per_row: int, device: torch.device) -> torch.Tensor:

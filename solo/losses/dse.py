@@ -21,15 +21,14 @@ global batch. The result is whole on every rank (the convention of solo.losses.v
 
 k-means as the official code, with three choices that keep it off the host: a fixed number of Lloyd iterations (the
 official stops early once the centroids move less than 1e-4: the iterations after that change nothing), an empty
-cluster keeps its centroid (the official re-draws it at random), and the k-means++ draws come from `generator` for the
-whole global batch (the same on every rank; the trainer's is seeded by run and step). Initial centroids are drawn with
+cluster keeps its centroid (the official re-draws it at random), and the k-means++ draws come from `uniforms` for the
+whole global batch (the same on every rank; the trainer's hash run and step on the device: solo.losses.uniforms). Initial centroids are drawn with
 probability proportional to the distance, as the official code does (lightly squares it).
 """
 
 from __future__ import annotations
 
 import math
-from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -37,6 +36,7 @@ import torch.nn.functional as F
 from solo.distributed import all_reduce, batch_sizes, gather, rank, world_size
 from solo.dtypes import full_precision
 from solo.losses.checked import LOSSES
+from solo.losses.uniforms import Uniforms, drawn, seeded_uniforms
 
 __all__ = ["dse_score"]
 
@@ -47,7 +47,7 @@ def dse_score(
     views: list[torch.Tensor],
     local_clusters: int = 3,
     global_clusters: int = 24,
-    uniforms: Callable[[int, int], torch.Tensor] | None = None,
+    uniforms: Uniforms | None = None,
     valid: list[torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """DSE of the GLOBAL batch's dense tokens (higher: better structure); `views`: one (n, P, D) tensor of this rank's
@@ -74,8 +74,7 @@ def dse_score(
 
         per_image, per_group = min(local_clusters, tokens), max(global_clusters // local_clusters, 1)
         groups = math.ceil(images / per_group)
-        draw = uniforms or (lambda rows, columns: torch.rand(rows, columns, device=mine.device))
-        draws = draw(images + groups, max(local_clusters, global_clusters)).to(mine.device, mine.dtype)
+        draws = drawn(uniforms, images + groups, max(local_clusters, global_clusters), mine.device).to(mine.dtype)
         offset = sum(sizes[: rank()])
         image_draws = torch.cat([draws[v * sum(sizes) + offset :][:n] for v in range(len(views))])
         intra_image = _intra_image(mine, mine_weights, per_image, image_draws[:, :per_image])
@@ -215,5 +214,4 @@ def dse_check(z1: torch.Tensor, z2: torch.Tensor) -> torch.Tensor:
     # (as the defaults'): groups span ranks, and with 4 samples a rank some ranks have none to cluster. k-means seeded
     # alike on every rank.
     tokens = torch.cat([z1.unflatten(1, (-1, 2)), z2.unflatten(1, (-1, 2))], dim=1)
-    seeded = torch.Generator().manual_seed(0)
-    return -dse_score([tokens], 2, 16, lambda rows, columns: torch.rand(rows, columns, generator=seeded))
+    return -dse_score([tokens], 2, 16, seeded_uniforms(0))

@@ -3,12 +3,15 @@ isotropic Gaussian (SIGReg; VISReg's centre, scale and sliced-Wasserstein shape)
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from solo.distributed import all_reduce, batch_sizes, gather, world_size
 from solo.dtypes import full_precision
 from solo.losses._checks import check_pair, check_positive
 from solo.losses.checked import LOSSES
+from solo.losses.uniforms import Uniforms, drawn, seeded_uniforms
 
 __all__ = ["lejepa_loss", "random_directions", "visreg_loss"]
 
@@ -16,14 +19,16 @@ __all__ = ["lejepa_loss", "random_directions", "visreg_loss"]
 def random_directions(
     dim: int,
     count: int,
-    generator: torch.Generator | None = None,
+    uniforms: Uniforms | None = None,
     device: torch.device | None = None,
     dtype: torch.dtype = torch.float32,
 ) -> torch.Tensor:
-    """(dim, count): `count` random unit vectors of R^dim as columns, Gaussian draws normalised (uniform on the sphere),
-    from `generator` (on `device`; None: torch's generator)."""
-    a = torch.randn(dim, count, generator=generator, device=device, dtype=dtype)
-    return a / a.norm(dim=0)
+    """(dim, count): `count` random unit vectors of R^dim as columns (uniform on the sphere), Gaussian draws normalised:
+    the Box-Muller transform of `uniforms(2, dim * count)`, uniforms in [0, 1) (the trainer's are hashed on the device
+    from the step: solo.losses.uniforms; torch.rand on `device` by default)."""
+    u = drawn(uniforms, 2, dim * count, device)
+    gaussian = (torch.sqrt(-2 * torch.log1p(-u[0])) * torch.cos(2 * math.pi * u[1])).view(dim, count)
+    return (gaussian / gaussian.norm(dim=0)).to(dtype)
 
 
 def _quadrature(t_max: float, points: int, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -167,11 +172,11 @@ def visreg_loss(
 
 @LOSSES.register("visreg")  # as lejepa's case: two global views and a local one, 16 directions
 def visreg_check(z1: torch.Tensor, z2: torch.Tensor) -> torch.Tensor:
-    directions = random_directions(z1.shape[1], 16, torch.Generator().manual_seed(0), dtype=z1.dtype)
+    directions = random_directions(z1.shape[1], 16, seeded_uniforms(0), dtype=z1.dtype)
     return visreg_loss([z1, z2, z1 * z2], directions, lambd=0.5, weights=(1.0, 0.5, 2.0))
 
 
 @LOSSES.register("lejepa")  # a case for the gradient checker: two global views and a local one, 16 directions
 def lejepa_check(z1: torch.Tensor, z2: torch.Tensor) -> torch.Tensor:
-    directions = random_directions(z1.shape[1], 16, torch.Generator().manual_seed(0), dtype=z1.dtype)
+    directions = random_directions(z1.shape[1], 16, seeded_uniforms(0), dtype=z1.dtype)
     return lejepa_loss([z1, z2, z1 * z2], directions, lambd=0.5)

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from solo.backbones.stochastic import step_generator
+from solo.backbones.stochastic import step_uniforms
 from solo.losses import lejepa_loss, random_directions
 from solo.methods.base import DSEOption, KoLeoOption, Method, encode_views, mlp, register_method
 from solo.schema import AT_LEAST_ONE, POSITIVE, PROBABILITY, Rule, ruled
@@ -43,12 +43,12 @@ class LeJEPA(Method):
         self.draws = None  # the trainer's (solo.backbones.stochastic.Draws.attach): the directions of each step
 
     def directions(self, like: torch.Tensor) -> torch.Tensor:
-        """This step's directions: a function of (run seed, step) alone, the same on every rank at any world size
-        (solo.backbones.stochastic.step_generator), so nothing to keep in the checkpoint; a forward outside the
-        trainer's step draws them from torch's generator."""
-        generator = step_generator(self, DIRECTIONS, like.device)
+        """This step's directions: a function of (run seed, step) alone, the same on every rank at any world size,
+        hashed on the device (solo.backbones.stochastic.step_uniforms), so nothing to keep in the checkpoint; a
+        forward outside the trainer's step draws them from torch's generator."""
         dtype = torch.float64 if like.dtype == torch.float64 else torch.float32  # as the loss computes
-        return random_directions(like.shape[1], self.cfg.num_slices, generator, like.device, dtype)
+        uniforms = step_uniforms(self, DIRECTIONS)
+        return random_directions(like.shape[1], self.cfg.num_slices, uniforms, like.device, dtype)
 
     def loss(self, projected: list[torch.Tensor], directions: torch.Tensor) -> torch.Tensor:
         c = self.cfg
