@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -116,6 +117,9 @@ def compare(name: str, results: dict, published: dict, tolerance: float) -> bool
 
 def build(name: str, recipe: str, work: Path, weights_dir: Path, location_root: Path) -> dict:
     run_dir = work / name
+    shutil.rmtree(
+        run_dir, ignore_errors=True
+    )  # a fresh run of the recipe: a run left from an earlier build would resume
     run(
         [
             sys.executable,
