@@ -64,10 +64,10 @@ def dse_score(
         mine = torch.cat(views)
         if images == 0:
             return mine.sum() * 0
-        # Each token's weight: 1 for the image's, 0 for padding.
+        # Each token's weight: 1 for the image's, 0 for padding; without padding no collective counts them.
         weights = [mine.new_ones(n, tokens)] * len(views) if valid is None else [v.to(mine.dtype) for v in valid]
         mine_weights = torch.cat(weights)
-        count = all_reduce(mine_weights.sum())
+        count = mine.new_tensor(images * tokens) if valid is None else all_reduce(mine_weights.sum())
 
         mean = all_reduce((mine * mine_weights[..., None]).sum(dim=(0, 1))) / count
         l2 = all_reduce(((mine - mean).norm(dim=-1) * mine_weights).sum()) / count + 1e-12
@@ -80,7 +80,10 @@ def dse_score(
         intra_image = _intra_image(mine, mine_weights, per_image, image_draws[:, :per_image])
 
         everyone = torch.cat([gather(v, sizes) for v in views])  # view by view, then by global sample
-        everyones_weights = torch.cat([gather(w, sizes) for w in weights])
+        if valid is None:
+            everyones_weights = everyone.new_ones(everyone.shape[:2])
+        else:
+            everyones_weights = torch.cat([gather(w, sizes) for w in weights])
         first, last = _my_share(groups)
         share = slice(first * per_group, last * per_group)
         inter, intra_batch = _group_terms(
