@@ -67,7 +67,11 @@ def dse_score(
         # Each token's weight: 1 for the image's, 0 for padding; without padding no collective counts them.
         weights = [mine.new_ones(n, tokens)] * len(views) if valid is None else [v.to(mine.dtype) for v in valid]
         mine_weights = torch.cat(weights)
-        count = mine.new_tensor(images * tokens) if valid is None else all_reduce(mine_weights.sum())
+        count = (
+            torch.full((), images * tokens, dtype=mine.dtype, device=mine.device)
+            if valid is None
+            else all_reduce(mine_weights.sum())
+        )
 
         mean = all_reduce((mine * mine_weights[..., None]).sum(dim=(0, 1))) / count
         l2 = all_reduce(((mine - mean).norm(dim=-1) * mine_weights).sum()) / count + 1e-12
